@@ -1,0 +1,38 @@
+// See config.hpp.
+#include "broker/config.hpp"
+
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace rlbus::broker {
+
+namespace {
+void require(bool ok, std::string_view what) {
+  if (!ok) throw std::invalid_argument(std::string(what));
+}
+}  // namespace
+
+void config::validate() const {
+  require(!router_endpoint.empty(), "router endpoint must not be empty");
+  require(!events_endpoint.empty(), "events endpoint must not be empty");
+  require(liveness >= 1 && liveness <= 1000, "liveness must be 1..1000");
+  require(heartbeat_min_ms >= codec::min_heartbeat_ms,
+          fmt::format("heartbeat minimum must be at least {} ms", codec::min_heartbeat_ms));
+  require(heartbeat_max_ms <= codec::max_heartbeat_ms,
+          fmt::format("heartbeat maximum must be at most {} ms", codec::max_heartbeat_ms));
+  require(heartbeat_min_ms <= heartbeat_max_ms, "heartbeat minimum must not exceed the maximum");
+  require(status_interval_ms >= 10, "status interval must be at least 10 ms");
+  require(max_message >= 1024, "max message must be at least 1024 bytes");
+  require(max_peers >= 1, "max peers must be at least 1");
+  require(max_faults >= 1, "max faults must be at least 1");
+}
+
+std::string normalize_endpoint(std::string endpoint) {
+  if (endpoint.rfind("tcp://", 0) == 0 && endpoint.size() > 2 &&
+      endpoint.compare(endpoint.size() - 2, 2, ":0") == 0)
+    endpoint.replace(endpoint.size() - 1, 1, "*");
+  return endpoint;
+}
+
+}  // namespace rlbus::broker

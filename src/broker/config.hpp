@@ -1,0 +1,43 @@
+// Broker settings with their defaults in one place. The binary fills this from flags;
+// tests and embedders fill it directly. validate() is the single check of ranges.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "codec/protocol.hpp"
+
+namespace rlbus::broker {
+
+struct config {
+  /// Where workers and coordinators connect (DEALER -> ROUTER). Port 0 or * picks a free one.
+  std::string router_endpoint = "tcp://127.0.0.1:7235";
+  /// Where subscribers receive events (SUB <- PUB).
+  std::string events_endpoint = "tcp://127.0.0.1:7236";
+  /// A peer silent for liveness x its heartbeat interval is expired.
+  std::uint32_t liveness = 3;
+  /// Bounds on the heartbeat interval a peer may ask for; its request is clamped into them.
+  std::uint32_t heartbeat_min_ms = 100;
+  std::uint32_t heartbeat_max_ms = 60'000;
+  /// Period of the broker.heartbeat event on the PUB.
+  std::uint32_t status_interval_ms = 1000;
+  /// Largest inbound frame (ZMQ_MAXMSGSIZE); a peer exceeding it is disconnected by libzmq.
+  std::size_t max_message = 1024 * 1024;
+  /// Most sessions at once; HELLO past it is refused with BUSY.
+  std::size_t max_peers = 100'000;
+  /// Bad messages a peer with a session may send before it is disconnected.
+  std::uint32_t max_faults = 16;
+  /// How long shutdown waits for its last messages (DISCONNECTs) to leave.
+  std::uint32_t shutdown_linger_ms = 1000;
+  /// Limits for every msgpack body the broker decodes.
+  codec::decode_limits limits{};
+
+  /// Throws std::invalid_argument naming the first setting that is out of range.
+  void validate() const;
+};
+
+/// "tcp://host:0" -> "tcp://host:*" (libzmq spells "any free port" with a star).
+std::string normalize_endpoint(std::string endpoint);
+
+}  // namespace rlbus::broker

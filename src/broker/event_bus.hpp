@@ -1,0 +1,38 @@
+// The broker's PUB side: stamps every event with the next sequence number, the broker's
+// epoch and a wall-clock time, and publishes it as [topic][header][body].
+// Sequence numbers start at 1 and increase by one per event across all topics, so a
+// subscriber of every topic sees a gap as a jump. (The replay ring joins here later.)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <msgpack.hpp>
+#include <zmq.hpp>
+
+#include "codec/messages.hpp"
+
+namespace rlbus::broker {
+
+class event_bus {
+ public:
+  /// Binds a PUB socket on `endpoint`; throws zmq::error_t if it cannot.
+  event_bus(zmq::context_t& ctx, const std::string& endpoint, std::uint64_t epoch);
+
+  /// Publishes one event and returns its sequence number. Never blocks: PUB drops for a
+  /// subscriber past its high-water mark, which the sequence numbers make visible.
+  std::uint64_t publish(std::string_view topic, decltype(codec::event::body) body);
+
+  [[nodiscard]] std::string endpoint() const;
+  [[nodiscard]] std::uint64_t last_seq() const noexcept { return seq_; }
+  void set_linger(int ms) { pub_.set(zmq::sockopt::linger, ms); }
+
+ private:
+  zmq::socket_t pub_;
+  std::uint64_t epoch_;
+  std::uint64_t seq_ = 0;
+  msgpack::sbuffer buf_;
+};
+
+}  // namespace rlbus::broker

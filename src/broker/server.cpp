@@ -1,0 +1,365 @@
+// The broker loop. Read top to bottom it is the life of a connection: run() polls, drains
+// the ROUTER, on_frames() checks framing and state, on_hello()/on_disconnect() make and end
+// sessions, expiry runs from the peer table's deadline heap, shutdown() says goodbye.
+#include "broker/server.hpp"
+
+#include <algorithm>
+#include <array>
+#include <random>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "codec/codec.hpp"
+#include "util/poll.hpp"
+
+namespace rlbus::broker {
+
+namespace {
+
+constexpr std::size_t max_frames = 3;           // routing id, header, body
+constexpr std::size_t max_batch = 1024;         // messages per poll wake-up before timers run
+constexpr std::uint8_t no_ref = 0;
+
+std::uint64_t splitmix64(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30U)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27U)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31U);
+}
+
+std::uint64_t random_seed() {
+  std::random_device rd;
+  return (std::uint64_t{rd()} << 32U) ^ rd() ^
+         static_cast<std::uint64_t>(util::clock::now().time_since_epoch().count());
+}
+
+std::string_view view(const zmq::message_t& m) { return {m.data<char>(), m.size()}; }
+
+std::string_view topic_for(rlbus::role r, std::string_view what) {
+  const bool coord = r == rlbus::role::coordinator;
+  if (what == "joined") return coord ? codec::topic::coordinator_joined : codec::topic::worker_joined;
+  if (what == "left") return coord ? codec::topic::coordinator_left : codec::topic::worker_left;
+  return coord ? codec::topic::coordinator_lost : codec::topic::worker_lost;
+}
+
+std::string resources_text(const rlbus::resources& res) {
+  std::string out;
+  for (const auto& [k, v] : res) out += fmt::format("{}{}={}", out.empty() ? "" : " ", k, v);
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+server::server(zmq::context_t& ctx, config cfg)
+    : cfg_((cfg.validate(), std::move(cfg))),
+      token_state_(random_seed()),
+      epoch_(splitmix64(token_state_)),
+      router_(ctx, zmq::socket_type::router),
+      events_(ctx, normalize_endpoint(cfg_.events_endpoint), epoch_) {
+  router_.set(zmq::sockopt::router_mandatory, 1);
+  router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(cfg_.max_message));
+  router_.set(zmq::sockopt::linger, 0);
+  router_.set(zmq::sockopt::sndhwm, 100'000);
+  router_.set(zmq::sockopt::rcvhwm, 100'000);
+  router_.bind(normalize_endpoint(cfg_.router_endpoint));
+  router_endpoint_ = router_.get(zmq::sockopt::last_endpoint);
+  events_endpoint_ = events_.endpoint();
+}
+
+server::~server() = default;
+
+void server::request_stop() noexcept {
+  stop_requested_.store(true, std::memory_order_relaxed);
+  wake_.notify();
+}
+
+stats server::snapshot() const {
+  const auto& c = counters_;
+  return {c.peers.load(), c.messages_in.load(), c.messages_out.load(), c.faults.load(),
+          c.unroutable.load(), c.refused_hellos.load(), c.expired.load(), c.events.load()};
+}
+
+void server::run() {
+  spdlog::info("rlbus broker v{}: router {} events {} (epoch {:016x})", codec::protocol_version,
+               router_endpoint_, events_endpoint_, epoch_);
+  started_ = util::clock::now();
+  next_status_ = started_;
+  std::array<zmq::pollitem_t, 2> items{{{router_.handle(), 0, ZMQ_POLLIN, 0},
+                                        {nullptr, wake_.read_fd(), ZMQ_POLLIN, 0}}};
+  while (!stop_requested_.load(std::memory_order_relaxed)) {
+    auto now = util::clock::now();
+    auto deadline = next_status_;
+    if (auto check = peers_.next_check()) deadline = std::min(deadline, *check);
+    util::poll(items.data(), items.size(), util::poll_timeout_ms(now, deadline));
+    if ((items[1].revents & ZMQ_POLLIN) != 0) wake_.drain();
+    now = util::clock::now();
+    if ((items[0].revents & ZMQ_POLLIN) != 0) drain_router(now);
+    peers_.expire(now, [this](const peer& p) {
+      counters_.expired.fetch_add(1, std::memory_order_relaxed);
+      spdlog::warn("peer {} ({}) expired: silent for more than {} ms", p.id, to_string(p.role),
+                   std::chrono::duration_cast<std::chrono::milliseconds>(p.window).count());
+      end_session(p, codec::error_code::expired, "no message within the liveness window", true);
+    });
+    counters_.peers.store(peers_.size(), std::memory_order_relaxed);
+    if (now >= next_status_) publish_status(now);
+  }
+  shutdown();
+}
+
+void server::drain_router(util::time_point now) {
+  std::array<zmq::message_t, max_frames> frames;
+  for (std::size_t n = 0; n < max_batch; ++n) {
+    if (!router_.recv(frames[0], zmq::recv_flags::dontwait)) return;
+    std::size_t count = 1;
+    bool overflow = false;
+    bool more = frames[0].more();
+    zmq::message_t extra;
+    while (more) {  // the rest of a multipart message is always there at once
+      zmq::message_t& dst = count < max_frames ? frames[count] : extra;
+      (void)router_.recv(dst, zmq::recv_flags::none);
+      more = dst.more();
+      if (count < max_frames) ++count; else overflow = true;
+    }
+    counters_.messages_in.fetch_add(1, std::memory_order_relaxed);
+    on_frames(frames.data(), count, overflow, now);
+  }
+}
+
+void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
+                       util::time_point now) {
+  const std::string routing_id(view(frames[0]));
+  peer* p = peers_.by_routing(routing_id);
+  if (count != max_frames || overflow) {
+    return fault(routing_id, p, codec::error_code::bad_frame,
+                 fmt::format("expected 2 frames after the routing id (header, body), got {}",
+                             overflow ? "more than 2" : std::to_string(count - 1)),
+                 std::nullopt);
+  }
+  const auto header = codec::parse_header(view(frames[1]));
+  if (!header) {
+    return fault(routing_id, p, codec::error_code::bad_frame,
+                 "header frame must be 4 bytes: 'R' 'L' version type", std::nullopt);
+  }
+  if (header->version != codec::protocol_version) {
+    return fault(routing_id, p, codec::error_code::version_mismatch,
+                 fmt::format("this broker speaks protocol version {}, the message has version {}",
+                             codec::protocol_version, header->version),
+                 header->type);
+  }
+  if (p != nullptr) p->last_seen = now;
+  const auto type = static_cast<codec::msg_type>(header->type);
+  if (p == nullptr && type != codec::msg_type::hello) {
+    if (!codec::type_name(header->type)) {
+      return fault(routing_id, p, codec::error_code::unknown_type,
+                   fmt::format("unknown message type 0x{:02x}", header->type), header->type);
+    }
+    return fault(routing_id, p, codec::error_code::not_ready,
+                 "introduce yourself with HELLO first", header->type);
+  }
+  auto decoded = codec::decode_body(header->type, view(frames[2]), cfg_.limits);
+  if (!decoded) {
+    const auto& err = decoded.error();
+    return fault(routing_id, p, err.code, err.reason, header->type);
+  }
+  auto& msg = decoded.value();
+  switch (type) {
+    case codec::msg_type::hello:
+      return on_hello(routing_id, p, std::move(std::get<codec::hello>(msg)), now);
+    case codec::msg_type::heartbeat:
+      (void)send(routing_id, codec::heartbeat{});
+      return;
+    case codec::msg_type::disconnect:
+      return on_disconnect(*p, std::get<codec::disconnect>(msg));
+    default:
+      return fault(routing_id, p, codec::error_code::unknown_type,
+                   fmt::format("{} is sent by the broker, never to it",
+                               codec::type_name(header->type).value_or("?")),
+                   header->type);
+  }
+}
+
+void server::on_hello(const std::string& routing_id, peer* current, codec::hello&& h,
+                      util::time_point now) {
+  if (stop_requested_.load(std::memory_order_relaxed))
+    return refuse_hello(routing_id, codec::error_code::busy, "broker is shutting down");
+  const auto hb = std::clamp(h.heartbeat_ms, cfg_.heartbeat_min_ms, cfg_.heartbeat_max_ms);
+  const auto welcome_for = [&](const peer& p, bool resumed) {
+    return codec::welcome{p.session, epoch_, p.heartbeat_ms, cfg_.liveness, cfg_.max_message,
+                          resumed};
+  };
+
+  if (current != nullptr) {  // this connection already has a session
+    if (current->id != h.id || current->role != h.role) {
+      return fault(routing_id, current, codec::error_code::bad_field,
+                   fmt::format("this connection is already '{}'; open a new one for '{}'",
+                               current->id, h.id),
+                   static_cast<std::uint8_t>(codec::msg_type::hello));
+    }
+    (void)send(routing_id, welcome_for(*current, true));  // a repeated HELLO: answer again
+    return;
+  }
+
+  if (peer* live = peers_.by_id(h.id)) {
+    if (!h.session || *h.session != live->session || live->role != h.role) {
+      const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - live->last_seen);
+      return refuse_hello(
+          routing_id, codec::error_code::duplicate_id,
+          fmt::format("id '{}' belongs to a live session (last heard {} ms ago, expires after "
+                      "{} ms of silence); resume it with its session token or use another id",
+                      h.id, silent.count(),
+                      std::chrono::duration_cast<std::chrono::milliseconds>(live->window).count()));
+    }
+    // The same session on a new connection: the newer connection wins.
+    (void)send(live->routing_id, codec::disconnect{static_cast<std::uint16_t>(codec::error_code::replaced),
+                                                   "session resumed on a newer connection"});
+    peers_.rebind(*live, routing_id);
+    live->heartbeat_ms = hb;
+    live->window = std::chrono::milliseconds(std::uint64_t{hb} * cfg_.liveness);
+    live->resources = std::move(h.resources);
+    live->last_seen = now;
+    live->faults = 0;
+    spdlog::info("peer {} ({}) resumed session {:016x} on a new connection", live->id,
+                 to_string(live->role), live->session);
+    (void)send(routing_id, welcome_for(*live, true));
+    publish(topic_for(live->role, "joined"),
+                    codec::peer_joined{live->id, live->role, live->session, live->resources, true});
+    return;
+  }
+
+  if (peers_.size() >= cfg_.max_peers) {
+    return refuse_hello(routing_id, codec::error_code::busy,
+                        fmt::format("broker holds its maximum of {} sessions", cfg_.max_peers));
+  }
+  peer p;
+  p.routing_id = routing_id;
+  p.id = std::move(h.id);
+  p.role = h.role;
+  p.resources = std::move(h.resources);
+  p.session = new_session_token();
+  p.heartbeat_ms = hb;
+  p.window = std::chrono::milliseconds(std::uint64_t{hb} * cfg_.liveness);
+  p.joined = now;
+  p.last_seen = now;
+  const peer& added = peers_.insert(std::move(p));
+  counters_.peers.store(peers_.size(), std::memory_order_relaxed);
+  spdlog::info("peer {} ({}) joined: session {:016x}, heartbeat {} ms, resources {}", added.id,
+               to_string(added.role), added.session, added.heartbeat_ms,
+               resources_text(added.resources));
+  (void)send(routing_id, welcome_for(added, false));
+  publish(topic_for(added.role, "joined"),
+                  codec::peer_joined{added.id, added.role, added.session, added.resources, false});
+}
+
+void server::on_disconnect(const peer& p, const codec::disconnect& d) {
+  spdlog::info("peer {} ({}) left: {} {}", p.id, to_string(p.role), d.code,
+               d.reason.empty() ? "(no reason given)" : d.reason);
+  publish(topic_for(p.role, "left"),
+                  codec::peer_gone{p.id, p.role, p.session, d.code, d.reason});
+  peers_.erase(p);
+  counters_.peers.store(peers_.size(), std::memory_order_relaxed);
+}
+
+void server::fault(std::string_view routing_id, peer* p, codec::error_code code, std::string reason,
+                   std::optional<std::uint8_t> ref_type) {
+  counters_.faults.fetch_add(1, std::memory_order_relaxed);
+  const auto code_num = static_cast<std::uint16_t>(code);
+  if (p == nullptr) {
+    spdlog::debug("refused a message from an unintroduced connection: {} {}", code_num, reason);
+    (void)send(routing_id, codec::error{code_num, std::move(reason), ref_type});
+    return;
+  }
+  spdlog::warn("peer {}: refused a message: {} {} (fault {} of {})", p->id, code_num, reason,
+               p->faults + 1, cfg_.max_faults);
+  (void)send(routing_id, codec::error{code_num, std::move(reason), ref_type});
+  if (++p->faults >= cfg_.max_faults) {
+    end_session(*p, codec::error_code::too_many_faults,
+                fmt::format("{} bad messages", p->faults), true);
+    peers_.erase(*p);
+    counters_.peers.store(peers_.size(), std::memory_order_relaxed);
+  }
+}
+
+void server::refuse_hello(std::string_view routing_id, codec::error_code code, std::string reason) {
+  counters_.refused_hellos.fetch_add(1, std::memory_order_relaxed);
+  counters_.faults.fetch_add(1, std::memory_order_relaxed);
+  spdlog::warn("refused a HELLO: {} {}", static_cast<unsigned>(code), reason);
+  (void)send(routing_id, codec::error{static_cast<std::uint16_t>(code), std::move(reason),
+                                      static_cast<std::uint8_t>(codec::msg_type::hello)});
+}
+
+// Says DISCONNECT (best effort: the peer may be gone) and publishes *.lost or *.left.
+// The caller erases the session.
+void server::end_session(const peer& p, codec::error_code code, std::string reason, bool lost) {
+  const auto code_num = static_cast<std::uint16_t>(code);
+  (void)send(p.routing_id, codec::disconnect{code_num, reason});
+  publish(topic_for(p.role, lost ? "lost" : "left"),
+                  codec::peer_gone{p.id, p.role, p.session, code_num, std::move(reason)});
+}
+
+bool server::send(std::string_view routing_id, const codec::message& m) {
+  out_.clear();
+  codec::encode_body(m, out_);
+  const auto header = codec::make_header(codec::type_of(m));
+  try {
+    if (!router_.send(zmq::buffer(routing_id), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+      counters_.unroutable.fetch_add(1, std::memory_order_relaxed);  // peer's queue is full
+      return false;
+    }
+  } catch (const zmq::error_t& e) {
+    if (e.num() != EHOSTUNREACH) throw;
+    counters_.unroutable.fetch_add(1, std::memory_order_relaxed);  // connection is gone
+    return false;
+  }
+  router_.send(zmq::buffer(header), zmq::send_flags::sndmore);
+  router_.send(zmq::const_buffer(out_.data(), out_.size()), zmq::send_flags::none);
+  counters_.messages_out.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void server::publish(std::string_view topic, decltype(codec::event::body) body) {
+  events_.publish(topic, std::move(body));
+  counters_.events.fetch_add(1, std::memory_order_relaxed);
+}
+
+void server::publish_status(util::time_point now) {
+  const auto uptime = std::chrono::duration_cast<std::chrono::milliseconds>(now - started_);
+  publish(codec::topic::broker_heartbeat,
+                  codec::broker_status{peers_.size(), static_cast<std::uint64_t>(uptime.count())});
+  next_status_ = now + std::chrono::milliseconds(cfg_.status_interval_ms);
+}
+
+void server::shutdown() {
+  spdlog::info("shutting down: telling {} peers", peers_.size());
+  publish(codec::topic::broker_stopping, codec::broker_stopping{0});
+  peers_.for_each([this](const peer& p) {
+    (void)send(p.routing_id, codec::disconnect{static_cast<std::uint16_t>(codec::error_code::busy),
+                                               "broker shutting down"});
+  });
+  router_.set(zmq::sockopt::linger, static_cast<int>(cfg_.shutdown_linger_ms));
+  events_.set_linger(static_cast<int>(cfg_.shutdown_linger_ms));
+  spdlog::info("broker stopped: {} messages in, {} out, {} refused, {} expired",
+               counters_.messages_in.load(), counters_.messages_out.load(),
+               counters_.faults.load(), counters_.expired.load());
+}
+
+std::uint64_t server::new_session_token() {
+  std::uint64_t t = 0;
+  while (t == 0) t = splitmix64(token_state_);
+  return t;
+}
+
+server_thread::server_thread(config cfg)
+    : server_(std::make_unique<server>(ctx_, std::move(cfg))),
+      thread_([this] { server_->run(); }) {}
+
+server_thread::~server_thread() { stop(); }
+
+void server_thread::stop() {
+  if (thread_.joinable()) {
+    server_->request_stop();
+    thread_.join();
+  }
+}
+
+}  // namespace rlbus::broker

@@ -1,0 +1,119 @@
+// The broker: one event loop that owns the ROUTER (peers) and the PUB (events) sockets.
+//
+// A connection's life, in the order server.cpp handles it: frames arrive on the ROUTER ->
+// the header is checked -> an unknown connection may only say HELLO -> the body is decoded
+// under limits -> HELLO makes a session (or resumes one, or is refused) -> every later
+// message refreshes the session's liveness -> DISCONNECT or expiry ends it, with an event.
+// Faults from peers never throw: they are answered with ERROR and counted.
+//
+// Threads: construct anywhere (binding happens in the constructor, so endpoints are known
+// at once); run() on exactly one thread, which then owns both sockets; request_stop() and
+// stats() from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <zmq.hpp>
+
+#include "broker/config.hpp"
+#include "broker/event_bus.hpp"
+#include "broker/peer_table.hpp"
+#include "codec/messages.hpp"
+#include "util/wake_pipe.hpp"
+
+namespace rlbus::broker {
+
+/// Counters a person watching the broker cares about. A snapshot; values only grow,
+/// except `peers`.
+struct stats {
+  std::uint64_t peers = 0;             // live sessions
+  std::uint64_t messages_in = 0;       // messages received on the ROUTER
+  std::uint64_t messages_out = 0;      // messages sent on the ROUTER
+  std::uint64_t faults = 0;            // messages refused with ERROR (any peer)
+  std::uint64_t unroutable = 0;        // replies that could not be delivered
+  std::uint64_t refused_hellos = 0;    // HELLOs answered with ERROR
+  std::uint64_t expired = 0;           // sessions ended by silence
+  std::uint64_t events = 0;            // events published
+};
+
+class server {
+ public:
+  /// Validates `cfg`, binds both endpoints. Throws std::invalid_argument for a bad config
+  /// and zmq::error_t when an endpoint cannot be bound.
+  server(zmq::context_t& ctx, config cfg);
+  ~server();
+  server(const server&) = delete;
+  server& operator=(const server&) = delete;
+
+  /// The endpoints actually bound (a "*" port resolved to the real one).
+  [[nodiscard]] std::string router_endpoint() const { return router_endpoint_; }
+  [[nodiscard]] std::string events_endpoint() const { return events_endpoint_; }
+  [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
+
+  /// Serves until request_stop(), then says DISCONNECT to every peer and closes the sockets.
+  void run();
+  /// Asks run() to finish. Thread-safe and async-signal-safe.
+  void request_stop() noexcept;
+  /// Thread-safe snapshot of the counters.
+  [[nodiscard]] stats snapshot() const;
+
+ private:
+  struct counters {
+    std::atomic<std::uint64_t> peers{0}, messages_in{0}, messages_out{0}, faults{0},
+        unroutable{0}, refused_hellos{0}, expired{0}, events{0};
+  };
+
+  void drain_router(util::time_point now);
+  void on_frames(zmq::message_t* frames, std::size_t count, bool overflow, util::time_point now);
+  void on_hello(const std::string& routing_id, peer* current, codec::hello&& h, util::time_point now);
+  void on_disconnect(const peer& p, const codec::disconnect& d);
+  void fault(std::string_view routing_id, peer* p, codec::error_code code, std::string reason,
+             std::optional<std::uint8_t> ref_type);
+  void refuse_hello(std::string_view routing_id, codec::error_code code, std::string reason);
+  void end_session(const peer& p, codec::error_code code, std::string reason, bool lost);
+  bool send(std::string_view routing_id, const codec::message& m);
+  void publish(std::string_view topic, decltype(codec::event::body) body);
+  void publish_status(util::time_point now);
+  void shutdown();
+  std::uint64_t new_session_token();
+
+  config cfg_;
+  std::uint64_t token_state_;  // before epoch_: the epoch is drawn from it
+  std::uint64_t epoch_;
+  zmq::socket_t router_;
+  event_bus events_;
+  std::string router_endpoint_;
+  std::string events_endpoint_;
+  util::wake_pipe wake_;
+  std::atomic<bool> stop_requested_{false};
+  peer_table peers_;
+  counters counters_;
+  util::time_point started_;
+  util::time_point next_status_;
+  msgpack::sbuffer out_;
+};
+
+/// Runs a server on a thread of its own: started by the constructor, stopped and joined by
+/// the destructor. For tests and for embedding the broker in another process.
+class server_thread {
+ public:
+  explicit server_thread(config cfg);
+  ~server_thread();
+  server_thread(const server_thread&) = delete;
+  server_thread& operator=(const server_thread&) = delete;
+
+  [[nodiscard]] server& get() noexcept { return *server_; }
+  /// Stops the loop and waits for it; idempotent.
+  void stop();
+
+ private:
+  zmq::context_t ctx_;
+  std::unique_ptr<server> server_;
+  std::thread thread_;
+};
+
+}  // namespace rlbus::broker

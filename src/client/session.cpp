@@ -1,0 +1,210 @@
+// See session.hpp. The broker is a peer we trust more than workers trust each other, but
+// its bytes are still decoded under limits and anything malformed is ignored.
+#include "client/session.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "codec/codec.hpp"
+
+namespace rlbus::client::detail {
+
+namespace {
+constexpr std::uint16_t code(codec::error_code c) { return static_cast<std::uint16_t>(c); }
+constexpr int goodbye_linger_ms = 200;
+}  // namespace
+
+void validate(const session_options& o) {
+  if (o.endpoint.empty()) throw std::invalid_argument("endpoint must not be empty");
+  if (!codec::valid_peer_id(o.id))
+    throw std::invalid_argument(fmt::format(
+        "id '{}' is invalid: use 1-{} characters of A-Z a-z 0-9 . _ : @ / -", o.id,
+        codec::max_id_length));
+  if (o.heartbeat.count() < codec::min_heartbeat_ms || o.heartbeat.count() > codec::max_heartbeat_ms)
+    throw std::invalid_argument(fmt::format("heartbeat must be {}..{} ms", codec::min_heartbeat_ms,
+                                            codec::max_heartbeat_ms));
+  if (o.reconnect_min.count() < 1 || o.reconnect_max < o.reconnect_min)
+    throw std::invalid_argument("reconnect backoff needs 1 ms <= reconnect_min <= reconnect_max");
+  if (o.resources.size() > codec::max_resources)
+    throw std::invalid_argument(fmt::format("at most {} resources", codec::max_resources));
+  for (const auto& [name, value] : o.resources) {
+    if (name.empty() || name.size() > codec::max_resource_name || !(value >= 0) ||
+        value == std::numeric_limits<double>::infinity())
+      throw std::invalid_argument(
+          fmt::format("resource '{}' needs a 1-{} byte name and a non-negative finite value", name,
+                      codec::max_resource_name));
+  }
+}
+
+session::session(zmq::context_t& ctx, session_options opts, state_callback on_state)
+    : ctx_(ctx),
+      opts_(std::move(opts)),
+      on_state_(std::move(on_state)),
+      heartbeat_(opts_.heartbeat),
+      jitter_(std::random_device{}()) {}
+
+void session::start(util::time_point now) { open(now); }
+
+zmq::pollitem_t session::pollitem() {
+  if (!socket_) return {nullptr, -1, 0, 0};
+  return {socket_->handle(), 0, ZMQ_POLLIN, 0};
+}
+
+void session::open(util::time_point now) {
+  socket_.emplace(ctx_, zmq::socket_type::dealer);
+  socket_->set(zmq::sockopt::linger, 0);
+  socket_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(16 * 1024 * 1024));
+  socket_->connect(opts_.endpoint);
+  codec::hello h{opts_.role, opts_.id, static_cast<std::uint32_t>(opts_.heartbeat.count()),
+                 opts_.resources, std::nullopt};
+  if (token_ != 0) h.session = token_;
+  // A DEALER queues the HELLO until the TCP connection is up, so sending now is right.
+  send(h);
+  hello_deadline_ = now + opts_.heartbeat * liveness_;
+  set_state(connection_state::connecting, "");
+}
+
+void session::close_socket() { socket_.reset(); }
+
+void session::retry_later(util::time_point now, const std::string& why) {
+  close_socket();
+  const auto shift = std::min(attempt_, 20U);
+  auto delay = std::min<std::chrono::milliseconds>(opts_.reconnect_max,
+                                                   opts_.reconnect_min * (1LL << shift));
+  delay += std::chrono::milliseconds(std::uniform_int_distribution<long long>(
+      0, std::max<long long>(delay.count() / 4, 0))(jitter_));
+  ++attempt_;
+  reconnect_at_ = now + delay;
+  spdlog::info("{} {}: {}; reconnecting in {} ms", to_string(opts_.role), opts_.id, why,
+               delay.count());
+  set_state(connection_state::connecting, why);
+}
+
+void session::on_readable(util::time_point now) {
+  while (socket_) {
+    zmq::message_t head;
+    if (!socket_->recv(head, zmq::recv_flags::dontwait)) return;
+    zmq::message_t body;
+    std::size_t frames = 1;
+    bool more = head.more();
+    while (more) {
+      zmq::message_t extra;
+      (void)socket_->recv(frames == 1 ? body : extra, zmq::recv_flags::none);
+      more = (frames == 1 ? body : extra).more();
+      ++frames;
+    }
+    const auto h = codec::parse_header({head.data<char>(), head.size()});
+    if (frames != 2 || !h || h->version != codec::protocol_version) {
+      spdlog::debug("{}: ignored a malformed message from the broker", opts_.id);
+      continue;
+    }
+    auto m = codec::decode_body(h->type, {body.data<char>(), body.size()});
+    if (!m) {
+      spdlog::debug("{}: ignored a broker message: {}", opts_.id, m.error().reason);
+      continue;
+    }
+    handle(m.value(), now);
+  }
+}
+
+void session::handle(const codec::message& m, util::time_point now) {
+  if (state_ == connection_state::ready) broker_deadline_ = now + heartbeat_ * liveness_;
+  if (const auto* w = std::get_if<codec::welcome>(&m)) {
+    if (state_ == connection_state::ready) return;  // answer to a repeated HELLO
+    token_ = w->session;
+    heartbeat_ = std::chrono::milliseconds(w->heartbeat_ms);
+    liveness_ = w->liveness;
+    attempt_ = 0;
+    next_heartbeat_ = now + heartbeat_;
+    broker_deadline_ = now + heartbeat_ * liveness_;
+    set_state(connection_state::ready, w->resumed ? "session resumed" : "");
+  } else if (const auto* e = std::get_if<codec::error>(&m)) {
+    const auto detail = fmt::format("{} {}: {}", e->code, codec::code_name(e->code), e->reason);
+    const bool about_hello =
+        e->ref_type && *e->ref_type == static_cast<std::uint8_t>(codec::msg_type::hello);
+    if (about_hello && (e->code == code(codec::error_code::duplicate_id) ||
+                        e->code == code(codec::error_code::busy))) {
+      retry_later(now, detail);  // may clear up: the old session expires, the broker drains
+    } else if (about_hello) {
+      close_socket();
+      set_state(connection_state::refused, detail);  // our version or fields are wrong
+    } else if (e->code == code(codec::error_code::not_ready) && state_ == connection_state::ready) {
+      // The broker no longer knows us (it restarted): introduce ourselves again.
+      token_ = 0;
+      retry_later(now, "broker lost our session: " + detail);
+    } else {
+      set_state(state_, detail);
+    }
+  } else if (const auto* d = std::get_if<codec::disconnect>(&m)) {
+    const auto detail = fmt::format("broker said DISCONNECT {} {}: {}", d->code,
+                                    codec::code_name(d->code), d->reason);
+    if (d->code == code(codec::error_code::replaced)) {
+      close_socket();
+      set_state(connection_state::refused, detail);
+      return;
+    }
+    if (d->code == code(codec::error_code::expired) ||
+        d->code == code(codec::error_code::too_many_faults))
+      token_ = 0;  // that session is gone for good
+    retry_later(now, detail);
+  }
+  // HEARTBEAT: its arrival (deadline refreshed above) is all it says.
+}
+
+void session::on_timers(util::time_point now) {
+  if (reconnect_at_ && now >= *reconnect_at_) {
+    reconnect_at_.reset();
+    open(now);
+    return;
+  }
+  if (!socket_) return;
+  if (state_ == connection_state::connecting && now >= hello_deadline_) {
+    retry_later(now, fmt::format("no WELCOME within {} ms", (opts_.heartbeat * liveness_).count()));
+  } else if (state_ == connection_state::ready) {
+    if (now >= broker_deadline_) {
+      retry_later(now, fmt::format("broker silent for {} ms", (heartbeat_ * liveness_).count()));
+    } else if (now >= next_heartbeat_) {
+      send(codec::heartbeat{});
+      next_heartbeat_ = now + heartbeat_;
+    }
+  }
+}
+
+util::time_point session::next_timer() const {
+  if (reconnect_at_) return *reconnect_at_;
+  if (state_ == connection_state::connecting) return hello_deadline_;
+  if (state_ == connection_state::ready) return std::min(next_heartbeat_, broker_deadline_);
+  return util::clock::now() + std::chrono::hours(1);
+}
+
+void session::stop() {
+  if (socket_ && state_ == connection_state::ready) {
+    send(codec::disconnect{code(codec::error_code::goodbye), "worker stopping"});
+    socket_->set(zmq::sockopt::linger, goodbye_linger_ms);
+  }
+  close_socket();
+  reconnect_at_.reset();
+  set_state(connection_state::stopped, "");
+}
+
+bool session::send(const codec::message& m) {
+  if (!socket_) return false;
+  out_.clear();
+  codec::encode_body(m, out_);
+  const auto header = codec::make_header(codec::type_of(m));
+  if (!socket_->send(zmq::buffer(header), zmq::send_flags::sndmore | zmq::send_flags::dontwait))
+    return false;
+  socket_->send(zmq::const_buffer(out_.data(), out_.size()), zmq::send_flags::none);
+  return true;
+}
+
+void session::set_state(connection_state s, const std::string& detail) {
+  state_ = s;
+  if (on_state_) on_state_(s, token_, detail);
+}
+
+}  // namespace rlbus::client::detail

@@ -1,0 +1,88 @@
+// The client side of protocol v1, shared by every SDK role: one DEALER to the broker,
+// HELLO -> WELCOME, heartbeats, broker-silence detection and reconnection with backoff.
+//
+// Not thread-safe: one thread (the SDK's I/O thread) owns a session and drives it by
+// polling pollitem(), calling on_readable() and on_timers(), and sleeping no longer than
+// next_timer(). State changes are reported through the callback given at construction.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <random>
+#include <string>
+
+#include <msgpack.hpp>
+#include <zmq.hpp>
+
+#include "codec/messages.hpp"
+#include "rlbus/types.hpp"
+#include "rlbus/worker.hpp"
+#include "util/clock.hpp"
+
+namespace rlbus::client::detail {
+
+struct session_options {
+  std::string endpoint;
+  rlbus::role role = rlbus::role::collector;
+  std::string id;
+  rlbus::resources resources;
+  std::chrono::milliseconds heartbeat{1000};
+  std::chrono::milliseconds reconnect_min{100};
+  std::chrono::milliseconds reconnect_max{5000};
+};
+
+/// Throws std::invalid_argument naming the first bad option.
+void validate(const session_options& o);
+
+class session {
+ public:
+  /// Called on every state change (and on an ERROR that changes nothing) with the session
+  /// token and a human-readable detail (e.g. the refusal reason, "" when there is none).
+  using state_callback =
+      std::function<void(connection_state, std::uint64_t token, const std::string& detail)>;
+
+  session(zmq::context_t& ctx, session_options opts, state_callback on_state);
+
+  /// Opens the socket and sends HELLO.
+  void start(util::time_point now);
+  /// The socket to poll; fd -1 / null socket while waiting to reconnect.
+  [[nodiscard]] zmq::pollitem_t pollitem();
+  /// Reads and handles everything queued on the socket.
+  void on_readable(util::time_point now);
+  /// Sends due heartbeats, notices a silent broker, reconnects after backoff.
+  void on_timers(util::time_point now);
+  [[nodiscard]] util::time_point next_timer() const;
+  /// Says DISCONNECT (when ready) and closes the socket; the session is then stopped.
+  void stop();
+
+  [[nodiscard]] connection_state state() const noexcept { return state_; }
+  [[nodiscard]] std::uint64_t token() const noexcept { return token_; }
+
+ private:
+  void open(util::time_point now);
+  void close_socket();
+  void retry_later(util::time_point now, const std::string& why);
+  void handle(const codec::message& m, util::time_point now);
+  void set_state(connection_state s, const std::string& detail);
+  bool send(const codec::message& m);
+
+  zmq::context_t& ctx_;
+  session_options opts_;
+  state_callback on_state_;
+  std::optional<zmq::socket_t> socket_;
+  connection_state state_ = connection_state::connecting;
+  std::uint64_t token_ = 0;
+  std::chrono::milliseconds heartbeat_;
+  std::uint32_t liveness_ = 3;
+  unsigned attempt_ = 0;
+  util::time_point hello_deadline_{};
+  util::time_point next_heartbeat_{};
+  util::time_point broker_deadline_{};
+  std::optional<util::time_point> reconnect_at_;
+  std::minstd_rand jitter_;
+  msgpack::sbuffer out_;
+};
+
+}  // namespace rlbus::client::detail

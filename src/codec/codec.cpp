@@ -1,0 +1,499 @@
+// Protocol v1 codec. Decoding runs msgpack's parser with hard limits (an unlimited unpack of
+// a 6-byte array32 header asks for 16 GiB), then checks each field with `field_reader`,
+// which records the first fault instead of throwing.
+#include "codec/codec.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace rlbus::codec {
+
+namespace {
+
+// Strings and binaries in a decoded object point into the input frame (no copy): the
+// decoded msgpack::object never outlives the call that made it.
+bool reference_everything(msgpack::type::object_type /*type*/, std::size_t /*size*/,
+                          void* /*user*/) {
+  return true;
+}
+
+struct unpacked {
+  msgpack::object_handle handle;
+  std::optional<decode_error> fault;
+};
+
+unpacked unpack_map(std::string_view body, const decode_limits& lim) {
+  unpacked u;
+  if (body.empty()) {
+    u.fault = decode_error{error_code::bad_body, "empty body: expected a msgpack map"};
+    return u;
+  }
+  const msgpack::unpack_limit limit(lim.max_array, lim.max_map, lim.max_str, lim.max_bin,
+                                    /*ext=*/0, lim.max_depth);
+  std::size_t offset = 0;
+  try {
+    u.handle = msgpack::unpack(body.data(), body.size(), offset, reference_everything, nullptr,
+                               limit);
+  } catch (const msgpack::insufficient_bytes&) {
+    u.fault = decode_error{error_code::bad_body, "truncated msgpack body"};
+    return u;
+  } catch (const msgpack::depth_size_overflow&) {
+    u.fault = decode_error{error_code::bad_body, "msgpack nesting too deep"};
+    return u;
+  } catch (const msgpack::size_overflow& e) {
+    u.fault = decode_error{error_code::bad_body, fmt::format("msgpack limit exceeded ({})", e.what())};
+    return u;
+  } catch (const std::exception& e) {
+    u.fault = decode_error{error_code::bad_body, fmt::format("malformed msgpack ({})", e.what())};
+    return u;
+  }
+  if (offset != body.size()) {
+    u.fault = decode_error{error_code::bad_body,
+                           fmt::format("{} trailing bytes after the msgpack body", body.size() - offset)};
+  } else if (u.handle.get().type != msgpack::type::MAP) {
+    u.fault = decode_error{error_code::bad_body, "body is not a msgpack map"};
+  }
+  return u;
+}
+
+std::string_view as_view(const msgpack::object& o) { return {o.via.str.ptr, o.via.str.size}; }
+
+// Typed access to the fields of one map. Unknown keys are ignored (SPEC §5: forward
+// compatibility); duplicate or non-string keys make the whole body invalid.
+class field_reader {
+ public:
+  explicit field_reader(const msgpack::object& map) {
+    const auto& m = map.via.map;
+    fields_.reserve(m.size);
+    for (std::uint32_t i = 0; i < m.size; ++i) {
+      const auto& kv = m.ptr[i];
+      if (kv.key.type != msgpack::type::STR) {
+        fault_ = decode_error{error_code::bad_body, "map key is not a string"};
+        return;
+      }
+      const auto key = as_view(kv.key);
+      if (find(key) != nullptr) {
+        fault_ = decode_error{error_code::bad_body, fmt::format("duplicate key '{}'", key)};
+        return;
+      }
+      fields_.emplace_back(key, &kv.val);
+    }
+  }
+
+  [[nodiscard]] const std::optional<decode_error>& fault() const { return fault_; }
+
+  void str(std::string_view key, std::string& out, std::size_t max_len, bool required = true) {
+    const auto* o = get(key, required);
+    if (o == nullptr) return;
+    if (o->type != msgpack::type::STR) return fail(key, "expected a string");
+    if (o->via.str.size > max_len) return fail(key, fmt::format("longer than {} bytes", max_len));
+    out.assign(o->via.str.ptr, o->via.str.size);
+  }
+
+  template <class U>
+  void uint(std::string_view key, U& out, std::uint64_t lo, std::uint64_t hi) {
+    std::optional<std::uint64_t> v;
+    read_uint(key, v, lo, hi, true);
+    if (v) out = static_cast<U>(*v);
+  }
+
+  template <class U>
+  void opt_uint(std::string_view key, std::optional<U>& out, std::uint64_t lo, std::uint64_t hi) {
+    std::optional<std::uint64_t> v;
+    read_uint(key, v, lo, hi, false);
+    if (v) out = static_cast<U>(*v);
+  }
+
+  void boolean(std::string_view key, bool& out, bool required = true) {
+    const auto* o = get(key, required);
+    if (o == nullptr) return;
+    if (o->type != msgpack::type::BOOLEAN) return fail(key, "expected a boolean");
+    out = o->via.boolean;
+  }
+
+  void role(std::string_view key, rlbus::role& out) {
+    std::string text;
+    str(key, text, 32);
+    if (fault_) return;
+    if (auto r = parse_role(text)) {
+      out = *r;
+    } else {
+      fail(key, fmt::format("unknown role '{}' (collector, learner or coordinator)", text));
+    }
+  }
+
+  void peer_id(std::string_view key, std::string& out) {
+    str(key, out, max_id_length);
+    if (!fault_ && !valid_peer_id(out))
+      fail(key, "must be 1-128 characters of A-Z a-z 0-9 . _ : @ / -");
+  }
+
+  void resources(std::string_view key, rlbus::resources& out) {
+    const auto* o = get(key, false);
+    if (o == nullptr) return;
+    if (o->type != msgpack::type::MAP) return fail(key, "expected a map of name -> number");
+    if (o->via.map.size > max_resources)
+      return fail(key, fmt::format("more than {} entries", max_resources));
+    for (std::uint32_t i = 0; i < o->via.map.size; ++i) {
+      const auto& kv = o->via.map.ptr[i];
+      if (kv.key.type != msgpack::type::STR || kv.key.via.str.size == 0 ||
+          kv.key.via.str.size > max_resource_name)
+        return fail(key, fmt::format("names must be strings of 1-{} bytes", max_resource_name));
+      double value = 0;
+      switch (kv.val.type) {
+        case msgpack::type::POSITIVE_INTEGER:
+          value = static_cast<double>(kv.val.via.u64);
+          break;
+        case msgpack::type::FLOAT32:
+        case msgpack::type::FLOAT64:
+          value = kv.val.via.f64;
+          break;
+        default:
+          return fail(key, "values must be non-negative numbers");
+      }
+      if (!std::isfinite(value) || value < 0)
+        return fail(key, "values must be non-negative finite numbers");
+      if (!out.emplace(std::string(as_view(kv.key)), value).second)
+        return fail(key, "duplicate resource name");
+    }
+  }
+
+ private:
+  [[nodiscard]] const msgpack::object* find(std::string_view key) const {
+    for (const auto& [k, v] : fields_)
+      if (k == key) return v;
+    return nullptr;
+  }
+
+  const msgpack::object* get(std::string_view key, bool required) {
+    if (fault_) return nullptr;
+    const auto* o = find(key);
+    if (o == nullptr && required) fail(key, "missing");
+    return o;
+  }
+
+  void read_uint(std::string_view key, std::optional<std::uint64_t>& out, std::uint64_t lo,
+                 std::uint64_t hi, bool required) {
+    const auto* o = get(key, required);
+    if (o == nullptr) return;
+    if (o->type != msgpack::type::POSITIVE_INTEGER)
+      return fail(key, "expected a non-negative integer");
+    if (o->via.u64 < lo || o->via.u64 > hi)
+      return fail(key, fmt::format("{} is outside {}..{}", o->via.u64, lo, hi));
+    out = o->via.u64;
+  }
+
+  void fail(std::string_view key, std::string_view what) {
+    if (!fault_) fault_ = decode_error{error_code::bad_field, fmt::format("field '{}': {}", key, what)};
+  }
+
+  std::vector<std::pair<std::string_view, const msgpack::object*>> fields_;
+  std::optional<decode_error> fault_;
+};
+
+constexpr std::uint64_t u16_max = 0xFFFF;
+constexpr std::uint64_t u32_max = 0xFFFF'FFFF;
+constexpr std::uint64_t u64_max = ~std::uint64_t{0};
+
+template <class T>
+result<message> finish(field_reader& r, T&& value) {
+  if (r.fault()) return *r.fault();
+  return message{std::forward<T>(value)};
+}
+
+decode_error unknown_type(std::uint8_t type) {
+  return {error_code::unknown_type,
+          fmt::format("message type 0x{:02x} is not a ROUTER message of protocol v{}", type,
+                      protocol_version)};
+}
+
+result<message> read_message(std::uint8_t type, field_reader& r) {
+  switch (static_cast<msg_type>(type)) {
+    case msg_type::hello: {
+      hello m;
+      r.role("role", m.role);
+      r.peer_id("id", m.id);
+      r.uint("heartbeat_ms", m.heartbeat_ms, min_heartbeat_ms, max_heartbeat_ms);
+      r.resources("resources", m.resources);
+      r.opt_uint("session", m.session, 1, u64_max);
+      return finish(r, std::move(m));
+    }
+    case msg_type::welcome: {
+      welcome m;
+      r.uint("session", m.session, 1, u64_max);
+      r.uint("epoch", m.epoch, 0, u64_max);
+      r.uint("heartbeat_ms", m.heartbeat_ms, min_heartbeat_ms, max_heartbeat_ms);
+      r.uint("liveness", m.liveness, 1, 1000);
+      r.uint("max_message", m.max_message, 0, u64_max);
+      r.boolean("resumed", m.resumed);
+      return finish(r, std::move(m));
+    }
+    case msg_type::heartbeat:
+      return finish(r, heartbeat{});
+    case msg_type::disconnect: {
+      disconnect m;
+      r.uint("code", m.code, 0, u16_max);
+      r.str("reason", m.reason, max_reason_length);
+      return finish(r, std::move(m));
+    }
+    case msg_type::error: {
+      error m;
+      r.uint("code", m.code, 0, u16_max);
+      r.str("reason", m.reason, max_reason_length);
+      r.opt_uint("ref_type", m.ref_type, 0, 0xFF);
+      return finish(r, std::move(m));
+    }
+    case msg_type::event:
+      break;
+  }
+  return unknown_type(type);
+}
+
+using packer = msgpack::packer<msgpack::sbuffer>;
+
+void pack_kv(packer& pk, std::string_view key, std::string_view v) { pk.pack(key).pack(v); }
+void pack_kv(packer& pk, std::string_view key, std::uint64_t v) { pk.pack(key).pack(v); }
+void pack_kv(packer& pk, std::string_view key, bool v) { pk.pack(key).pack(v); }
+void pack_kv(packer& pk, std::string_view key, rlbus::role v) { pk.pack(key).pack(to_string(v)); }
+
+// Whole numbers travel as integers, others as float64: one canonical form per value.
+void pack_kv(packer& pk, std::string_view key, const rlbus::resources& res) {
+  pk.pack(key);
+  pk.pack_map(static_cast<std::uint32_t>(res.size()));
+  for (const auto& [name, value] : res) {
+    pk.pack(std::string_view(name));
+    if (value >= 0 && value < 9007199254740992.0 && std::floor(value) == value) {
+      pk.pack(static_cast<std::uint64_t>(value));
+    } else {
+      pk.pack_double(value);
+    }
+  }
+}
+
+struct body_encoder {
+  packer& pk;
+  void operator()(const hello& m) const {
+    pk.pack_map(m.session ? 5 : 4);
+    pack_kv(pk, "role", m.role);
+    pack_kv(pk, "id", m.id);
+    pack_kv(pk, "heartbeat_ms", std::uint64_t{m.heartbeat_ms});
+    pack_kv(pk, "resources", m.resources);
+    if (m.session) pack_kv(pk, "session", *m.session);
+  }
+  void operator()(const welcome& m) const {
+    pk.pack_map(6);
+    pack_kv(pk, "session", m.session);
+    pack_kv(pk, "epoch", m.epoch);
+    pack_kv(pk, "heartbeat_ms", std::uint64_t{m.heartbeat_ms});
+    pack_kv(pk, "liveness", std::uint64_t{m.liveness});
+    pack_kv(pk, "max_message", m.max_message);
+    pack_kv(pk, "resumed", m.resumed);
+  }
+  void operator()(const heartbeat& /*m*/) const { pk.pack_map(0); }
+  void operator()(const disconnect& m) const {
+    pk.pack_map(2);
+    pack_kv(pk, "code", std::uint64_t{m.code});
+    pack_kv(pk, "reason", m.reason);
+  }
+  void operator()(const error& m) const {
+    pk.pack_map(m.ref_type ? 3 : 2);
+    pack_kv(pk, "code", std::uint64_t{m.code});
+    pack_kv(pk, "reason", m.reason);
+    if (m.ref_type) pack_kv(pk, "ref_type", std::uint64_t{*m.ref_type});
+  }
+};
+
+// Event bodies: the envelope (seq, epoch, ts_ms) first, then the topic's own fields.
+struct event_encoder {
+  packer& pk;
+  const event& e;
+  void envelope(std::uint32_t extra) const {
+    pk.pack_map(3 + extra);
+    pack_kv(pk, "seq", e.seq);
+    pack_kv(pk, "epoch", e.epoch);
+    pack_kv(pk, "ts_ms", e.ts_ms);
+  }
+  void operator()(std::monostate /*unused*/) const { envelope(0); }
+  void operator()(const peer_joined& b) const {
+    envelope(5);
+    pack_kv(pk, "id", b.id);
+    pack_kv(pk, "role", b.role);
+    pack_kv(pk, "session", b.session);
+    pack_kv(pk, "resources", b.resources);
+    pack_kv(pk, "resumed", b.resumed);
+  }
+  void operator()(const peer_gone& b) const {
+    envelope(5);
+    pack_kv(pk, "id", b.id);
+    pack_kv(pk, "role", b.role);
+    pack_kv(pk, "session", b.session);
+    pack_kv(pk, "code", std::uint64_t{b.code});
+    pack_kv(pk, "reason", b.reason);
+  }
+  void operator()(const broker_status& b) const {
+    envelope(2);
+    pack_kv(pk, "peers", b.peers);
+    pack_kv(pk, "uptime_ms", b.uptime_ms);
+  }
+  void operator()(const broker_stopping& b) const {
+    envelope(1);
+    pack_kv(pk, "drain_ms", b.drain_ms);
+  }
+};
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+}  // namespace
+
+std::optional<header> parse_header(std::string_view frame) noexcept {
+  if (frame.size() != header_size || static_cast<std::uint8_t>(frame[0]) != signature_0 ||
+      static_cast<std::uint8_t>(frame[1]) != signature_1)
+    return std::nullopt;
+  return header{static_cast<std::uint8_t>(frame[2]), static_cast<std::uint8_t>(frame[3])};
+}
+
+std::array<char, header_size> make_header(msg_type t) noexcept {
+  return {static_cast<char>(signature_0), static_cast<char>(signature_1),
+          static_cast<char>(protocol_version), static_cast<char>(t)};
+}
+
+result<message> decode_body(std::uint8_t type, std::string_view body, const decode_limits& limits) {
+  if (!type_name(type) || static_cast<msg_type>(type) == msg_type::event)
+    return unknown_type(type);
+  auto u = unpack_map(body, limits);
+  if (u.fault) return *u.fault;
+  field_reader r(u.handle.get());
+  if (r.fault()) return *r.fault();
+  return read_message(type, r);
+}
+
+void encode_body(const message& m, msgpack::sbuffer& out) {
+  packer pk(out);
+  std::visit(body_encoder{pk}, m);
+}
+
+std::string encode_body(const message& m) {
+  msgpack::sbuffer buf;
+  encode_body(m, buf);
+  return {buf.data(), buf.size()};
+}
+
+result<event> decode_event(std::string_view topic, std::string_view body,
+                           const decode_limits& limits) {
+  auto u = unpack_map(body, limits);
+  if (u.fault) return *u.fault;
+  field_reader r(u.handle.get());
+  event e;
+  e.topic = topic;
+  r.uint("seq", e.seq, 1, u64_max);
+  r.uint("epoch", e.epoch, 0, u64_max);
+  r.uint("ts_ms", e.ts_ms, 0, u64_max);
+  if (ends_with(topic, ".joined")) {
+    peer_joined b;
+    r.peer_id("id", b.id);
+    r.role("role", b.role);
+    r.uint("session", b.session, 0, u64_max);
+    r.resources("resources", b.resources);
+    r.boolean("resumed", b.resumed);
+    e.body = std::move(b);
+  } else if (ends_with(topic, ".left") || ends_with(topic, ".lost")) {
+    peer_gone b;
+    r.peer_id("id", b.id);
+    r.role("role", b.role);
+    r.uint("session", b.session, 0, u64_max);
+    r.uint("code", b.code, 0, u16_max);
+    r.str("reason", b.reason, max_reason_length);
+    e.body = std::move(b);
+  } else if (topic == topic::broker_heartbeat) {
+    broker_status b;
+    r.uint("peers", b.peers, 0, u64_max);
+    r.uint("uptime_ms", b.uptime_ms, 0, u64_max);
+    e.body = b;
+  } else if (topic == topic::broker_stopping) {
+    broker_stopping b;
+    r.uint("drain_ms", b.drain_ms, 0, u64_max);
+    e.body = b;
+  }
+  if (r.fault()) return *r.fault();
+  return e;
+}
+
+void encode_event(const event& e, msgpack::sbuffer& out) {
+  packer pk(out);
+  std::visit(event_encoder{pk, e}, e.body);
+}
+
+std::string encode_event(const event& e) {
+  msgpack::sbuffer buf;
+  encode_event(e, buf);
+  return {buf.data(), buf.size()};
+}
+
+bool valid_peer_id(std::string_view id) noexcept {
+  if (id.empty() || id.size() > max_id_length) return false;
+  return std::all_of(id.begin(), id.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '.' || c == '_' || c == ':' || c == '@' || c == '/' || c == '-';
+  });
+}
+
+msg_type type_of(const message& m) noexcept {
+  return std::visit([](const auto& v) { return type_of(v); }, m);
+}
+
+std::optional<std::string_view> type_name(std::uint8_t id) noexcept {
+  switch (static_cast<msg_type>(id)) {
+    case msg_type::hello: return "HELLO";
+    case msg_type::welcome: return "WELCOME";
+    case msg_type::heartbeat: return "HEARTBEAT";
+    case msg_type::disconnect: return "DISCONNECT";
+    case msg_type::error: return "ERROR";
+    case msg_type::event: return "EVENT";
+  }
+  return std::nullopt;
+}
+
+std::string_view code_name(std::uint16_t code) noexcept {
+  switch (static_cast<error_code>(code)) {
+    case error_code::goodbye: return "GOODBYE";
+    case error_code::bad_frame: return "BAD_FRAME";
+    case error_code::bad_body: return "BAD_BODY";
+    case error_code::bad_field: return "BAD_FIELD";
+    case error_code::not_ready: return "NOT_READY";
+    case error_code::unknown_type: return "UNKNOWN_TYPE";
+    case error_code::version_mismatch: return "VERSION_MISMATCH";
+    case error_code::duplicate_id: return "DUPLICATE_ID";
+    case error_code::expired: return "EXPIRED";
+    case error_code::too_many_faults: return "TOO_MANY_FAULTS";
+    case error_code::replaced: return "REPLACED";
+    case error_code::busy: return "BUSY";
+  }
+  return "UNKNOWN";
+}
+
+}  // namespace rlbus::codec
+
+namespace rlbus {
+
+std::string_view to_string(role r) noexcept {
+  switch (r) {
+    case role::collector: return "collector";
+    case role::learner: return "learner";
+    case role::coordinator: return "coordinator";
+  }
+  return "unknown";
+}
+
+std::optional<role> parse_role(std::string_view text) noexcept {
+  if (text == "collector") return role::collector;
+  if (text == "learner") return role::learner;
+  if (text == "coordinator") return role::coordinator;
+  return std::nullopt;
+}
+
+}  // namespace rlbus

@@ -1,0 +1,76 @@
+// Encoding and decoding of protocol v1: the header frame and the msgpack bodies.
+// Decoding treats every byte as hostile: limits on every unpack, strict field checks, and
+// faults come back as values (never exceptions) so the broker can answer ERROR and go on.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+
+#include <msgpack.hpp>
+
+#include "codec/messages.hpp"
+#include "codec/protocol.hpp"
+
+namespace rlbus::codec {
+
+/// A parsed header frame. Version and type are raw: the caller decides what it accepts.
+struct header {
+  std::uint8_t version = 0;
+  std::uint8_t type = 0;
+};
+
+/// Parses a header frame: nullopt unless it is exactly 4 bytes starting 'R' 'L'.
+std::optional<header> parse_header(std::string_view frame) noexcept;
+
+/// The 4 header bytes for a message of type `t` at this protocol version.
+std::array<char, header_size> make_header(msg_type t) noexcept;
+
+/// Why a body was refused: the code to answer with and a reason a person can act on.
+struct decode_error {
+  error_code code = error_code::bad_body;
+  std::string reason;
+};
+
+/// A decoded value or the reason it could not be decoded.
+template <class T>
+class result {
+ public:
+  result(T value) : v_(std::move(value)) {}              // NOLINT(google-explicit-constructor)
+  result(decode_error err) : v_(std::move(err)) {}       // NOLINT(google-explicit-constructor)
+  [[nodiscard]] bool ok() const noexcept { return v_.index() == 0; }
+  explicit operator bool() const noexcept { return ok(); }
+  [[nodiscard]] T& value() & { return std::get<0>(v_); }
+  [[nodiscard]] const T& value() const& { return std::get<0>(v_); }
+  [[nodiscard]] T&& value() && { return std::get<0>(std::move(v_)); }
+  [[nodiscard]] const decode_error& error() const { return std::get<1>(v_); }
+
+ private:
+  std::variant<T, decode_error> v_;
+};
+
+/// Decodes the body of a ROUTER message of type `type`. Any type that is not a ROUTER
+/// message of this version yields error_code::unknown_type. Never throws.
+result<message> decode_body(std::uint8_t type, std::string_view body,
+                            const decode_limits& limits = {});
+
+/// Appends the canonical encoding of `m` (fields in SPEC order, smallest integer forms).
+void encode_body(const message& m, msgpack::sbuffer& out);
+std::string encode_body(const message& m);
+
+/// Decodes an event body published under `topic`. Never throws.
+result<event> decode_event(std::string_view topic, std::string_view body,
+                           const decode_limits& limits = {});
+
+/// Appends the canonical encoding of an event body (the topic travels in its own frame).
+void encode_event(const event& e, msgpack::sbuffer& out);
+std::string encode_event(const event& e);
+
+/// True when `id` is a valid peer id: 1..128 bytes of [A-Za-z0-9._:@/-].
+bool valid_peer_id(std::string_view id) noexcept;
+
+}  // namespace rlbus::codec

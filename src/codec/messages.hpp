@@ -1,0 +1,125 @@
+// Typed v1 messages: one struct per message of SPEC.md §4 and one per event body of §7.
+// Plain values; the codec turns them into bytes and back.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+
+#include "codec/protocol.hpp"
+#include "rlbus/types.hpp"
+
+namespace rlbus::codec {
+
+/// HELLO (peer -> broker): introduction. `session` resumes an earlier session (SPEC §4.1).
+struct hello {
+  rlbus::role role = rlbus::role::collector;
+  std::string id;
+  std::uint32_t heartbeat_ms = 1000;
+  rlbus::resources resources;
+  std::optional<std::uint64_t> session;
+  bool operator==(const hello&) const = default;
+};
+
+/// WELCOME (broker -> peer): the session is live with these agreed timings.
+struct welcome {
+  std::uint64_t session = 0;
+  std::uint64_t epoch = 0;
+  std::uint32_t heartbeat_ms = 0;
+  std::uint32_t liveness = 0;
+  std::uint64_t max_message = 0;
+  bool resumed = false;
+  bool operator==(const welcome&) const = default;
+};
+
+/// HEARTBEAT (both ways): an empty map; its arrival is the whole message.
+struct heartbeat {
+  bool operator==(const heartbeat&) const = default;
+};
+
+/// DISCONNECT (both ways): the session ends; `code` says why (SPEC §6).
+struct disconnect {
+  std::uint16_t code = static_cast<std::uint16_t>(error_code::goodbye);
+  std::string reason;
+  bool operator==(const disconnect&) const = default;
+};
+
+/// ERROR (broker -> peer): the message of type `ref_type` was not accepted.
+struct error {
+  std::uint16_t code = 0;
+  std::string reason;
+  std::optional<std::uint8_t> ref_type;
+  bool operator==(const error&) const = default;
+};
+
+/// Any message that travels on the ROUTER.
+using message = std::variant<hello, welcome, heartbeat, disconnect, error>;
+
+/// The type id each message struct travels under.
+constexpr msg_type type_of(const hello&) noexcept { return msg_type::hello; }
+constexpr msg_type type_of(const welcome&) noexcept { return msg_type::welcome; }
+constexpr msg_type type_of(const heartbeat&) noexcept { return msg_type::heartbeat; }
+constexpr msg_type type_of(const disconnect&) noexcept { return msg_type::disconnect; }
+constexpr msg_type type_of(const error&) noexcept { return msg_type::error; }
+msg_type type_of(const message& m) noexcept;
+
+// ---- events (PUB) --------------------------------------------------------------------
+
+/// Topics of v1 events (SPEC §7). Peers of role coordinator use the "coordinator." prefix.
+namespace topic {
+inline constexpr std::string_view worker_joined = "worker.joined";
+inline constexpr std::string_view worker_left = "worker.left";
+inline constexpr std::string_view worker_lost = "worker.lost";
+inline constexpr std::string_view coordinator_joined = "coordinator.joined";
+inline constexpr std::string_view coordinator_left = "coordinator.left";
+inline constexpr std::string_view coordinator_lost = "coordinator.lost";
+inline constexpr std::string_view broker_heartbeat = "broker.heartbeat";
+inline constexpr std::string_view broker_stopping = "broker.stopping";
+}  // namespace topic
+
+/// Body of *.joined.
+struct peer_joined {
+  std::string id;
+  rlbus::role role = rlbus::role::collector;
+  std::uint64_t session = 0;
+  rlbus::resources resources;
+  bool resumed = false;
+  bool operator==(const peer_joined&) const = default;
+};
+
+/// Body of *.left (the peer said DISCONNECT) and *.lost (expired or thrown out).
+struct peer_gone {
+  std::string id;
+  rlbus::role role = rlbus::role::collector;
+  std::uint64_t session = 0;
+  std::uint16_t code = 0;
+  std::string reason;
+  bool operator==(const peer_gone&) const = default;
+};
+
+/// Body of broker.heartbeat.
+struct broker_status {
+  std::uint64_t peers = 0;
+  std::uint64_t uptime_ms = 0;
+  bool operator==(const broker_status&) const = default;
+};
+
+/// Body of broker.stopping.
+struct broker_stopping {
+  std::uint64_t drain_ms = 0;
+  bool operator==(const broker_stopping&) const = default;
+};
+
+/// An event as published: the envelope every event has, and a topic-specific body.
+/// A topic this build does not know decodes with `std::monostate` as its body.
+struct event {
+  std::string topic;
+  std::uint64_t seq = 0;
+  std::uint64_t epoch = 0;
+  std::uint64_t ts_ms = 0;
+  std::variant<std::monostate, peer_joined, peer_gone, broker_status, broker_stopping> body;
+  bool operator==(const event&) const = default;
+};
+
+}  // namespace rlbus::codec

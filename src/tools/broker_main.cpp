@@ -1,0 +1,100 @@
+// rlbus-broker: the broker binary. Flags -> config, signals -> request_stop(), errors at
+// start-up -> a clear message and a non-zero exit code (2: usage or config, 1: cannot bind).
+#include <csignal>
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+#include <zmq.hpp>
+
+#include "broker/server.hpp"
+
+namespace {
+
+rlbus::broker::server* g_server = nullptr;
+
+extern "C" void on_signal(int /*sig*/) {
+  if (g_server != nullptr) g_server->request_stop();
+}
+
+void install_signal_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  rlbus::broker::config cfg;
+  std::string log_level = "info";
+
+  CLI::App app{
+      "rlbus-broker: message bus for distributed reinforcement learning.\n"
+      "Workers (collectors, learners) and coordinators connect to the ROUTER endpoint;\n"
+      "events (workers joined/lost, broker heartbeat) are published on the events endpoint.\n"
+      "Stops cleanly on SIGINT/SIGTERM: every peer is told DISCONNECT, exit status 0."};
+  app.get_formatter()->column_width(34);
+  app.add_option("--router", cfg.router_endpoint,
+                 "ROUTER endpoint for peers (tcp://HOST:PORT, ipc://PATH; port 0 or * = any free)")
+      ->capture_default_str();
+  app.add_option("--events", cfg.events_endpoint, "PUB endpoint for events")->capture_default_str();
+  app.add_option("--liveness", cfg.liveness,
+                 "a peer silent for liveness x its heartbeat interval is expired")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--heartbeat-min", cfg.heartbeat_min_ms,
+                 "smallest heartbeat interval (ms) a peer may use; faster requests are clamped")
+      ->capture_default_str();
+  app.add_option("--heartbeat-max", cfg.heartbeat_max_ms,
+                 "largest heartbeat interval (ms) a peer may use")
+      ->capture_default_str();
+  app.add_option("--status-interval", cfg.status_interval_ms,
+                 "period (ms) of the broker.heartbeat event")
+      ->capture_default_str();
+  app.add_option("--max-message", cfg.max_message,
+                 "largest inbound frame in bytes; a peer sending more is disconnected")
+      ->capture_default_str();
+  app.add_option("--max-peers", cfg.max_peers, "most sessions at once; more HELLOs get BUSY")
+      ->capture_default_str();
+  app.add_option("--max-faults", cfg.max_faults,
+                 "bad messages a peer may send before it is disconnected")
+      ->capture_default_str();
+  app.add_option("--shutdown-linger", cfg.shutdown_linger_ms,
+                 "ms to let final DISCONNECTs leave at shutdown")
+      ->capture_default_str();
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+  try {
+    zmq::context_t ctx(1);
+    rlbus::broker::server server(ctx, cfg);
+    g_server = &server;
+    install_signal_handlers();
+    server.run();
+    g_server = nullptr;
+    return 0;
+  } catch (const std::invalid_argument& e) {
+    spdlog::critical("bad configuration: {}", e.what());
+    return 2;
+  } catch (const zmq::error_t& e) {
+    spdlog::critical("cannot start: {} (is another broker using the endpoint?)", e.what());
+    return 1;
+  }
+}
