@@ -1,0 +1,134 @@
+// Integration: the C++ worker SDK against the real broker: heartbeats, reconnection with
+// backoff after the broker goes away, duplicate ids, orderly leave.
+#include <catch2/catch.hpp>
+
+#include <stdexcept>
+
+#include <zmq_addon.hpp>
+
+#include "rlbus/worker.hpp"
+#include "support/support.hpp"
+
+using namespace rlbus;
+using namespace rlbus::test;
+
+namespace {
+worker_options options_for(const std::string& endpoint, const std::string& id) {
+  worker_options o;
+  o.endpoint = endpoint;
+  o.id = id;
+  o.heartbeat = 30ms;
+  o.reconnect_min = 20ms;
+  o.reconnect_max = 200ms;
+  return o;
+}
+}  // namespace
+
+TEST_CASE("a worker's heartbeats keep it alive for many liveness windows", "[worker]") {
+  broker::server_thread b(test_config());
+  worker w(options_for(b.get().router_endpoint(), "steady"));
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+  const auto session = w.session();
+  // 10 windows of 90 ms: a worker that stopped heartbeating would be expired by now.
+  CHECK_FALSE(wait_until([&] { return b.get().snapshot().expired > 0; }, 900ms));
+  CHECK(w.state() == connection_state::ready);
+  CHECK(w.session() == session);
+  CHECK(w.welcomes() == 1);
+  CHECK(b.get().snapshot().messages_in >= 10);  // HELLO + heartbeats
+}
+
+TEST_CASE("a worker notices a dead broker and reconnects when one is back", "[worker]") {
+  auto cfg = test_config("ipc");  // a fixed endpoint the second broker can bind again
+  auto b = std::make_unique<broker::server_thread>(cfg);
+  worker w(options_for(cfg.router_endpoint, "phoenix"));
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+  b.reset();  // broker gone: the worker hears DISCONNECT 503 and starts retrying
+  REQUIRE(wait_until([&] { return w.state() == connection_state::connecting; }));
+  CHECK_THAT(w.last_error(), Catch::Contains("503"));
+  b = std::make_unique<broker::server_thread>(cfg);
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+  CHECK(w.welcomes() == 2);
+  CHECK(b->get().snapshot().peers == 1);
+}
+
+TEST_CASE("a worker detects a broker that went silent without a word", "[worker]") {
+  // A raw ROUTER plays a broker that welcomes and then never answers again.
+  zmq::context_t ctx;
+  zmq::socket_t fake(ctx, zmq::socket_type::router);
+  fake.set(zmq::sockopt::linger, 0);
+  fake.bind("tcp://127.0.0.1:*");
+  worker w(options_for(fake.get(zmq::sockopt::last_endpoint), "lonely"));
+  std::vector<zmq::message_t> hello;
+  REQUIRE(zmq::recv_multipart(fake, std::back_inserter(hello)));
+  REQUIRE(hello.size() == 3);
+  const auto h = codec::make_header(codec::msg_type::welcome);
+  const auto body = codec::encode_body(codec::welcome{5, 1, 30, 3, 1024, false});
+  fake.send(hello[0], zmq::send_flags::sndmore);
+  fake.send(zmq::buffer(h), zmq::send_flags::sndmore);
+  fake.send(zmq::buffer(body));
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+  // 3 x 30 ms of silence: the worker gives up on this connection and says why.
+  REQUIRE(wait_until([&] { return w.state() == connection_state::connecting; }, 3s));
+  CHECK_THAT(w.last_error(), Catch::Contains("silent"));
+}
+
+TEST_CASE("a second worker with a live id waits until the id is free", "[worker]") {
+  broker::server_thread b(test_config());
+  auto first = std::make_unique<worker>(options_for(b.get().router_endpoint(), "twin"));
+  REQUIRE(first->wait_for(connection_state::ready, 5s));
+  worker second(options_for(b.get().router_endpoint(), "twin"));
+  REQUIRE(wait_until([&] { return second.last_error().find("409") != std::string::npos; }));
+  CHECK(second.state() == connection_state::connecting);
+  first.reset();  // orderly leave frees the id; the retrying twin gets in
+  CHECK(second.wait_for(connection_state::ready, 5s));
+}
+
+TEST_CASE("stopping a worker says DISCONNECT and the broker publishes worker.left", "[worker]") {
+  broker::server_thread b(test_config());
+  zmq::context_t ctx;
+  event_listener events(ctx, b.get().events_endpoint());
+  worker w(options_for(b.get().router_endpoint(), "polite"));
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+  w.stop();
+  CHECK(w.state() == connection_state::stopped);
+  const auto e = events.next("worker.left");
+  REQUIRE(e);
+  CHECK(event_peer_id(*e) == "polite");
+  CHECK(b.get().snapshot().expired == 0);
+  w.stop();  // idempotent
+}
+
+TEST_CASE("a worker the broker refuses for good stops retrying", "[worker]") {
+  // The broker refuses a wrong-version HELLO; a raw ROUTER stands in to refuse with 402.
+  zmq::context_t ctx;
+  zmq::socket_t fake(ctx, zmq::socket_type::router);
+  fake.set(zmq::sockopt::linger, 0);
+  fake.bind("tcp://127.0.0.1:*");
+  worker w(options_for(fake.get(zmq::sockopt::last_endpoint), "rejected"));
+  std::vector<zmq::message_t> hello;
+  REQUIRE(zmq::recv_multipart(fake, std::back_inserter(hello)));
+  const auto h = codec::make_header(codec::msg_type::error);
+  const auto body = codec::encode_body(codec::error{402, "field 'resources': nope", 1});
+  fake.send(hello[0], zmq::send_flags::sndmore);
+  fake.send(zmq::buffer(h), zmq::send_flags::sndmore);
+  fake.send(zmq::buffer(body));
+  REQUIRE(w.wait_for(connection_state::refused, 5s));
+  CHECK_THAT(w.last_error(), Catch::Contains("402"));
+}
+
+TEST_CASE("bad worker options are refused at construction", "[worker]") {
+  worker_options o;
+  o.id = "";
+  CHECK_THROWS_AS(worker(o), std::invalid_argument);
+  o.id = "bad id";
+  CHECK_THROWS_WITH(worker(o), Catch::Contains("id"));
+  o.id = "ok";
+  o.role = role::coordinator;
+  CHECK_THROWS_WITH(worker(o), Catch::Contains("role"));
+  o.role = role::learner;
+  o.heartbeat = 1ms;
+  CHECK_THROWS_WITH(worker(o), Catch::Contains("heartbeat"));
+  o.heartbeat = 1000ms;
+  o.resources = {{"cpu", -1}};
+  CHECK_THROWS_WITH(worker(o), Catch::Contains("cpu"));
+}

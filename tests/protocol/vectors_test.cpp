@@ -1,0 +1,149 @@
+// Golden vectors (protocol/vectors/*.json, written by an independent encoder): every valid
+// vector decodes to its stated meaning and re-encodes byte for byte; every invalid one is
+// refused with its stated code. protocol/messages.json must agree with the codec and the
+// vectors. Any client of rlbus runs the same checks against the same files.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "codec/codec.hpp"
+
+using namespace rlbus;
+using json = nlohmann::json;
+
+namespace {
+
+std::string protocol_dir() {
+  const char* dir = std::getenv("RLBUS_PROTOCOL_DIR");
+  REQUIRE(dir != nullptr);
+  return dir;
+}
+
+json load(const std::string& rel) {
+  std::ifstream in(protocol_dir() + "/" + rel);
+  REQUIRE(in.good());
+  return json::parse(in);
+}
+
+std::string unhex(const std::string& hex) {
+  std::string out;
+  for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
+    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  return out;
+}
+
+// The meaning of a body, independent of the typed codec.
+json to_json(const msgpack::object& o) {
+  switch (o.type) {
+    case msgpack::type::NIL: return nullptr;
+    case msgpack::type::BOOLEAN: return o.via.boolean;
+    case msgpack::type::POSITIVE_INTEGER: return o.via.u64;
+    case msgpack::type::NEGATIVE_INTEGER: return o.via.i64;
+    case msgpack::type::FLOAT32:
+    case msgpack::type::FLOAT64: return o.via.f64;
+    case msgpack::type::STR: return std::string(o.via.str.ptr, o.via.str.size);
+    case msgpack::type::ARRAY: {
+      json a = json::array();
+      for (std::uint32_t i = 0; i < o.via.array.size; ++i) a.push_back(to_json(o.via.array.ptr[i]));
+      return a;
+    }
+    case msgpack::type::MAP: {
+      json m = json::object();
+      for (std::uint32_t i = 0; i < o.via.map.size; ++i)
+        m[o.via.map.ptr[i].key.as<std::string>()] = to_json(o.via.map.ptr[i].val);
+      return m;
+    }
+    default: FAIL("unexpected msgpack type in a vector"); return nullptr;
+  }
+}
+
+json meaning(const std::string& body) {
+  auto oh = msgpack::unpack(body.data(), body.size());
+  return to_json(oh.get());
+}
+
+}  // namespace
+
+TEST_CASE("valid vectors decode to their meaning and re-encode byte for byte", "[protocol][vectors]") {
+  const auto doc = load("vectors/valid.json");
+  REQUIRE(doc["version"] == codec::protocol_version);
+  REQUIRE(doc["vectors"].size() >= 10);
+  for (const auto& v : doc["vectors"]) {
+    INFO("vector " << v["name"].get<std::string>());
+    const auto header = codec::parse_header(unhex(v["header_hex"]));
+    REQUIRE(header);
+    CHECK(header->version == codec::protocol_version);
+    CHECK(codec::type_name(header->type).value_or("") == v["type"].get<std::string>());
+    const auto body = unhex(v["body_hex"]);
+    auto decoded = codec::decode_body(header->type, body);
+    INFO((decoded ? "" : decoded.error().reason));
+    REQUIRE(decoded);
+    CHECK(codec::type_of(decoded.value()) == static_cast<codec::msg_type>(header->type));
+    CHECK(codec::encode_body(decoded.value()) == body);
+    CHECK(meaning(body) == v["fields"]);
+  }
+}
+
+TEST_CASE("invalid vectors are refused with their stated code", "[protocol][vectors]") {
+  const auto doc = load("vectors/invalid.json");
+  REQUIRE(doc["vectors"].size() >= 20);
+  for (const auto& v : doc["vectors"]) {
+    INFO("vector " << v["name"].get<std::string>() << ": " << v["note"].get<std::string>());
+    const auto header = codec::parse_header(unhex(v["header_hex"]));
+    REQUIRE(header);
+    auto decoded = codec::decode_body(header->type, unhex(v["body_hex"]));
+    REQUIRE_FALSE(decoded);
+    CHECK(static_cast<int>(decoded.error().code) == v["error_code"].get<int>());
+  }
+}
+
+TEST_CASE("event vectors decode to their meaning and re-encode byte for byte", "[protocol][vectors]") {
+  const auto doc = load("vectors/events.json");
+  REQUIRE(doc["vectors"].size() >= 6);
+  for (const auto& v : doc["vectors"]) {
+    INFO("vector " << v["name"].get<std::string>());
+    const auto header = codec::parse_header(unhex(v["header_hex"]));
+    REQUIRE(header);
+    CHECK(header->type == static_cast<std::uint8_t>(codec::msg_type::event));
+    const auto body = unhex(v["body_hex"]);
+    auto decoded = codec::decode_event(v["topic"].get<std::string>(), body);
+    INFO((decoded ? "" : decoded.error().reason));
+    REQUIRE(decoded);
+    CHECK(decoded.value().seq == v["fields"]["seq"].get<std::uint64_t>());
+    CHECK(codec::encode_event(decoded.value()) == body);
+    CHECK(meaning(body) == v["fields"]);
+  }
+}
+
+TEST_CASE("messages.json agrees with the codec and the vectors", "[protocol][vectors]") {
+  const auto spec = load("messages.json");
+  CHECK(spec["version"] == codec::protocol_version);
+  const auto valid = load("vectors/valid.json")["vectors"];
+  std::set<int> ids;
+  for (const auto& m : spec["messages"]) {
+    const auto name = m["name"].get<std::string>();
+    const auto id = m["id"].get<int>();
+    INFO("message " << name);
+    ids.insert(id);
+    CHECK(codec::type_name(static_cast<std::uint8_t>(id)).value_or("") == name);
+    if (name == "EVENT") continue;
+    // The spec's field names are exactly the keys its vectors use (optional ones included).
+    std::set<std::string> spec_fields, vector_fields;
+    for (const auto& f : m["fields"]) spec_fields.insert(f["name"].get<std::string>());
+    for (const auto& v : valid)
+      if (v["type"] == name)
+        for (const auto& [k, _] : v["fields"].items()) vector_fields.insert(k);
+    CHECK(spec_fields == vector_fields);
+  }
+  for (int id = 0; id < 256; ++id)
+    if (codec::type_name(static_cast<std::uint8_t>(id))) CHECK(ids.count(id) == 1);
+  for (const auto& c : spec["error_codes"]) {
+    INFO("code " << c["code"]);
+    CHECK(codec::code_name(c["code"].get<std::uint16_t>()) == c["name"].get<std::string>());
+  }
+}

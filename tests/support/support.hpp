@@ -1,0 +1,102 @@
+// Test helpers: waiting on conditions with deadlines (never sleep-and-hope), an in-process
+// broker on ephemeral endpoints, a raw DEALER that speaks frames by hand, and an event
+// listener on the broker's PUB.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "broker/server.hpp"
+#include "codec/codec.hpp"
+
+namespace rlbus::test {
+
+using namespace std::chrono_literals;
+
+/// Polls `pred` every millisecond until it holds or `timeout` passes.
+template <class Pred>
+bool wait_until(Pred&& pred, std::chrono::milliseconds timeout = 5000ms) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() >= deadline) return pred();
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+/// A broker config for tests: ephemeral tcp ports (or fresh ipc paths), fast timers.
+broker::config test_config(const std::string& transport = "tcp");
+
+/// A fresh ipc:// endpoint path under /tmp.
+std::string ipc_endpoint(const std::string& tag);
+
+/// A DEALER that sends and receives protocol frames by hand.
+class raw_peer {
+ public:
+  raw_peer(zmq::context_t& ctx, const std::string& endpoint);
+  void send_frames(const std::vector<std::string>& frames);
+  void send(const codec::message& m);
+  /// Next message (any type) within `timeout`; fails the test if it is malformed.
+  std::optional<codec::message> recv(std::chrono::milliseconds timeout = 3000ms);
+  /// Next message of type T within `timeout`, skipping others (e.g. HEARTBEATs).
+  template <class T>
+  std::optional<T> recv_a(std::chrono::milliseconds timeout = 3000ms) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return std::nullopt;
+      auto m = recv(left);
+      if (!m) return std::nullopt;
+      if (auto* t = std::get_if<T>(&*m)) return *t;
+    }
+  }
+  /// HELLO and wait for WELCOME; returns it (fails the test on anything else).
+  codec::welcome introduce(const std::string& id, rlbus::role r = rlbus::role::collector,
+                           std::uint32_t heartbeat_ms = 1000);
+  zmq::socket_t& socket() { return sock_; }
+
+ private:
+  zmq::socket_t sock_;
+};
+
+/// A SUB on the broker's PUB that collects decoded events.
+class event_listener {
+ public:
+  /// Subscribes to everything and waits for the first broker.heartbeat, so the
+  /// subscription is known to be live before the test goes on.
+  event_listener(zmq::context_t& ctx, const std::string& endpoint);
+  /// The next event whose topic equals `topic` (and satisfies `pred`), within `timeout`.
+  template <class Pred>
+  std::optional<codec::event> next(const std::string& topic, Pred&& pred,
+                                   std::chrono::milliseconds timeout = 5000ms) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      auto e = next_any(deadline);
+      if (!e) return std::nullopt;
+      if (e->topic == topic && pred(*e)) return e;
+    }
+  }
+  std::optional<codec::event> next(const std::string& topic,
+                                   std::chrono::milliseconds timeout = 5000ms) {
+    return next(topic, [](const codec::event&) { return true; }, timeout);
+  }
+  /// Every event seen so far, in arrival order.
+  const std::vector<codec::event>& seen() const { return seen_; }
+
+ private:
+  std::optional<codec::event> next_any(std::chrono::steady_clock::time_point deadline);
+  zmq::socket_t sock_;
+  std::vector<codec::event> seen_;
+};
+
+/// The id a peer_joined / peer_gone event is about ("" for other bodies).
+std::string event_peer_id(const codec::event& e);
+
+}  // namespace rlbus::test

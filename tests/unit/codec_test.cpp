@@ -1,0 +1,192 @@
+// Codec unit tests: round trips, and a decoder that refuses hostile input with the right
+// code instead of crashing or allocating without bound.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <string>
+
+#include "codec/codec.hpp"
+
+using namespace rlbus;
+using codec::error_code;
+
+namespace {
+
+std::string unhex(std::string_view hex) {
+  std::string out;
+  for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
+    out.push_back(static_cast<char>(std::stoi(std::string(hex.substr(i, 2)), nullptr, 16)));
+  return out;
+}
+
+template <class T>
+T round_trip(const T& m) {
+  const auto bytes = codec::encode_body(codec::message{m});
+  auto back = codec::decode_body(static_cast<std::uint8_t>(codec::type_of(m)), bytes);
+  INFO((back ? "" : back.error().reason));
+  REQUIRE(back);
+  REQUIRE(std::holds_alternative<T>(back.value()));
+  return std::get<T>(back.value());
+}
+
+error_code refusal(std::uint8_t type, const std::string& body) {
+  auto r = codec::decode_body(type, body);
+  REQUIRE_FALSE(r);
+  INFO(r.error().reason);
+  CHECK_FALSE(r.error().reason.empty());
+  return r.error().code;
+}
+
+constexpr auto hello_t = static_cast<std::uint8_t>(codec::msg_type::hello);
+
+std::string hello_with(const std::function<void(msgpack::packer<msgpack::sbuffer>&)>& extra,
+                       std::uint32_t n_extra) {
+  msgpack::sbuffer buf;
+  msgpack::packer pk(buf);
+  pk.pack_map(3 + n_extra);
+  pk.pack("role").pack("collector");
+  pk.pack("id").pack("c0");
+  pk.pack("heartbeat_ms").pack(1000);
+  extra(pk);
+  return {buf.data(), buf.size()};
+}
+
+}  // namespace
+
+TEST_CASE("every v1 message survives an encode/decode round trip", "[unit][codec]") {
+  codec::hello h{role::learner, "learner-1", 250, {{"cpu", 8}, {"gpu", 2}, {"mem", 0.5}}, 99};
+  CHECK(round_trip(h) == h);
+  h.session.reset();
+  h.resources.clear();
+  CHECK(round_trip(h) == h);
+  codec::welcome w{1, 2, 3000, 3, 1 << 20, true};
+  CHECK(round_trip(w) == w);
+  CHECK(round_trip(codec::heartbeat{}) == codec::heartbeat{});
+  codec::disconnect d{410, "silent"};
+  CHECK(round_trip(d) == d);
+  codec::error e{402, "field 'id': missing", 1};
+  CHECK(round_trip(e) == e);
+  e.ref_type.reset();
+  CHECK(round_trip(e) == e);
+}
+
+TEST_CASE("events survive an encode/decode round trip", "[unit][codec]") {
+  codec::event e{"worker.lost", 7, 11, 1234, codec::peer_gone{"c1", role::collector, 5, 410, "quiet"}};
+  auto back = codec::decode_event(e.topic, codec::encode_event(e));
+  REQUIRE(back);
+  CHECK(back.value() == e);
+  codec::event j{"coordinator.joined", 8, 11, 1, codec::peer_joined{"co", role::coordinator, 6, {}, true}};
+  auto jb = codec::decode_event(j.topic, codec::encode_event(j));
+  REQUIRE(jb);
+  CHECK(jb.value() == j);
+}
+
+TEST_CASE("header frames are exactly 'R' 'L' version type", "[unit][codec]") {
+  const auto h = codec::make_header(codec::msg_type::heartbeat);
+  const auto parsed = codec::parse_header({h.data(), h.size()});
+  REQUIRE(parsed);
+  CHECK(parsed->version == 1);
+  CHECK(parsed->type == 0x03);
+  CHECK_FALSE(codec::parse_header(unhex("524c01")));        // short
+  CHECK_FALSE(codec::parse_header(unhex("524c010300")));    // long
+  CHECK_FALSE(codec::parse_header(unhex("584c0103")));      // wrong signature
+  CHECK_FALSE(codec::parse_header(""));
+}
+
+TEST_CASE("the decoder refuses the 6-byte array32 bomb without allocating", "[unit][codec]") {
+  // dd 1e 1e 1e 1e 1e: an array32 header claiming ~505 million elements. Unlimited, the
+  // unpacker would reserve 16 GiB; with limits it must fail at once.
+  CHECK(refusal(hello_t, unhex("dd1e1e1e1e1e")) == error_code::bad_body);
+  CHECK(refusal(hello_t, unhex("df7fffffff")) == error_code::bad_body);   // map32 bomb
+  CHECK(refusal(hello_t, unhex("dbffffffff")) == error_code::bad_body);   // str32 bomb
+  CHECK(refusal(hello_t, unhex("c6ffffffff")) == error_code::bad_body);   // bin32 bomb
+}
+
+TEST_CASE("the decoder refuses oversized, deep, truncated and trailing input", "[unit][codec]") {
+  SECTION("a string past the 64 KiB limit") {
+    const std::string big(70 * 1024, 'x');
+    CHECK(refusal(hello_t, hello_with([&](auto& pk) { pk.pack("note").pack(big); }, 1)) ==
+          error_code::bad_body);
+  }
+  SECTION("an array past the element limit") {
+    CHECK(refusal(hello_t, hello_with([](auto& pk) {
+                    pk.pack("xs");
+                    pk.pack_array(2000);
+                    for (int i = 0; i < 2000; ++i) pk.pack(i);
+                  }, 1)) == error_code::bad_body);
+  }
+  SECTION("nesting past the depth limit") {
+    CHECK(refusal(hello_t, hello_with([](auto& pk) {
+                    pk.pack("deep");
+                    for (int i = 0; i < 100; ++i) pk.pack_array(1);
+                    pk.pack(0);
+                  }, 1)) == error_code::bad_body);
+  }
+  SECTION("every truncation of a valid body") {
+    const auto body = codec::encode_body(codec::hello{role::collector, "c0", 1000, {{"cpu", 1}}, 5});
+    for (std::size_t n = 0; n < body.size(); ++n) {
+      INFO("truncated to " << n << " bytes");
+      CHECK(refusal(hello_t, body.substr(0, n)) == error_code::bad_body);
+    }
+  }
+  SECTION("trailing bytes after the map") {
+    const auto body = codec::encode_body(codec::heartbeat{}) + '\xc0';
+    CHECK(refusal(static_cast<std::uint8_t>(codec::msg_type::heartbeat), body) ==
+          error_code::bad_body);
+  }
+  SECTION("a body that is not a map") {
+    CHECK(refusal(hello_t, unhex("93010203")) == error_code::bad_body);
+    CHECK(refusal(hello_t, unhex("c0")) == error_code::bad_body);
+  }
+}
+
+TEST_CASE("the decoder refuses missing and mistyped fields with BAD_FIELD", "[unit][codec]") {
+  const auto bad = [](const std::function<void(msgpack::packer<msgpack::sbuffer>&)>& f) {
+    msgpack::sbuffer buf;
+    msgpack::packer pk(buf);
+    f(pk);
+    return refusal(hello_t, {buf.data(), buf.size()});
+  };
+  CHECK(bad([](auto& pk) { pk.pack_map(2).pack("role").pack("collector").pack("id").pack("c"); }) ==
+        error_code::bad_field);  // heartbeat_ms missing
+  CHECK(bad([](auto& pk) {
+          pk.pack_map(3).pack("role").pack(3).pack("id").pack("c").pack("heartbeat_ms").pack(100);
+        }) == error_code::bad_field);
+  CHECK(bad([](auto& pk) {
+          pk.pack_map(3).pack("role").pack("collector").pack("id").pack("c").pack("heartbeat_ms").pack("100");
+        }) == error_code::bad_field);
+  CHECK(bad([](auto& pk) {
+          pk.pack_map(3).pack("role").pack("collector").pack("id").pack("a b").pack("heartbeat_ms").pack(100);
+        }) == error_code::bad_field);
+  CHECK(bad([](auto& pk) {
+          pk.pack_map(4).pack("role").pack("collector").pack("id").pack("c").pack("heartbeat_ms").pack(100);
+          pk.pack("resources").pack_map(1).pack("cpu").pack(std::nan(""));
+        }) == error_code::bad_field);
+  CHECK(bad([](auto& pk) {
+          pk.pack_map(4).pack("role").pack("collector").pack("id").pack("c").pack("heartbeat_ms").pack(100);
+          pk.pack("resources").pack_array(0);
+        }) == error_code::bad_field);
+}
+
+TEST_CASE("unknown fields are ignored, so newer peers can add fields", "[unit][codec]") {
+  const auto body = hello_with([](auto& pk) { pk.pack("future_field").pack_map(1).pack("x").pack(1); }, 1);
+  auto r = codec::decode_body(hello_t, body);
+  REQUIRE(r);
+  CHECK(std::get<codec::hello>(r.value()).id == "c0");
+}
+
+TEST_CASE("unknown type ids are refused with UNKNOWN_TYPE", "[unit][codec]") {
+  CHECK(refusal(0x7f, codec::encode_body(codec::heartbeat{})) == error_code::unknown_type);
+  CHECK(refusal(0x00, codec::encode_body(codec::heartbeat{})) == error_code::unknown_type);
+  CHECK(refusal(0x60, codec::encode_body(codec::heartbeat{})) == error_code::unknown_type);
+}
+
+TEST_CASE("peer ids follow the id rule", "[unit][codec]") {
+  CHECK(codec::valid_peer_id("collector-0.ns:22270"));
+  CHECK(codec::valid_peer_id("a@b/c_d"));
+  CHECK(codec::valid_peer_id(std::string(128, 'x')));
+  CHECK_FALSE(codec::valid_peer_id(std::string(129, 'x')));
+  CHECK_FALSE(codec::valid_peer_id(""));
+  CHECK_FALSE(codec::valid_peer_id("has space"));
+  CHECK_FALSE(codec::valid_peer_id(std::string("nul\0", 4)));
+}

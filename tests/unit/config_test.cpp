@@ -1,0 +1,38 @@
+// Broker configuration: bad settings are refused up front with a message naming them.
+#include <catch2/catch.hpp>
+
+#include <stdexcept>
+
+#include "broker/config.hpp"
+
+using namespace rlbus;
+
+TEST_CASE("the default configuration is valid and names the documented endpoints", "[unit][config]") {
+  broker::config cfg;
+  CHECK_NOTHROW(cfg.validate());
+  CHECK(cfg.router_endpoint == "tcp://127.0.0.1:7235");
+  CHECK(cfg.events_endpoint == "tcp://127.0.0.1:7236");
+}
+
+TEST_CASE("out-of-range settings are refused with the setting's name", "[unit][config]") {
+  broker::config cfg;
+  cfg.liveness = 0;
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("liveness"));
+  cfg = {};
+  cfg.heartbeat_min_ms = 5000;
+  cfg.heartbeat_max_ms = 1000;
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("heartbeat"));
+  cfg = {};
+  cfg.router_endpoint.clear();
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("router"));
+  cfg = {};
+  cfg.max_message = 10;
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("max message"));
+}
+
+TEST_CASE("port 0 means any free port", "[unit][config]") {
+  CHECK(broker::normalize_endpoint("tcp://127.0.0.1:0") == "tcp://127.0.0.1:*");
+  CHECK(broker::normalize_endpoint("tcp://127.0.0.1:7235") == "tcp://127.0.0.1:7235");
+  CHECK(broker::normalize_endpoint("tcp://127.0.0.1:70") == "tcp://127.0.0.1:70");
+  CHECK(broker::normalize_endpoint("ipc:///tmp/x:0") == "ipc:///tmp/x:0");
+}
