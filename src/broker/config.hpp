@@ -23,7 +23,7 @@ struct config {
   /// Period of the broker.heartbeat event on the PUB.
   std::uint32_t status_interval_ms = 1000;
   /// Largest inbound frame (ZMQ_MAXMSGSIZE); a peer exceeding it is disconnected by libzmq.
-  std::size_t max_message = 1024 * 1024;
+  std::size_t max_message = std::size_t{1024} * 1024;
   /// Most sessions at once; HELLO past it is refused with BUSY.
   std::size_t max_peers = 100'000;
   /// Bad messages a peer with a session may send before it is disconnected.

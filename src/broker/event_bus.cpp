@@ -28,6 +28,8 @@ std::uint64_t event_bus::publish(std::string_view topic, decltype(codec::event::
   return e.seq;
 }
 
-std::string event_bus::endpoint() const { return pub_.get(zmq::sockopt::last_endpoint); }
+std::string event_bus::endpoint() const {
+  return pub_.get(zmq::sockopt::last_endpoint);
+}
 
 }  // namespace rlbus::broker

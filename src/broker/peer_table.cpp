@@ -39,6 +39,12 @@ void peer_table::rebind(peer& p, std::string routing_id) {
   by_routing_.emplace(p.routing_id, slot);
 }
 
+void peer_table::reschedule(peer& p) {
+  const auto slot = slot_of(p);
+  ++generation_[slot];
+  checks_.push({p.last_seen + p.window, slot, generation_[slot]});
+}
+
 void peer_table::erase(const peer& p) {
   const auto slot = slot_of(p);
   by_routing_.erase(p.routing_id);

@@ -28,7 +28,8 @@ struct peer {
   std::string id;
   rlbus::role role = rlbus::role::collector;
   rlbus::resources resources;
-  std::uint64_t session = 0;
+  std::uint64_t session = 0;  // the secret token; only this peer's connection ever sees it
+  std::uint64_t serial = 0;   // public number of the session, for events and logs
   std::uint32_t heartbeat_ms = 0;
   util::clock::duration window{};  // silence allowed: liveness x heartbeat
   util::time_point joined{};
@@ -46,6 +47,8 @@ class peer_table {
   peer& insert(peer p);
   /// Moves a session to a new connection (a resumed session); the old routing id is freed.
   void rebind(peer& p, std::string routing_id);
+  /// Re-plans a peer's expiry after its window changed (a resumed session may shrink it).
+  void reschedule(peer& p);
   /// Removes a peer; its pending heap entry becomes stale and is skipped later.
   void erase(const peer& p);
 
@@ -81,7 +84,7 @@ class peer_table {
   std::uint32_t slot_of(const peer& p) const;
 
   std::vector<std::optional<peer>> slots_;
-  std::vector<std::uint32_t> generation_;
+  std::vector<std::uint32_t> generation_;  // bumped on erase and reschedule: old checks go stale
   std::vector<std::uint32_t> free_;
   index by_routing_;
   index by_id_;

@@ -5,40 +5,29 @@
 
 #include <algorithm>
 #include <array>
-#include <random>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "codec/codec.hpp"
 #include "util/poll.hpp"
+#include "util/random.hpp"
 
 namespace rlbus::broker {
 
 namespace {
 
-constexpr std::size_t max_frames = 3;           // routing id, header, body
-constexpr std::size_t max_batch = 1024;         // messages per poll wake-up before timers run
-constexpr std::uint8_t no_ref = 0;
+constexpr std::size_t max_frames = 3;    // routing id, header, body
+constexpr std::size_t max_batch = 1024;  // messages per poll wake-up before timers run
 
-std::uint64_t splitmix64(std::uint64_t& state) {
-  std::uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
-  z = (z ^ (z >> 30U)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27U)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31U);
+std::string_view view(const zmq::message_t& m) {
+  return {m.data<char>(), m.size()};
 }
-
-std::uint64_t random_seed() {
-  std::random_device rd;
-  return (std::uint64_t{rd()} << 32U) ^ rd() ^
-         static_cast<std::uint64_t>(util::clock::now().time_since_epoch().count());
-}
-
-std::string_view view(const zmq::message_t& m) { return {m.data<char>(), m.size()}; }
 
 std::string_view topic_for(rlbus::role r, std::string_view what) {
   const bool coord = r == rlbus::role::coordinator;
-  if (what == "joined") return coord ? codec::topic::coordinator_joined : codec::topic::worker_joined;
+  if (what == "joined")
+    return coord ? codec::topic::coordinator_joined : codec::topic::worker_joined;
   if (what == "left") return coord ? codec::topic::coordinator_left : codec::topic::worker_left;
   return coord ? codec::topic::coordinator_lost : codec::topic::worker_lost;
 }
@@ -53,8 +42,7 @@ std::string resources_text(const rlbus::resources& res) {
 
 server::server(zmq::context_t& ctx, config cfg)
     : cfg_((cfg.validate(), std::move(cfg))),
-      token_state_(random_seed()),
-      epoch_(splitmix64(token_state_)),
+      epoch_(util::random_u64_nonzero()),
       router_(ctx, zmq::socket_type::router),
       events_(ctx, normalize_endpoint(cfg_.events_endpoint), epoch_) {
   router_.set(zmq::sockopt::router_mandatory, 1);
@@ -76,8 +64,8 @@ void server::request_stop() noexcept {
 
 stats server::snapshot() const {
   const auto& c = counters_;
-  return {c.peers.load(), c.messages_in.load(), c.messages_out.load(), c.faults.load(),
-          c.unroutable.load(), c.refused_hellos.load(), c.expired.load(), c.events.load()};
+  return {c.peers.load(),      c.messages_in.load(),    c.messages_out.load(), c.faults.load(),
+          c.unroutable.load(), c.refused_hellos.load(), c.expired.load(),      c.events.load()};
 }
 
 void server::run() {
@@ -85,8 +73,8 @@ void server::run() {
                router_endpoint_, events_endpoint_, epoch_);
   started_ = util::clock::now();
   next_status_ = started_;
-  std::array<zmq::pollitem_t, 2> items{{{router_.handle(), 0, ZMQ_POLLIN, 0},
-                                        {nullptr, wake_.read_fd(), ZMQ_POLLIN, 0}}};
+  std::array<zmq::pollitem_t, 2> items{
+      {{router_.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, wake_.read_fd(), ZMQ_POLLIN, 0}}};
   while (!stop_requested_.load(std::memory_order_relaxed)) {
     auto now = util::clock::now();
     auto deadline = next_status_;
@@ -119,7 +107,10 @@ void server::drain_router(util::time_point now) {
       zmq::message_t& dst = count < max_frames ? frames[count] : extra;
       (void)router_.recv(dst, zmq::recv_flags::none);
       more = dst.more();
-      if (count < max_frames) ++count; else overflow = true;
+      if (count < max_frames)
+        ++count;
+      else
+        overflow = true;
     }
     counters_.messages_in.fetch_add(1, std::memory_order_relaxed);
     on_frames(frames.data(), count, overflow, now);
@@ -130,6 +121,7 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
                        util::time_point now) {
   const std::string routing_id(view(frames[0]));
   peer* p = peers_.by_routing(routing_id);
+  if (p != nullptr) p->last_seen = now;  // anything from a session's connection is a sign of life
   if (count != max_frames || overflow) {
     return fault(routing_id, p, codec::error_code::bad_frame,
                  fmt::format("expected 2 frames after the routing id (header, body), got {}",
@@ -147,15 +139,14 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
                              codec::protocol_version, header->version),
                  header->type);
   }
-  if (p != nullptr) p->last_seen = now;
   const auto type = static_cast<codec::msg_type>(header->type);
   if (p == nullptr && type != codec::msg_type::hello) {
     if (!codec::type_name(header->type)) {
       return fault(routing_id, p, codec::error_code::unknown_type,
                    fmt::format("unknown message type 0x{:02x}", header->type), header->type);
     }
-    return fault(routing_id, p, codec::error_code::not_ready,
-                 "introduce yourself with HELLO first", header->type);
+    return fault(routing_id, p, codec::error_code::not_ready, "introduce yourself with HELLO first",
+                 header->type);
   }
   auto decoded = codec::decode_body(header->type, view(frames[2]), cfg_.limits);
   if (!decoded) {
@@ -185,8 +176,16 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
     return refuse_hello(routing_id, codec::error_code::busy, "broker is shutting down");
   const auto hb = std::clamp(h.heartbeat_ms, cfg_.heartbeat_min_ms, cfg_.heartbeat_max_ms);
   const auto welcome_for = [&](const peer& p, bool resumed) {
-    return codec::welcome{p.session, epoch_, p.heartbeat_ms, cfg_.liveness, cfg_.max_message,
-                          resumed};
+    return codec::welcome{p.session,     epoch_,           p.heartbeat_ms,
+                          cfg_.liveness, cfg_.max_message, resumed};
+  };
+  // What a HELLO may change in a session that goes on: timings and resources.
+  const auto renew = [&](peer& p) {
+    p.heartbeat_ms = hb;
+    p.window = std::chrono::milliseconds(std::uint64_t{hb} * cfg_.liveness);
+    p.resources = std::move(h.resources);
+    p.last_seen = now;
+    peers_.reschedule(p);
   };
 
   if (current != nullptr) {  // this connection already has a session
@@ -196,13 +195,15 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
                                current->id, h.id),
                    static_cast<std::uint8_t>(codec::msg_type::hello));
     }
-    (void)send(routing_id, welcome_for(*current, true));  // a repeated HELLO: answer again
+    renew(*current);
+    (void)send(routing_id, welcome_for(*current, true));
     return;
   }
 
   if (peer* live = peers_.by_id(h.id)) {
     if (!h.session || *h.session != live->session || live->role != h.role) {
-      const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - live->last_seen);
+      const auto silent =
+          std::chrono::duration_cast<std::chrono::milliseconds>(now - live->last_seen);
       return refuse_hello(
           routing_id, codec::error_code::duplicate_id,
           fmt::format("id '{}' belongs to a live session (last heard {} ms ago, expires after "
@@ -211,19 +212,17 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
                       std::chrono::duration_cast<std::chrono::milliseconds>(live->window).count()));
     }
     // The same session on a new connection: the newer connection wins.
-    (void)send(live->routing_id, codec::disconnect{static_cast<std::uint16_t>(codec::error_code::replaced),
-                                                   "session resumed on a newer connection"});
+    (void)send(live->routing_id,
+               codec::disconnect{static_cast<std::uint16_t>(codec::error_code::replaced),
+                                 "session resumed on a newer connection"});
     peers_.rebind(*live, routing_id);
-    live->heartbeat_ms = hb;
-    live->window = std::chrono::milliseconds(std::uint64_t{hb} * cfg_.liveness);
-    live->resources = std::move(h.resources);
-    live->last_seen = now;
+    renew(*live);
     live->faults = 0;
-    spdlog::info("peer {} ({}) resumed session {:016x} on a new connection", live->id,
-                 to_string(live->role), live->session);
+    spdlog::info("peer {} ({}) resumed session #{} on a new connection", live->id,
+                 to_string(live->role), live->serial);
     (void)send(routing_id, welcome_for(*live, true));
     publish(topic_for(live->role, "joined"),
-                    codec::peer_joined{live->id, live->role, live->session, live->resources, true});
+            codec::peer_joined{live->id, live->role, live->serial, live->resources, true});
     return;
   }
 
@@ -236,26 +235,26 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
   p.id = std::move(h.id);
   p.role = h.role;
   p.resources = std::move(h.resources);
-  p.session = new_session_token();
+  p.session = util::random_u64_nonzero();
+  p.serial = ++last_serial_;
   p.heartbeat_ms = hb;
   p.window = std::chrono::milliseconds(std::uint64_t{hb} * cfg_.liveness);
   p.joined = now;
   p.last_seen = now;
   const peer& added = peers_.insert(std::move(p));
   counters_.peers.store(peers_.size(), std::memory_order_relaxed);
-  spdlog::info("peer {} ({}) joined: session {:016x}, heartbeat {} ms, resources {}", added.id,
-               to_string(added.role), added.session, added.heartbeat_ms,
+  spdlog::info("peer {} ({}) joined: session #{}, heartbeat {} ms, resources {}", added.id,
+               to_string(added.role), added.serial, added.heartbeat_ms,
                resources_text(added.resources));
   (void)send(routing_id, welcome_for(added, false));
   publish(topic_for(added.role, "joined"),
-                  codec::peer_joined{added.id, added.role, added.session, added.resources, false});
+          codec::peer_joined{added.id, added.role, added.serial, added.resources, false});
 }
 
 void server::on_disconnect(const peer& p, const codec::disconnect& d) {
   spdlog::info("peer {} ({}) left: {} {}", p.id, to_string(p.role), d.code,
                d.reason.empty() ? "(no reason given)" : d.reason);
-  publish(topic_for(p.role, "left"),
-                  codec::peer_gone{p.id, p.role, p.session, d.code, d.reason});
+  publish(topic_for(p.role, "left"), codec::peer_gone{p.id, p.role, p.serial, d.code, d.reason});
   peers_.erase(p);
   counters_.peers.store(peers_.size(), std::memory_order_relaxed);
 }
@@ -273,8 +272,8 @@ void server::fault(std::string_view routing_id, peer* p, codec::error_code code,
                p->faults + 1, cfg_.max_faults);
   (void)send(routing_id, codec::error{code_num, std::move(reason), ref_type});
   if (++p->faults >= cfg_.max_faults) {
-    end_session(*p, codec::error_code::too_many_faults,
-                fmt::format("{} bad messages", p->faults), true);
+    end_session(*p, codec::error_code::too_many_faults, fmt::format("{} bad messages", p->faults),
+                true);
     peers_.erase(*p);
     counters_.peers.store(peers_.size(), std::memory_order_relaxed);
   }
@@ -294,7 +293,7 @@ void server::end_session(const peer& p, codec::error_code code, std::string reas
   const auto code_num = static_cast<std::uint16_t>(code);
   (void)send(p.routing_id, codec::disconnect{code_num, reason});
   publish(topic_for(p.role, lost ? "lost" : "left"),
-                  codec::peer_gone{p.id, p.role, p.session, code_num, std::move(reason)});
+          codec::peer_gone{p.id, p.role, p.serial, code_num, std::move(reason)});
 }
 
 bool server::send(std::string_view routing_id, const codec::message& m) {
@@ -302,7 +301,8 @@ bool server::send(std::string_view routing_id, const codec::message& m) {
   codec::encode_body(m, out_);
   const auto header = codec::make_header(codec::type_of(m));
   try {
-    if (!router_.send(zmq::buffer(routing_id), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+    if (!router_.send(zmq::buffer(routing_id),
+                      zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
       counters_.unroutable.fetch_add(1, std::memory_order_relaxed);  // peer's queue is full
       return false;
     }
@@ -325,7 +325,7 @@ void server::publish(std::string_view topic, decltype(codec::event::body) body) 
 void server::publish_status(util::time_point now) {
   const auto uptime = std::chrono::duration_cast<std::chrono::milliseconds>(now - started_);
   publish(codec::topic::broker_heartbeat,
-                  codec::broker_status{peers_.size(), static_cast<std::uint64_t>(uptime.count())});
+          codec::broker_status{peers_.size(), static_cast<std::uint64_t>(uptime.count())});
   next_status_ = now + std::chrono::milliseconds(cfg_.status_interval_ms);
 }
 
@@ -339,21 +339,17 @@ void server::shutdown() {
   router_.set(zmq::sockopt::linger, static_cast<int>(cfg_.shutdown_linger_ms));
   events_.set_linger(static_cast<int>(cfg_.shutdown_linger_ms));
   spdlog::info("broker stopped: {} messages in, {} out, {} refused, {} expired",
-               counters_.messages_in.load(), counters_.messages_out.load(),
-               counters_.faults.load(), counters_.expired.load());
-}
-
-std::uint64_t server::new_session_token() {
-  std::uint64_t t = 0;
-  while (t == 0) t = splitmix64(token_state_);
-  return t;
+               counters_.messages_in.load(), counters_.messages_out.load(), counters_.faults.load(),
+               counters_.expired.load());
 }
 
 server_thread::server_thread(config cfg)
     : server_(std::make_unique<server>(ctx_, std::move(cfg))),
       thread_([this] { server_->run(); }) {}
 
-server_thread::~server_thread() { stop(); }
+server_thread::~server_thread() {
+  stop();
+}
 
 void server_thread::stop() {
   if (thread_.joinable()) {

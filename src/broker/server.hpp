@@ -30,14 +30,14 @@ namespace rlbus::broker {
 /// Counters a person watching the broker cares about. A snapshot; values only grow,
 /// except `peers`.
 struct stats {
-  std::uint64_t peers = 0;             // live sessions
-  std::uint64_t messages_in = 0;       // messages received on the ROUTER
-  std::uint64_t messages_out = 0;      // messages sent on the ROUTER
-  std::uint64_t faults = 0;            // messages refused with ERROR (any peer)
-  std::uint64_t unroutable = 0;        // replies that could not be delivered
-  std::uint64_t refused_hellos = 0;    // HELLOs answered with ERROR
-  std::uint64_t expired = 0;           // sessions ended by silence
-  std::uint64_t events = 0;            // events published
+  std::uint64_t peers = 0;           // live sessions
+  std::uint64_t messages_in = 0;     // messages received on the ROUTER
+  std::uint64_t messages_out = 0;    // messages sent on the ROUTER
+  std::uint64_t faults = 0;          // messages refused with ERROR (any peer)
+  std::uint64_t unroutable = 0;      // replies that could not be delivered
+  std::uint64_t refused_hellos = 0;  // HELLOs answered with ERROR
+  std::uint64_t expired = 0;         // sessions ended by silence
+  std::uint64_t events = 0;          // events published
 };
 
 class server {
@@ -63,13 +63,14 @@ class server {
 
  private:
   struct counters {
-    std::atomic<std::uint64_t> peers{0}, messages_in{0}, messages_out{0}, faults{0},
-        unroutable{0}, refused_hellos{0}, expired{0}, events{0};
+    std::atomic<std::uint64_t> peers{0}, messages_in{0}, messages_out{0}, faults{0}, unroutable{0},
+        refused_hellos{0}, expired{0}, events{0};
   };
 
   void drain_router(util::time_point now);
   void on_frames(zmq::message_t* frames, std::size_t count, bool overflow, util::time_point now);
-  void on_hello(const std::string& routing_id, peer* current, codec::hello&& h, util::time_point now);
+  void on_hello(const std::string& routing_id, peer* current, codec::hello&& h,
+                util::time_point now);
   void on_disconnect(const peer& p, const codec::disconnect& d);
   void fault(std::string_view routing_id, peer* p, codec::error_code code, std::string reason,
              std::optional<std::uint8_t> ref_type);
@@ -79,10 +80,8 @@ class server {
   void publish(std::string_view topic, decltype(codec::event::body) body);
   void publish_status(util::time_point now);
   void shutdown();
-  std::uint64_t new_session_token();
 
   config cfg_;
-  std::uint64_t token_state_;  // before epoch_: the epoch is drawn from it
   std::uint64_t epoch_;
   zmq::socket_t router_;
   event_bus events_;
@@ -95,6 +94,7 @@ class server {
   util::time_point started_;
   util::time_point next_status_;
   msgpack::sbuffer out_;
+  std::uint64_t last_serial_ = 0;
 };
 
 /// Runs a server on a thread of its own: started by the constructor, stopped and joined by

@@ -14,17 +14,21 @@
 namespace rlbus::client::detail {
 
 namespace {
-constexpr std::uint16_t code(codec::error_code c) { return static_cast<std::uint16_t>(c); }
+constexpr std::uint16_t code(codec::error_code c) {
+  return static_cast<std::uint16_t>(c);
+}
 constexpr int goodbye_linger_ms = 200;
+constexpr std::chrono::milliseconds min_hello_timeout{1000};
 }  // namespace
 
 void validate(const session_options& o) {
   if (o.endpoint.empty()) throw std::invalid_argument("endpoint must not be empty");
   if (!codec::valid_peer_id(o.id))
-    throw std::invalid_argument(fmt::format(
-        "id '{}' is invalid: use 1-{} characters of A-Z a-z 0-9 . _ : @ / -", o.id,
-        codec::max_id_length));
-  if (o.heartbeat.count() < codec::min_heartbeat_ms || o.heartbeat.count() > codec::max_heartbeat_ms)
+    throw std::invalid_argument(
+        fmt::format("id '{}' is invalid: use 1-{} characters of A-Z a-z 0-9 . _ : @ / -", o.id,
+                    codec::max_id_length));
+  if (o.heartbeat.count() < codec::min_heartbeat_ms ||
+      o.heartbeat.count() > codec::max_heartbeat_ms)
     throw std::invalid_argument(fmt::format("heartbeat must be {}..{} ms", codec::min_heartbeat_ms,
                                             codec::max_heartbeat_ms));
   if (o.reconnect_min.count() < 1 || o.reconnect_max < o.reconnect_min)
@@ -47,7 +51,9 @@ session::session(zmq::context_t& ctx, session_options opts, state_callback on_st
       heartbeat_(opts_.heartbeat),
       jitter_(std::random_device{}()) {}
 
-void session::start(util::time_point now) { open(now); }
+void session::start(util::time_point now) {
+  open(now);
+}
 
 zmq::pollitem_t session::pollitem() {
   if (!socket_) return {nullptr, -1, 0, 0};
@@ -64,11 +70,19 @@ void session::open(util::time_point now) {
   if (token_ != 0) h.session = token_;
   // A DEALER queues the HELLO until the TCP connection is up, so sending now is right.
   send(h);
-  hello_deadline_ = now + opts_.heartbeat * liveness_;
+  hello_deadline_ = now + hello_timeout();
   set_state(connection_state::connecting, "");
 }
 
-void session::close_socket() { socket_.reset(); }
+void session::close_socket() {
+  socket_.reset();
+}
+
+// Long enough that a WELCOME delayed by a busy broker still lands: giving up early would
+// leave an orphaned session on the broker that refuses our id (409) until it expires.
+std::chrono::milliseconds session::hello_timeout() const {
+  return std::max<std::chrono::milliseconds>(opts_.heartbeat * liveness_, min_hello_timeout);
+}
 
 void session::retry_later(util::time_point now, const std::string& why) {
   close_socket();
@@ -163,7 +177,7 @@ void session::on_timers(util::time_point now) {
   }
   if (!socket_) return;
   if (state_ == connection_state::connecting && now >= hello_deadline_) {
-    retry_later(now, fmt::format("no WELCOME within {} ms", (opts_.heartbeat * liveness_).count()));
+    retry_later(now, fmt::format("no WELCOME within {} ms", hello_timeout().count()));
   } else if (state_ == connection_state::ready) {
     if (now >= broker_deadline_) {
       retry_later(now, fmt::format("broker silent for {} ms", (heartbeat_ * liveness_).count()));

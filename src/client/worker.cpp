@@ -19,10 +19,14 @@ namespace rlbus {
 
 std::string_view to_string(connection_state s) noexcept {
   switch (s) {
-    case connection_state::connecting: return "connecting";
-    case connection_state::ready: return "ready";
-    case connection_state::refused: return "refused";
-    case connection_state::stopped: return "stopped";
+    case connection_state::connecting:
+      return "connecting";
+    case connection_state::ready:
+      return "ready";
+    case connection_state::refused:
+      return "refused";
+    case connection_state::stopped:
+      return "stopped";
   }
   return "unknown";
 }
@@ -40,15 +44,16 @@ struct worker::impl {
   }
 
   void loop() {
-    client::detail::session s(ctx, to_session_options(opts),
-                              [this](connection_state st, std::uint64_t t, const std::string& detail) {
-                                std::lock_guard lock(mu);
-                                if (st == connection_state::ready && state != st) ++welcomes;
-                                if (st != connection_state::ready && !detail.empty()) last_error = detail;
-                                state = st;
-                                token = t;
-                                changed.notify_all();
-                              });
+    client::detail::session s(
+        ctx, to_session_options(opts),
+        [this](connection_state st, std::uint64_t t, const std::string& detail) {
+          std::lock_guard lock(mu);
+          if (st == connection_state::ready && state != st) ++welcomes;
+          if (st != connection_state::ready && !detail.empty()) last_error = detail;
+          state = st;
+          token = t;
+          changed.notify_all();
+        });
     s.start(util::clock::now());
     while (!stopping.load(std::memory_order_relaxed)) {
       std::array<zmq::pollitem_t, 2> items{s.pollitem(), {nullptr, wake.read_fd(), ZMQ_POLLIN, 0}};
@@ -82,7 +87,9 @@ struct worker::impl {
 };
 
 worker::worker(worker_options opts) : impl_(std::make_unique<impl>(std::move(opts))) {}
-worker::~worker() { stop(); }
+worker::~worker() {
+  stop();
+}
 worker::worker(worker&&) noexcept = default;
 worker& worker::operator=(worker&& other) noexcept {
   if (this != &other) {
@@ -117,7 +124,9 @@ std::string worker::last_error() const {
   return impl_->last_error;
 }
 
-const worker_options& worker::options() const { return impl_->opts; }
+const worker_options& worker::options() const {
+  return impl_->opts;
+}
 
 void worker::stop() {
   if (impl_) impl_->stop();

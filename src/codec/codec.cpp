@@ -35,8 +35,8 @@ unpacked unpack_map(std::string_view body, const decode_limits& lim) {
                                     /*ext=*/0, lim.max_depth);
   std::size_t offset = 0;
   try {
-    u.handle = msgpack::unpack(body.data(), body.size(), offset, reference_everything, nullptr,
-                               limit);
+    u.handle =
+        msgpack::unpack(body.data(), body.size(), offset, reference_everything, nullptr, limit);
   } catch (const msgpack::insufficient_bytes&) {
     u.fault = decode_error{error_code::bad_body, "truncated msgpack body"};
     return u;
@@ -44,22 +44,26 @@ unpacked unpack_map(std::string_view body, const decode_limits& lim) {
     u.fault = decode_error{error_code::bad_body, "msgpack nesting too deep"};
     return u;
   } catch (const msgpack::size_overflow& e) {
-    u.fault = decode_error{error_code::bad_body, fmt::format("msgpack limit exceeded ({})", e.what())};
+    u.fault =
+        decode_error{error_code::bad_body, fmt::format("msgpack limit exceeded ({})", e.what())};
     return u;
   } catch (const std::exception& e) {
     u.fault = decode_error{error_code::bad_body, fmt::format("malformed msgpack ({})", e.what())};
     return u;
   }
   if (offset != body.size()) {
-    u.fault = decode_error{error_code::bad_body,
-                           fmt::format("{} trailing bytes after the msgpack body", body.size() - offset)};
+    u.fault =
+        decode_error{error_code::bad_body,
+                     fmt::format("{} trailing bytes after the msgpack body", body.size() - offset)};
   } else if (u.handle.get().type != msgpack::type::MAP) {
     u.fault = decode_error{error_code::bad_body, "body is not a msgpack map"};
   }
   return u;
 }
 
-std::string_view as_view(const msgpack::object& o) { return {o.via.str.ptr, o.via.str.size}; }
+std::string_view as_view(const msgpack::object& o) {
+  return {o.via.str.ptr, o.via.str.size};
+}
 
 // Typed access to the fields of one map. Unknown keys are ignored (SPEC §5: forward
 // compatibility); duplicate or non-string keys make the whole body invalid.
@@ -187,7 +191,8 @@ class field_reader {
   }
 
   void fail(std::string_view key, std::string_view what) {
-    if (!fault_) fault_ = decode_error{error_code::bad_field, fmt::format("field '{}': {}", key, what)};
+    if (!fault_)
+      fault_ = decode_error{error_code::bad_field, fmt::format("field '{}': {}", key, what)};
   }
 
   std::vector<std::pair<std::string_view, const msgpack::object*>> fields_;
@@ -195,7 +200,6 @@ class field_reader {
 };
 
 constexpr std::uint64_t u16_max = 0xFFFF;
-constexpr std::uint64_t u32_max = 0xFFFF'FFFF;
 constexpr std::uint64_t u64_max = ~std::uint64_t{0};
 
 template <class T>
@@ -229,7 +233,7 @@ result<message> read_message(std::uint8_t type, field_reader& r) {
       r.uint("liveness", m.liveness, 1, 1000);
       r.uint("max_message", m.max_message, 0, u64_max);
       r.boolean("resumed", m.resumed);
-      return finish(r, std::move(m));
+      return finish(r, m);
     }
     case msg_type::heartbeat:
       return finish(r, heartbeat{});
@@ -254,10 +258,18 @@ result<message> read_message(std::uint8_t type, field_reader& r) {
 
 using packer = msgpack::packer<msgpack::sbuffer>;
 
-void pack_kv(packer& pk, std::string_view key, std::string_view v) { pk.pack(key).pack(v); }
-void pack_kv(packer& pk, std::string_view key, std::uint64_t v) { pk.pack(key).pack(v); }
-void pack_kv(packer& pk, std::string_view key, bool v) { pk.pack(key).pack(v); }
-void pack_kv(packer& pk, std::string_view key, rlbus::role v) { pk.pack(key).pack(to_string(v)); }
+void pack_kv(packer& pk, std::string_view key, std::string_view v) {
+  pk.pack(key).pack(v);
+}
+void pack_kv(packer& pk, std::string_view key, std::uint64_t v) {
+  pk.pack(key).pack(v);
+}
+void pack_kv(packer& pk, std::string_view key, bool v) {
+  pk.pack(key).pack(v);
+}
+void pack_kv(packer& pk, std::string_view key, rlbus::role v) {
+  pk.pack(key).pack(to_string(v));
+}
 
 // Whole numbers travel as integers, others as float64: one canonical form per value.
 void pack_kv(packer& pk, std::string_view key, const rlbus::resources& res) {
@@ -321,7 +333,7 @@ struct event_encoder {
     envelope(5);
     pack_kv(pk, "id", b.id);
     pack_kv(pk, "role", b.role);
-    pack_kv(pk, "session", b.session);
+    pack_kv(pk, "serial", b.serial);
     pack_kv(pk, "resources", b.resources);
     pack_kv(pk, "resumed", b.resumed);
   }
@@ -329,7 +341,7 @@ struct event_encoder {
     envelope(5);
     pack_kv(pk, "id", b.id);
     pack_kv(pk, "role", b.role);
-    pack_kv(pk, "session", b.session);
+    pack_kv(pk, "serial", b.serial);
     pack_kv(pk, "code", std::uint64_t{b.code});
     pack_kv(pk, "reason", b.reason);
   }
@@ -363,8 +375,7 @@ std::array<char, header_size> make_header(msg_type t) noexcept {
 }
 
 result<message> decode_body(std::uint8_t type, std::string_view body, const decode_limits& limits) {
-  if (!type_name(type) || static_cast<msg_type>(type) == msg_type::event)
-    return unknown_type(type);
+  if (!type_name(type) || static_cast<msg_type>(type) == msg_type::event) return unknown_type(type);
   auto u = unpack_map(body, limits);
   if (u.fault) return *u.fault;
   field_reader r(u.handle.get());
@@ -397,7 +408,7 @@ result<event> decode_event(std::string_view topic, std::string_view body,
     peer_joined b;
     r.peer_id("id", b.id);
     r.role("role", b.role);
-    r.uint("session", b.session, 0, u64_max);
+    r.uint("serial", b.serial, 1, u64_max);
     r.resources("resources", b.resources);
     r.boolean("resumed", b.resumed);
     e.body = std::move(b);
@@ -405,7 +416,7 @@ result<event> decode_event(std::string_view topic, std::string_view body,
     peer_gone b;
     r.peer_id("id", b.id);
     r.role("role", b.role);
-    r.uint("session", b.session, 0, u64_max);
+    r.uint("serial", b.serial, 1, u64_max);
     r.uint("code", b.code, 0, u16_max);
     r.str("reason", b.reason, max_reason_length);
     e.body = std::move(b);
@@ -437,8 +448,8 @@ std::string encode_event(const event& e) {
 bool valid_peer_id(std::string_view id) noexcept {
   if (id.empty() || id.size() > max_id_length) return false;
   return std::all_of(id.begin(), id.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '.' || c == '_' || c == ':' || c == '@' || c == '/' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == ':' || c == '@' || c == '/' || c == '-';
   });
 }
 
@@ -448,30 +459,48 @@ msg_type type_of(const message& m) noexcept {
 
 std::optional<std::string_view> type_name(std::uint8_t id) noexcept {
   switch (static_cast<msg_type>(id)) {
-    case msg_type::hello: return "HELLO";
-    case msg_type::welcome: return "WELCOME";
-    case msg_type::heartbeat: return "HEARTBEAT";
-    case msg_type::disconnect: return "DISCONNECT";
-    case msg_type::error: return "ERROR";
-    case msg_type::event: return "EVENT";
+    case msg_type::hello:
+      return "HELLO";
+    case msg_type::welcome:
+      return "WELCOME";
+    case msg_type::heartbeat:
+      return "HEARTBEAT";
+    case msg_type::disconnect:
+      return "DISCONNECT";
+    case msg_type::error:
+      return "ERROR";
+    case msg_type::event:
+      return "EVENT";
   }
   return std::nullopt;
 }
 
 std::string_view code_name(std::uint16_t code) noexcept {
   switch (static_cast<error_code>(code)) {
-    case error_code::goodbye: return "GOODBYE";
-    case error_code::bad_frame: return "BAD_FRAME";
-    case error_code::bad_body: return "BAD_BODY";
-    case error_code::bad_field: return "BAD_FIELD";
-    case error_code::not_ready: return "NOT_READY";
-    case error_code::unknown_type: return "UNKNOWN_TYPE";
-    case error_code::version_mismatch: return "VERSION_MISMATCH";
-    case error_code::duplicate_id: return "DUPLICATE_ID";
-    case error_code::expired: return "EXPIRED";
-    case error_code::too_many_faults: return "TOO_MANY_FAULTS";
-    case error_code::replaced: return "REPLACED";
-    case error_code::busy: return "BUSY";
+    case error_code::goodbye:
+      return "GOODBYE";
+    case error_code::bad_frame:
+      return "BAD_FRAME";
+    case error_code::bad_body:
+      return "BAD_BODY";
+    case error_code::bad_field:
+      return "BAD_FIELD";
+    case error_code::not_ready:
+      return "NOT_READY";
+    case error_code::unknown_type:
+      return "UNKNOWN_TYPE";
+    case error_code::version_mismatch:
+      return "VERSION_MISMATCH";
+    case error_code::duplicate_id:
+      return "DUPLICATE_ID";
+    case error_code::expired:
+      return "EXPIRED";
+    case error_code::too_many_faults:
+      return "TOO_MANY_FAULTS";
+    case error_code::replaced:
+      return "REPLACED";
+    case error_code::busy:
+      return "BUSY";
   }
   return "UNKNOWN";
 }
@@ -482,9 +511,12 @@ namespace rlbus {
 
 std::string_view to_string(role r) noexcept {
   switch (r) {
-    case role::collector: return "collector";
-    case role::learner: return "learner";
-    case role::coordinator: return "coordinator";
+    case role::collector:
+      return "collector";
+    case role::learner:
+      return "learner";
+    case role::coordinator:
+      return "coordinator";
   }
   return "unknown";
 }

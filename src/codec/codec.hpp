@@ -40,8 +40,8 @@ struct decode_error {
 template <class T>
 class result {
  public:
-  result(T value) : v_(std::move(value)) {}              // NOLINT(google-explicit-constructor)
-  result(decode_error err) : v_(std::move(err)) {}       // NOLINT(google-explicit-constructor)
+  result(T value) : v_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
+  result(decode_error err) : v_(std::move(err)) {}  // NOLINT(google-explicit-constructor)
   [[nodiscard]] bool ok() const noexcept { return v_.index() == 0; }
   explicit operator bool() const noexcept { return ok(); }
   [[nodiscard]] T& value() & { return std::get<0>(v_); }

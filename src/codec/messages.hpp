@@ -57,11 +57,21 @@ struct error {
 using message = std::variant<hello, welcome, heartbeat, disconnect, error>;
 
 /// The type id each message struct travels under.
-constexpr msg_type type_of(const hello&) noexcept { return msg_type::hello; }
-constexpr msg_type type_of(const welcome&) noexcept { return msg_type::welcome; }
-constexpr msg_type type_of(const heartbeat&) noexcept { return msg_type::heartbeat; }
-constexpr msg_type type_of(const disconnect&) noexcept { return msg_type::disconnect; }
-constexpr msg_type type_of(const error&) noexcept { return msg_type::error; }
+constexpr msg_type type_of(const hello&) noexcept {
+  return msg_type::hello;
+}
+constexpr msg_type type_of(const welcome&) noexcept {
+  return msg_type::welcome;
+}
+constexpr msg_type type_of(const heartbeat&) noexcept {
+  return msg_type::heartbeat;
+}
+constexpr msg_type type_of(const disconnect&) noexcept {
+  return msg_type::disconnect;
+}
+constexpr msg_type type_of(const error&) noexcept {
+  return msg_type::error;
+}
 msg_type type_of(const message& m) noexcept;
 
 // ---- events (PUB) --------------------------------------------------------------------
@@ -78,11 +88,12 @@ inline constexpr std::string_view broker_heartbeat = "broker.heartbeat";
 inline constexpr std::string_view broker_stopping = "broker.stopping";
 }  // namespace topic
 
-/// Body of *.joined.
+/// Body of *.joined. `serial` numbers sessions within one broker epoch (1, 2, ...); it is
+/// public, unlike the session token, which never leaves the peer's own connection.
 struct peer_joined {
   std::string id;
   rlbus::role role = rlbus::role::collector;
-  std::uint64_t session = 0;
+  std::uint64_t serial = 0;
   rlbus::resources resources;
   bool resumed = false;
   bool operator==(const peer_joined&) const = default;
@@ -92,7 +103,7 @@ struct peer_joined {
 struct peer_gone {
   std::string id;
   rlbus::role role = rlbus::role::collector;
-  std::uint64_t session = 0;
+  std::uint64_t serial = 0;
   std::uint16_t code = 0;
   std::string reason;
   bool operator==(const peer_gone&) const = default;

@@ -55,8 +55,8 @@ std::string_view code_name(std::uint16_t code) noexcept;
 struct decode_limits {
   std::size_t max_array = 1024;
   std::size_t max_map = 256;
-  std::size_t max_str = 64 * 1024;
-  std::size_t max_bin = 1024 * 1024;
+  std::size_t max_str = std::size_t{64} * 1024;
+  std::size_t max_bin = std::size_t{1024} * 1024;
   std::size_t max_depth = 16;
 };
 

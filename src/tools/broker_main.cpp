@@ -5,8 +5,8 @@
 #include <exception>
 #include <string>
 
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
 #include <zmq.hpp>
 
 #include "broker/server.hpp"

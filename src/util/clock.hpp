@@ -13,9 +13,9 @@ using std::chrono::milliseconds;
 
 /// Milliseconds since the Unix epoch, for timestamps in events and logs.
 inline std::uint64_t wall_ms() noexcept {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<milliseconds>(
-                                        std::chrono::system_clock::now().time_since_epoch())
-                                        .count());
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
 }
 
 /// Milliseconds from `now` until `deadline`, rounded up, at least 0: a poll timeout that

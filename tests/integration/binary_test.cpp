@@ -39,9 +39,9 @@ endpoints started(child& c) {
 TEST_CASE("--help documents every flag", "[binary]") {
   const auto [status, out] = run_to_end(broker_bin(), {"--help"});
   CHECK(status == 0);
-  for (const char* flag : {"--router", "--events", "--liveness", "--heartbeat-min", "--heartbeat-max",
-                           "--status-interval", "--max-message", "--max-peers", "--max-faults",
-                           "--shutdown-linger", "--log-level"})
+  for (const char* flag : {"--router", "--events", "--liveness", "--heartbeat-min",
+                           "--heartbeat-max", "--status-interval", "--max-message", "--max-peers",
+                           "--max-faults", "--shutdown-linger", "--log-level"})
     CHECK_THAT(out, Catch::Contains(flag));
 }
 
@@ -49,7 +49,8 @@ TEST_CASE("bad flags and settings exit 2 with a message", "[binary]") {
   auto [status, out] = run_to_end(broker_bin(), {"--no-such-flag"});
   CHECK(status == 2);
   CHECK_THAT(out, Catch::Contains("no-such-flag"));
-  std::tie(status, out) = run_to_end(broker_bin(), {"--heartbeat-min", "5000", "--heartbeat-max", "100"});
+  std::tie(status, out) =
+      run_to_end(broker_bin(), {"--heartbeat-min", "5000", "--heartbeat-max", "100"});
   CHECK(status == 2);
   CHECK_THAT(out, Catch::Contains("heartbeat"));
 }
@@ -59,7 +60,8 @@ TEST_CASE("an endpoint in use exits 1 with a message", "[binary]") {
   zmq::socket_t squatter(ctx, zmq::socket_type::router);
   squatter.bind("tcp://127.0.0.1:*");
   const auto taken = squatter.get(zmq::sockopt::last_endpoint);
-  const auto [status, out] = run_to_end(broker_bin(), {"--router", taken, "--events", "tcp://127.0.0.1:0"});
+  const auto [status, out] =
+      run_to_end(broker_bin(), {"--router", taken, "--events", "tcp://127.0.0.1:0"});
   CHECK(status == 1);
   CHECK_THAT(out, Catch::Contains("cannot start"));
 }

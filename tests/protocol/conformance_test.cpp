@@ -10,7 +10,9 @@ using codec::error_code;
 
 namespace {
 
-constexpr auto code_of(error_code c) { return static_cast<std::uint16_t>(c); }
+constexpr auto code_of(error_code c) {
+  return static_cast<std::uint16_t>(c);
+}
 
 std::string header(std::uint8_t version, std::uint8_t type) {
   return {'R', 'L', static_cast<char>(version), static_cast<char>(type)};
@@ -45,7 +47,8 @@ TEST_CASE_METHOD(fixture, "SPEC 3.1: a wrong frame count is answered with ERROR 
 
 // §3.2 "The header frame MUST be exactly 4 bytes: 0x52 0x4C, the version, the type id.
 // A header of another size or signature MUST be answered with ERROR 400."
-TEST_CASE_METHOD(fixture, "SPEC 3.2: a bad header is answered with ERROR 400 without ref_type", "[spec]") {
+TEST_CASE_METHOD(fixture, "SPEC 3.2: a bad header is answered with ERROR 400 without ref_type",
+                 "[spec]") {
   raw_peer p(ctx, router);
   p.send_frames({"XL\x01\x03", "\x80"});
   CHECK_FALSE(expect_error(p, error_code::bad_frame).ref_type);
@@ -54,15 +57,18 @@ TEST_CASE_METHOD(fixture, "SPEC 3.2: a bad header is answered with ERROR 400 wit
 }
 
 // §3.3 "A message whose version is not 1 MUST be answered with ERROR 405."
-TEST_CASE_METHOD(fixture, "SPEC 3.3: another protocol version is answered with ERROR 405", "[spec]") {
+TEST_CASE_METHOD(fixture, "SPEC 3.3: another protocol version is answered with ERROR 405",
+                 "[spec]") {
   raw_peer p(ctx, router);
-  p.send_frames({header(2, 0x01), codec::encode_body(codec::hello{role::collector, "c", 1000, {}, {}})});
+  p.send_frames(
+      {header(2, 0x01), codec::encode_body(codec::hello{role::collector, "c", 1000, {}, {}})});
   const auto e = expect_error(p, error_code::version_mismatch);
   CHECK_THAT(e.reason, Catch::Contains("version 1"));
 }
 
 // §3.4 "The body MUST be exactly one msgpack map with string keys ... otherwise ERROR 401."
-TEST_CASE_METHOD(fixture, "SPEC 3.4: a body that is not one msgpack map is answered with ERROR 401", "[spec]") {
+TEST_CASE_METHOD(fixture, "SPEC 3.4: a body that is not one msgpack map is answered with ERROR 401",
+                 "[spec]") {
   raw_peer p(ctx, router);
   p.send_frames({header(1, 0x01), "\x93\x01\x02\x03"});
   CHECK(expect_error(p, error_code::bad_body).ref_type == std::optional<std::uint8_t>{0x01});
@@ -72,7 +78,8 @@ TEST_CASE_METHOD(fixture, "SPEC 3.4: a body that is not one msgpack map is answe
 
 // §3.5 "An unassigned type id, or a type only the broker sends, MUST be answered with
 // ERROR 404."
-TEST_CASE_METHOD(fixture, "SPEC 3.5: unknown and broker-only types are answered with ERROR 404", "[spec]") {
+TEST_CASE_METHOD(fixture, "SPEC 3.5: unknown and broker-only types are answered with ERROR 404",
+                 "[spec]") {
   raw_peer p(ctx, router);
   p.send_frames({header(1, 0x7e), "\x80"});
   expect_error(p, error_code::unknown_type);
@@ -84,7 +91,8 @@ TEST_CASE_METHOD(fixture, "SPEC 3.5: unknown and broker-only types are answered 
 }
 
 // §4.1 "Fields MUST be valid ... otherwise ERROR 402." A refused HELLO creates nothing.
-TEST_CASE_METHOD(fixture, "SPEC 4.1: a HELLO with a bad field is refused with ERROR 402", "[spec]") {
+TEST_CASE_METHOD(fixture, "SPEC 4.1: a HELLO with a bad field is refused with ERROR 402",
+                 "[spec]") {
   raw_peer p(ctx, router);
   p.send(codec::hello{role::collector, "bad id", 1000, {}, {}});
   const auto e = expect_error(p, error_code::bad_field);
@@ -95,7 +103,8 @@ TEST_CASE_METHOD(fixture, "SPEC 4.1: a HELLO with a bad field is refused with ER
 
 // §8 "Before WELCOME a peer MUST NOT send anything but HELLO; the broker answers ERROR 403
 // and keeps no state for the connection."
-TEST_CASE_METHOD(fixture, "SPEC 8: messages before HELLO get ERROR 403 and leave no state", "[spec]") {
+TEST_CASE_METHOD(fixture, "SPEC 8: messages before HELLO get ERROR 403 and leave no state",
+                 "[spec]") {
   raw_peer p(ctx, router);
   p.send(codec::heartbeat{});
   const auto e = expect_error(p, error_code::not_ready);
@@ -214,21 +223,25 @@ TEST_CASE_METHOD(fixture, "SPEC 9: HEARTBEAT is answered with HEARTBEAT", "[spec
 
 // §9 "A peer silent for liveness x heartbeat_ms MUST be expired: the broker sends
 // DISCONNECT 410 and publishes *.lost." (No earlier than the window; promptly after.)
-TEST_CASE_METHOD(fixture, "SPEC 9: a silent peer is expired with DISCONNECT 410 and worker.lost", "[spec]") {
+TEST_CASE_METHOD(fixture, "SPEC 9: a silent peer is expired with DISCONNECT 410 and worker.lost",
+                 "[spec]") {
   event_listener events(ctx, broker.get().events_endpoint());
   raw_peer p(ctx, router);
-  const auto w = p.introduce("quiet", role::collector, 40);  // window 120 ms
+  p.introduce("quiet", role::collector, 40);  // window 120 ms
+  const auto joined = events.next("worker.joined");
+  REQUIRE(joined);
   const auto t0 = std::chrono::steady_clock::now();
   const auto d = p.recv_a<codec::disconnect>(5000ms);
   const auto waited = std::chrono::steady_clock::now() - t0;
   REQUIRE(d);
   CHECK(d->code == code_of(error_code::expired));
   CHECK(waited >= 115ms);  // not before its window (less a little for the clock's grain)
-  const auto e = events.next("worker.lost", [](const codec::event& ev) { return event_peer_id(ev) == "quiet"; });
+  const auto e = events.next("worker.lost",
+                             [](const codec::event& ev) { return event_peer_id(ev) == "quiet"; });
   REQUIRE(e);
   const auto& gone = std::get<codec::peer_gone>(e->body);
   CHECK(gone.code == code_of(error_code::expired));
-  CHECK(gone.session == w.session);
+  CHECK(gone.serial == std::get<codec::peer_joined>(joined->body).serial);
   CHECK(broker.get().snapshot().peers == 0);
   CHECK(broker.get().snapshot().expired == 1);
 }
@@ -263,7 +276,8 @@ TEST_CASE("SPEC 10: too many faults end the session with DISCONNECT 429", "[spec
   const auto d = p.recv_a<codec::disconnect>();
   REQUIRE(d);
   CHECK(d->code == code_of(error_code::too_many_faults));
-  const auto e = events.next("worker.lost", [](const codec::event& ev) { return event_peer_id(ev) == "noisy"; });
+  const auto e = events.next("worker.lost",
+                             [](const codec::event& ev) { return event_peer_id(ev) == "noisy"; });
   REQUIRE(e);
   CHECK(std::get<codec::peer_gone>(e->body).code == code_of(error_code::too_many_faults));
   CHECK(b.get().snapshot().peers == 0);
@@ -276,7 +290,8 @@ TEST_CASE_METHOD(fixture, "SPEC 4.4: DISCONNECT ends the session with worker.lef
   raw_peer p(ctx, router);
   p.introduce("leaver", role::learner);
   p.send(codec::disconnect{200, "done"});
-  const auto e = events.next("worker.left", [](const codec::event& ev) { return event_peer_id(ev) == "leaver"; });
+  const auto e = events.next("worker.left",
+                             [](const codec::event& ev) { return event_peer_id(ev) == "leaver"; });
   REQUIRE(e);
   CHECK(std::get<codec::peer_gone>(e->body).reason == "done");
   CHECK(wait_until([&] { return broker.get().snapshot().peers == 0; }));

@@ -40,13 +40,19 @@ std::string unhex(const std::string& hex) {
 // The meaning of a body, independent of the typed codec.
 json to_json(const msgpack::object& o) {
   switch (o.type) {
-    case msgpack::type::NIL: return nullptr;
-    case msgpack::type::BOOLEAN: return o.via.boolean;
-    case msgpack::type::POSITIVE_INTEGER: return o.via.u64;
-    case msgpack::type::NEGATIVE_INTEGER: return o.via.i64;
+    case msgpack::type::NIL:
+      return nullptr;
+    case msgpack::type::BOOLEAN:
+      return o.via.boolean;
+    case msgpack::type::POSITIVE_INTEGER:
+      return o.via.u64;
+    case msgpack::type::NEGATIVE_INTEGER:
+      return o.via.i64;
     case msgpack::type::FLOAT32:
-    case msgpack::type::FLOAT64: return o.via.f64;
-    case msgpack::type::STR: return std::string(o.via.str.ptr, o.via.str.size);
+    case msgpack::type::FLOAT64:
+      return o.via.f64;
+    case msgpack::type::STR:
+      return std::string(o.via.str.ptr, o.via.str.size);
     case msgpack::type::ARRAY: {
       json a = json::array();
       for (std::uint32_t i = 0; i < o.via.array.size; ++i) a.push_back(to_json(o.via.array.ptr[i]));
@@ -58,7 +64,9 @@ json to_json(const msgpack::object& o) {
         m[o.via.map.ptr[i].key.as<std::string>()] = to_json(o.via.map.ptr[i].val);
       return m;
     }
-    default: FAIL("unexpected msgpack type in a vector"); return nullptr;
+    default:
+      FAIL("unexpected msgpack type in a vector");
+      return nullptr;
   }
 }
 
@@ -69,7 +77,8 @@ json meaning(const std::string& body) {
 
 }  // namespace
 
-TEST_CASE("valid vectors decode to their meaning and re-encode byte for byte", "[protocol][vectors]") {
+TEST_CASE("valid vectors decode to their meaning and re-encode byte for byte",
+          "[protocol][vectors]") {
   const auto doc = load("vectors/valid.json");
   REQUIRE(doc["version"] == codec::protocol_version);
   REQUIRE(doc["vectors"].size() >= 10);
@@ -102,7 +111,8 @@ TEST_CASE("invalid vectors are refused with their stated code", "[protocol][vect
   }
 }
 
-TEST_CASE("event vectors decode to their meaning and re-encode byte for byte", "[protocol][vectors]") {
+TEST_CASE("event vectors decode to their meaning and re-encode byte for byte",
+          "[protocol][vectors]") {
   const auto doc = load("vectors/events.json");
   REQUIRE(doc["vectors"].size() >= 6);
   for (const auto& v : doc["vectors"]) {

@@ -72,7 +72,9 @@ std::optional<std::string> child::wait_for_line(const std::string& needle,
   }
 }
 
-void child::signal(int sig) { ::kill(pid_, sig); }
+void child::signal(int sig) {
+  ::kill(pid_, sig);
+}
 
 std::optional<int> child::wait(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -91,7 +93,8 @@ std::optional<int> child::wait(std::chrono::milliseconds timeout) {
   return status_;
 }
 
-std::pair<int, std::string> run_to_end(const std::string& path, const std::vector<std::string>& args,
+std::pair<int, std::string> run_to_end(const std::string& path,
+                                       const std::vector<std::string>& args,
                                        std::chrono::milliseconds timeout) {
   child c(path, args);
   const auto st = c.wait(timeout);

@@ -18,7 +18,8 @@ class child {
   child& operator=(const child&) = delete;
 
   /// Reads output until a line contains `needle`; returns that line (nullopt on timeout/EOF).
-  std::optional<std::string> wait_for_line(const std::string& needle, std::chrono::milliseconds timeout);
+  std::optional<std::string> wait_for_line(const std::string& needle,
+                                           std::chrono::milliseconds timeout);
   /// Everything read so far.
   [[nodiscard]] const std::string& output() const { return out_; }
   void signal(int sig);
@@ -35,7 +36,8 @@ class child {
 };
 
 /// Runs a command to completion (with a deadline) and returns {exit status, output}.
-std::pair<int, std::string> run_to_end(const std::string& path, const std::vector<std::string>& args,
-                                       std::chrono::milliseconds timeout = std::chrono::seconds(10));
+std::pair<int, std::string> run_to_end(
+    const std::string& path, const std::vector<std::string>& args,
+    std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
 }  // namespace rlbus::test

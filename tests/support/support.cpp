@@ -71,7 +71,8 @@ codec::welcome raw_peer::introduce(const std::string& id, rlbus::role r,
   send(codec::hello{r, id, heartbeat_ms, {}, std::nullopt});
   auto m = recv();
   REQUIRE(m);
-  if (auto* e = std::get_if<codec::error>(&*m)) FAIL("HELLO refused: " << e->code << " " << e->reason);
+  if (auto* e = std::get_if<codec::error>(&*m))
+    FAIL("HELLO refused: " << e->code << " " << e->reason);
   REQUIRE(std::holds_alternative<codec::welcome>(*m));
   return std::get<codec::welcome>(*m);
 }
@@ -84,7 +85,8 @@ event_listener::event_listener(zmq::context_t& ctx, const std::string& endpoint)
   REQUIRE(next(std::string(codec::topic::broker_heartbeat)));
 }
 
-std::optional<codec::event> event_listener::next_any(std::chrono::steady_clock::time_point deadline) {
+std::optional<codec::event> event_listener::next_any(
+    std::chrono::steady_clock::time_point deadline) {
   zmq::pollitem_t item{sock_.handle(), 0, ZMQ_POLLIN, 0};
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       deadline - std::chrono::steady_clock::now());

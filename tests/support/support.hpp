@@ -85,7 +85,8 @@ class event_listener {
   }
   std::optional<codec::event> next(const std::string& topic,
                                    std::chrono::milliseconds timeout = 5000ms) {
-    return next(topic, [](const codec::event&) { return true; }, timeout);
+    return next(
+        topic, [](const codec::event&) { return true; }, timeout);
   }
   /// Every event seen so far, in arrival order.
   const std::vector<codec::event>& seen() const { return seen_; }

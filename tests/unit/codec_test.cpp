@@ -71,11 +71,13 @@ TEST_CASE("every v1 message survives an encode/decode round trip", "[unit][codec
 }
 
 TEST_CASE("events survive an encode/decode round trip", "[unit][codec]") {
-  codec::event e{"worker.lost", 7, 11, 1234, codec::peer_gone{"c1", role::collector, 5, 410, "quiet"}};
+  codec::event e{"worker.lost", 7, 11, 1234,
+                 codec::peer_gone{"c1", role::collector, 5, 410, "quiet"}};
   auto back = codec::decode_event(e.topic, codec::encode_event(e));
   REQUIRE(back);
   CHECK(back.value() == e);
-  codec::event j{"coordinator.joined", 8, 11, 1, codec::peer_joined{"co", role::coordinator, 6, {}, true}};
+  codec::event j{"coordinator.joined", 8, 11, 1,
+                 codec::peer_joined{"co", role::coordinator, 6, {}, true}};
   auto jb = codec::decode_event(j.topic, codec::encode_event(j));
   REQUIRE(jb);
   CHECK(jb.value() == j);
@@ -87,9 +89,9 @@ TEST_CASE("header frames are exactly 'R' 'L' version type", "[unit][codec]") {
   REQUIRE(parsed);
   CHECK(parsed->version == 1);
   CHECK(parsed->type == 0x03);
-  CHECK_FALSE(codec::parse_header(unhex("524c01")));        // short
-  CHECK_FALSE(codec::parse_header(unhex("524c010300")));    // long
-  CHECK_FALSE(codec::parse_header(unhex("584c0103")));      // wrong signature
+  CHECK_FALSE(codec::parse_header(unhex("524c01")));      // short
+  CHECK_FALSE(codec::parse_header(unhex("524c010300")));  // long
+  CHECK_FALSE(codec::parse_header(unhex("584c0103")));    // wrong signature
   CHECK_FALSE(codec::parse_header(""));
 }
 
@@ -97,9 +99,9 @@ TEST_CASE("the decoder refuses the 6-byte array32 bomb without allocating", "[un
   // dd 1e 1e 1e 1e 1e: an array32 header claiming ~505 million elements. Unlimited, the
   // unpacker would reserve 16 GiB; with limits it must fail at once.
   CHECK(refusal(hello_t, unhex("dd1e1e1e1e1e")) == error_code::bad_body);
-  CHECK(refusal(hello_t, unhex("df7fffffff")) == error_code::bad_body);   // map32 bomb
-  CHECK(refusal(hello_t, unhex("dbffffffff")) == error_code::bad_body);   // str32 bomb
-  CHECK(refusal(hello_t, unhex("c6ffffffff")) == error_code::bad_body);   // bin32 bomb
+  CHECK(refusal(hello_t, unhex("df7fffffff")) == error_code::bad_body);  // map32 bomb
+  CHECK(refusal(hello_t, unhex("dbffffffff")) == error_code::bad_body);  // str32 bomb
+  CHECK(refusal(hello_t, unhex("c6ffffffff")) == error_code::bad_body);  // bin32 bomb
 }
 
 TEST_CASE("the decoder refuses oversized, deep, truncated and trailing input", "[unit][codec]") {
@@ -109,21 +111,26 @@ TEST_CASE("the decoder refuses oversized, deep, truncated and trailing input", "
           error_code::bad_body);
   }
   SECTION("an array past the element limit") {
-    CHECK(refusal(hello_t, hello_with([](auto& pk) {
-                    pk.pack("xs");
-                    pk.pack_array(2000);
-                    for (int i = 0; i < 2000; ++i) pk.pack(i);
-                  }, 1)) == error_code::bad_body);
+    CHECK(refusal(hello_t, hello_with(
+                               [](auto& pk) {
+                                 pk.pack("xs");
+                                 pk.pack_array(2000);
+                                 for (int i = 0; i < 2000; ++i) pk.pack(i);
+                               },
+                               1)) == error_code::bad_body);
   }
   SECTION("nesting past the depth limit") {
-    CHECK(refusal(hello_t, hello_with([](auto& pk) {
-                    pk.pack("deep");
-                    for (int i = 0; i < 100; ++i) pk.pack_array(1);
-                    pk.pack(0);
-                  }, 1)) == error_code::bad_body);
+    CHECK(refusal(hello_t, hello_with(
+                               [](auto& pk) {
+                                 pk.pack("deep");
+                                 for (int i = 0; i < 100; ++i) pk.pack_array(1);
+                                 pk.pack(0);
+                               },
+                               1)) == error_code::bad_body);
   }
   SECTION("every truncation of a valid body") {
-    const auto body = codec::encode_body(codec::hello{role::collector, "c0", 1000, {{"cpu", 1}}, 5});
+    const auto body =
+        codec::encode_body(codec::hello{role::collector, "c0", 1000, {{"cpu", 1}}, 5});
     for (std::size_t n = 0; n < body.size(); ++n) {
       INFO("truncated to " << n << " bytes");
       CHECK(refusal(hello_t, body.substr(0, n)) == error_code::bad_body);
@@ -153,23 +160,48 @@ TEST_CASE("the decoder refuses missing and mistyped fields with BAD_FIELD", "[un
           pk.pack_map(3).pack("role").pack(3).pack("id").pack("c").pack("heartbeat_ms").pack(100);
         }) == error_code::bad_field);
   CHECK(bad([](auto& pk) {
-          pk.pack_map(3).pack("role").pack("collector").pack("id").pack("c").pack("heartbeat_ms").pack("100");
+          pk.pack_map(3)
+              .pack("role")
+              .pack("collector")
+              .pack("id")
+              .pack("c")
+              .pack("heartbeat_ms")
+              .pack("100");
         }) == error_code::bad_field);
   CHECK(bad([](auto& pk) {
-          pk.pack_map(3).pack("role").pack("collector").pack("id").pack("a b").pack("heartbeat_ms").pack(100);
+          pk.pack_map(3)
+              .pack("role")
+              .pack("collector")
+              .pack("id")
+              .pack("a b")
+              .pack("heartbeat_ms")
+              .pack(100);
         }) == error_code::bad_field);
   CHECK(bad([](auto& pk) {
-          pk.pack_map(4).pack("role").pack("collector").pack("id").pack("c").pack("heartbeat_ms").pack(100);
+          pk.pack_map(4)
+              .pack("role")
+              .pack("collector")
+              .pack("id")
+              .pack("c")
+              .pack("heartbeat_ms")
+              .pack(100);
           pk.pack("resources").pack_map(1).pack("cpu").pack(std::nan(""));
         }) == error_code::bad_field);
   CHECK(bad([](auto& pk) {
-          pk.pack_map(4).pack("role").pack("collector").pack("id").pack("c").pack("heartbeat_ms").pack(100);
+          pk.pack_map(4)
+              .pack("role")
+              .pack("collector")
+              .pack("id")
+              .pack("c")
+              .pack("heartbeat_ms")
+              .pack(100);
           pk.pack("resources").pack_array(0);
         }) == error_code::bad_field);
 }
 
 TEST_CASE("unknown fields are ignored, so newer peers can add fields", "[unit][codec]") {
-  const auto body = hello_with([](auto& pk) { pk.pack("future_field").pack_map(1).pack("x").pack(1); }, 1);
+  const auto body =
+      hello_with([](auto& pk) { pk.pack("future_field").pack_map(1).pack("x").pack(1); }, 1);
   auto r = codec::decode_body(hello_t, body);
   REQUIRE(r);
   CHECK(std::get<codec::hello>(r.value()).id == "c0");

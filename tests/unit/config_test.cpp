@@ -7,7 +7,8 @@
 
 using namespace rlbus;
 
-TEST_CASE("the default configuration is valid and names the documented endpoints", "[unit][config]") {
+TEST_CASE("the default configuration is valid and names the documented endpoints",
+          "[unit][config]") {
   broker::config cfg;
   CHECK_NOTHROW(cfg.validate());
   CHECK(cfg.router_endpoint == "tcp://127.0.0.1:7235");

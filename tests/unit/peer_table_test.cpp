@@ -69,16 +69,31 @@ TEST_CASE("a peer heard from is rescheduled, not expired", "[unit][peers]") {
   CHECK(expire(t, t0 + 180ms) == std::vector<std::string>{"a"});
 }
 
+TEST_CASE("a peer whose window shrinks is expired at its new deadline", "[unit][peers]") {
+  // A resumed session may agree a shorter heartbeat: the old, later check must not hold.
+  broker::peer_table t;
+  const auto t0 = util::clock::now();
+  t.insert(make("a", t0, 1000ms));
+  auto* p = t.by_id("a");
+  p->window = 100ms;
+  t.reschedule(*p);
+  CHECK(expire(t, t0 + 99ms).empty());
+  CHECK(expire(t, t0 + 100ms) == std::vector<std::string>{"a"});
+  CHECK(expire(t, t0 + 2000ms).empty());  // the stale check is skipped, not replayed
+}
+
 TEST_CASE("silent peers behind a live one all expire, in deadline order", "[unit][peers]") {
   // A list scan that stops at the first live peer would miss everything behind it.
   broker::peer_table t;
   const auto t0 = util::clock::now();
   t.insert(make("live", t0, 100ms));
-  for (int i = 0; i < 50; ++i) t.insert(make("quiet-" + std::to_string(i), t0 + std::chrono::milliseconds(i), 100ms));
+  for (int i = 0; i < 50; ++i)
+    t.insert(make("quiet-" + std::to_string(i), t0 + std::chrono::milliseconds(i), 100ms));
   t.by_id("live")->last_seen = t0 + 90ms;
   const auto gone = expire(t, t0 + 160ms);
   REQUIRE(gone.size() == 50);
-  for (int i = 0; i < 50; ++i) CHECK(gone[static_cast<std::size_t>(i)] == "quiet-" + std::to_string(i));
+  for (int i = 0; i < 50; ++i)
+    CHECK(gone[static_cast<std::size_t>(i)] == "quiet-" + std::to_string(i));
   CHECK(t.size() == 1);
   CHECK(t.by_id("live") != nullptr);
 }

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what rlbus needs from Debian's packages (only what is missing; needs root or
+# sudo for that) and builds everything into build/. Safe to run again: it only redoes
+# what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  g++ meson ninja-build pkg-config
+  libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libspdlog-dev libfmt-dev libsodium-dev
+  libcli11-dev nlohmann-json3-dev catch2
+  python3 python3-msgpack
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "rlbus setup: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ ! -f build/build.ninja ]; then
+  meson setup build --buildtype=debugoptimized >/dev/null
+fi
+echo "rlbus setup: building"
+ninja -C build >/dev/null
+echo "rlbus setup: built build/src/rlbus-broker"
