@@ -78,6 +78,12 @@ void session::close_socket() {
   socket_.reset();
 }
 
+// One interval less than the broker's window for us (at least one interval): after a
+// short partition we reconnect and resume while the broker still holds our session.
+std::chrono::milliseconds session::broker_silence() const {
+  return heartbeat_ * std::max<std::uint32_t>(liveness_ - 1, 1);
+}
+
 // Long enough that a WELCOME delayed by a busy broker still lands: giving up early would
 // leave an orphaned session on the broker that refuses our id (409) until it expires.
 std::chrono::milliseconds session::hello_timeout() const {
@@ -126,7 +132,7 @@ void session::on_readable(util::time_point now) {
 }
 
 void session::handle(const codec::message& m, util::time_point now) {
-  if (state_ == connection_state::ready) broker_deadline_ = now + heartbeat_ * liveness_;
+  if (state_ == connection_state::ready) broker_deadline_ = now + broker_silence();
   if (const auto* w = std::get_if<codec::welcome>(&m)) {
     if (state_ == connection_state::ready) return;  // answer to a repeated HELLO
     token_ = w->session;
@@ -134,7 +140,7 @@ void session::handle(const codec::message& m, util::time_point now) {
     liveness_ = w->liveness;
     attempt_ = 0;
     next_heartbeat_ = now + heartbeat_;
-    broker_deadline_ = now + heartbeat_ * liveness_;
+    broker_deadline_ = now + broker_silence();
     set_state(connection_state::ready, w->resumed ? "session resumed" : "");
   } else if (const auto* e = std::get_if<codec::error>(&m)) {
     const auto detail = fmt::format("{} {}: {}", e->code, codec::code_name(e->code), e->reason);
@@ -180,7 +186,7 @@ void session::on_timers(util::time_point now) {
     retry_later(now, fmt::format("no WELCOME within {} ms", hello_timeout().count()));
   } else if (state_ == connection_state::ready) {
     if (now >= broker_deadline_) {
-      retry_later(now, fmt::format("broker silent for {} ms", (heartbeat_ * liveness_).count()));
+      retry_later(now, fmt::format("broker silent for {} ms", broker_silence().count()));
     } else if (now >= next_heartbeat_) {
       send(codec::heartbeat{});
       next_heartbeat_ = now + heartbeat_;

@@ -64,6 +64,7 @@ class session {
   void open(util::time_point now);
   void close_socket();
   [[nodiscard]] std::chrono::milliseconds hello_timeout() const;
+  [[nodiscard]] std::chrono::milliseconds broker_silence() const;
   void retry_later(util::time_point now, const std::string& why);
   void handle(const codec::message& m, util::time_point now);
   void set_state(connection_state s, const std::string& detail);

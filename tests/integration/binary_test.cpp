@@ -4,7 +4,6 @@
 
 #include <csignal>
 #include <cstdlib>
-#include <regex>
 
 #include "rlbus/worker.hpp"
 #include "support/child.hpp"
@@ -29,9 +28,14 @@ endpoints started(child& c) {
   const auto line = c.wait_for_line("rlbus broker", 10s);
   INFO(c.output());
   REQUIRE(line);
-  std::smatch m;
-  REQUIRE(std::regex_search(*line, m, std::regex(R"(router (\S+) events (\S+))")));
-  return {m[1], m[2]};
+  // "... router ENDPOINT events ENDPOINT (epoch ...)"
+  const auto word_after = [&](const std::string& key) {
+    const auto at = line->find(key + " ");
+    REQUIRE(at != std::string::npos);
+    const auto from = at + key.size() + 1;
+    return line->substr(from, line->find(' ', from) - from);
+  };
+  return {word_after("router"), word_after("events")};
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <zmq_addon.hpp>
 
 #include "rlbus/worker.hpp"
+#include "support/link.hpp"
 #include "support/support.hpp"
 
 using namespace rlbus;
@@ -131,4 +132,35 @@ TEST_CASE("bad worker options are refused at construction", "[worker]") {
   o.heartbeat = 1000ms;
   o.resources = {{"cpu", -1}};
   CHECK_THROWS_WITH(worker(o), Catch::Contains("cpu"));
+}
+
+TEST_CASE("a worker cut off from the broker resumes its session on a new connection", "[worker]") {
+  // The worker gives up on a silent broker one interval before the broker would expire it,
+  // so after a short partition it reconnects and presents its token in time.
+  broker::server_thread b(test_config());
+  zmq::context_t ctx;
+  event_listener events(ctx, b.get().events_endpoint());
+  cuttable_link relay(ctx, b.get().router_endpoint());
+  auto o = options_for(relay.endpoint(), "partitioned");
+  o.heartbeat = 200ms;  // broker expires after 600 ms of silence, the worker acts at 400 ms
+  o.reconnect_min = 5ms;
+  worker w(o);
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+  const auto token = w.session();
+  const auto joined = events.next("worker.joined");
+  REQUIRE(joined);
+
+  relay.cut_existing();
+  REQUIRE(wait_until([&] { return w.welcomes() == 2; }, 5s));
+  CHECK(w.session() == token);  // the same session, not a new one
+  CHECK_THAT(w.last_error(), Catch::Contains("silent"));
+  const auto resumed = events.next("worker.joined", [](const codec::event& e) {
+    return std::get<codec::peer_joined>(e.body).resumed;
+  });
+  REQUIRE(resumed);
+  CHECK(std::get<codec::peer_joined>(resumed->body).serial ==
+        std::get<codec::peer_joined>(joined->body).serial);
+  CHECK(b.get().snapshot().expired == 0);
+  CHECK(b.get().snapshot().peers == 1);
+  for (const auto& e : events.seen()) CHECK(e.topic != "worker.lost");
 }
