@@ -262,6 +262,7 @@ void server::on_disconnect(const peer& p, const codec::disconnect& d) {
 void server::fault(std::string_view routing_id, peer* p, codec::error_code code, std::string reason,
                    std::optional<std::uint8_t> ref_type) {
   counters_.faults.fetch_add(1, std::memory_order_relaxed);
+  if (reason.size() > codec::max_reason_length) reason.resize(codec::max_reason_length);
   const auto code_num = static_cast<std::uint16_t>(code);
   if (p == nullptr) {
     spdlog::debug("refused a message from an unintroduced connection: {} {}", code_num, reason);

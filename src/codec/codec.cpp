@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include <fmt/format.h>
@@ -61,6 +62,9 @@ unpacked unpack_map(std::string_view body, const decode_limits& lim) {
   return u;
 }
 
+// Reasons quote input only in short pieces, so an ERROR always fits its own reason limit.
+constexpr std::size_t max_quoted_key = 64;
+
 std::string_view as_view(const msgpack::object& o) {
   return {o.via.str.ptr, o.via.str.size};
 }
@@ -80,7 +84,7 @@ class field_reader {
       }
       const auto key = as_view(kv.key);
       if (find(key) != nullptr) {
-        fault_ = decode_error{error_code::bad_body, fmt::format("duplicate key '{}'", key)};
+        fault_ = decode_error{error_code::bad_body, fmt::format("duplicate key '{}'", key.substr(0, max_quoted_key))};
         return;
       }
       fields_.emplace_back(key, &kv.val);
@@ -272,7 +276,19 @@ void pack_kv(packer& pk, std::string_view key, rlbus::role v) {
 }
 
 // Whole numbers travel as integers, others as float64: one canonical form per value.
-void pack_kv(packer& pk, std::string_view key, const rlbus::resources& res) {
+// msgpack-c's pack_double turns any whole double into an integer; the spec keeps integers
+// for whole numbers below 2^53 only (exact in both forms), so float64 is written by hand.
+void pack_float64(msgpack::sbuffer& out, double v) {
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof bits);
+  std::array<char, 9> b{};
+  b[0] = static_cast<char>(0xcb);
+  for (std::size_t i = 0; i < 8; ++i) b[1 + i] = static_cast<char>(bits >> (56U - 8U * i));
+  out.write(b.data(), b.size());
+}
+
+void pack_kv(packer& pk, msgpack::sbuffer& out, std::string_view key,
+             const rlbus::resources& res) {
   pk.pack(key);
   pk.pack_map(static_cast<std::uint32_t>(res.size()));
   for (const auto& [name, value] : res) {
@@ -280,19 +296,20 @@ void pack_kv(packer& pk, std::string_view key, const rlbus::resources& res) {
     if (value >= 0 && value < 9007199254740992.0 && std::floor(value) == value) {
       pk.pack(static_cast<std::uint64_t>(value));
     } else {
-      pk.pack_double(value);
+      pack_float64(out, value);
     }
   }
 }
 
 struct body_encoder {
   packer& pk;
+  msgpack::sbuffer& out;
   void operator()(const hello& m) const {
     pk.pack_map(m.session ? 5 : 4);
     pack_kv(pk, "role", m.role);
     pack_kv(pk, "id", m.id);
     pack_kv(pk, "heartbeat_ms", std::uint64_t{m.heartbeat_ms});
-    pack_kv(pk, "resources", m.resources);
+    pack_kv(pk, out, "resources", m.resources);
     if (m.session) pack_kv(pk, "session", *m.session);
   }
   void operator()(const welcome& m) const {
@@ -321,6 +338,7 @@ struct body_encoder {
 // Event bodies: the envelope (seq, epoch, ts_ms) first, then the topic's own fields.
 struct event_encoder {
   packer& pk;
+  msgpack::sbuffer& out;
   const event& e;
   void envelope(std::uint32_t extra) const {
     pk.pack_map(3 + extra);
@@ -334,7 +352,7 @@ struct event_encoder {
     pack_kv(pk, "id", b.id);
     pack_kv(pk, "role", b.role);
     pack_kv(pk, "serial", b.serial);
-    pack_kv(pk, "resources", b.resources);
+    pack_kv(pk, out, "resources", b.resources);
     pack_kv(pk, "resumed", b.resumed);
   }
   void operator()(const peer_gone& b) const {
@@ -385,7 +403,7 @@ result<message> decode_body(std::uint8_t type, std::string_view body, const deco
 
 void encode_body(const message& m, msgpack::sbuffer& out) {
   packer pk(out);
-  std::visit(body_encoder{pk}, m);
+  std::visit(body_encoder{pk, out}, m);
 }
 
 std::string encode_body(const message& m) {
@@ -436,7 +454,7 @@ result<event> decode_event(std::string_view topic, std::string_view body,
 
 void encode_event(const event& e, msgpack::sbuffer& out) {
   packer pk(out);
-  std::visit(event_encoder{pk, e}, e.body);
+  std::visit(event_encoder{pk, out, e}, e.body);
 }
 
 std::string encode_event(const event& e) {

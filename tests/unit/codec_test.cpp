@@ -222,3 +222,70 @@ TEST_CASE("peer ids follow the id rule", "[unit][codec]") {
   CHECK_FALSE(codec::valid_peer_id("has space"));
   CHECK_FALSE(codec::valid_peer_id(std::string("nul\0", 4)));
 }
+
+TEST_CASE("mutated encodings never crash the decoder and always get a verdict", "[unit][codec]") {
+  // A deterministic cousin of the libFuzzer target (tests/fuzz): flip, cut, splice and
+  // grow valid bodies; every input must decode or be refused with a reason.
+  const std::vector<std::pair<std::uint8_t, std::string>> seeds = {
+      {hello_t, codec::encode_body(codec::hello{role::learner, "l-1", 500, {{"gpu", 2}, {"cpu", 1.5}}, 7})},
+      {0x02, codec::encode_body(codec::welcome{9, 8, 1000, 3, 4096, true})},
+      {0x04, codec::encode_body(codec::disconnect{410, "gone"})},
+      {0x05, codec::encode_body(codec::error{402, "bad", 1})},
+  };
+  std::uint64_t rng = 0x9E3779B97F4A7C15ULL;
+  const auto next = [&] {
+    rng ^= rng << 13U;
+    rng ^= rng >> 7U;
+    rng ^= rng << 17U;
+    return rng;
+  };
+  std::size_t accepted = 0;
+  std::size_t refused = 0;
+  for (int i = 0; i < 50'000; ++i) {
+    const auto& [type, seed] = seeds[next() % seeds.size()];
+    std::string body = seed;
+    const int edits = 1 + static_cast<int>(next() % 4);
+    for (int e = 0; e < edits && !body.empty(); ++e) {
+      const auto at = next() % body.size();
+      switch (next() % 4) {
+        case 0: body[at] = static_cast<char>(next()); break;
+        case 1: body.resize(at); break;
+        case 2: body.insert(at, 1, static_cast<char>(0xdc + next() % 4)); break;  // big headers
+        default: body.insert(at, body.substr(0, next() % (body.size() + 1))); break;
+      }
+    }
+    auto r = codec::decode_body(type, body);
+    if (r) {
+      ++accepted;
+    } else {
+      ++refused;
+      REQUIRE_FALSE(r.error().reason.empty());
+    }
+  }
+  CHECK(accepted > 0);  // the mutations are not all fatal, so field checks get exercised too
+  CHECK(refused > 0);
+}
+
+TEST_CASE("resource values keep one canonical form at every magnitude", "[unit][codec]") {
+  // Whole numbers below 2^53 travel as integers; everything else as float64, even whole
+  // numbers msgpack-c would silently turn into integers.
+  for (const double v : {0.0, 3.0, 9007199254740991.0, 9007199254740992.0, 1e300, 18446744073709551616.0, 0.25}) {
+    INFO(v);
+    codec::hello h{role::collector, "c", 1000, {{"x", v}}, std::nullopt};
+    const auto body = codec::encode_body(h);
+    const bool as_float = body.find('\xcb') != std::string::npos;
+    CHECK(as_float == !(v < 9007199254740992.0 && std::floor(v) == v));
+    CHECK(round_trip(h) == h);
+  }
+}
+
+TEST_CASE("a refusal quotes hostile input only in short pieces", "[unit][codec]") {
+  const std::string key(3000, 'k');
+  msgpack::sbuffer buf;
+  msgpack::packer pk(buf);
+  pk.pack_map(2).pack(key).pack(1).pack(key).pack(2);
+  auto r = codec::decode_body(hello_t, {buf.data(), buf.size()});
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == error_code::bad_body);
+  CHECK(r.error().reason.size() <= codec::max_reason_length);
+}
