@@ -55,18 +55,9 @@ TEST_CASE("a worker notices a dead broker and reconnects when one is back", "[wo
 TEST_CASE("a worker detects a broker that went silent without a word", "[worker]") {
   // A raw ROUTER plays a broker that welcomes and then never answers again.
   zmq::context_t ctx;
-  zmq::socket_t fake(ctx, zmq::socket_type::router);
-  fake.set(zmq::sockopt::linger, 0);
-  fake.bind("tcp://127.0.0.1:*");
-  worker w(options_for(fake.get(zmq::sockopt::last_endpoint), "lonely"));
-  std::vector<zmq::message_t> hello;
-  REQUIRE(zmq::recv_multipart(fake, std::back_inserter(hello)));
-  REQUIRE(hello.size() == 3);
-  const auto h = codec::make_header(codec::msg_type::welcome);
-  const auto body = codec::encode_body(codec::welcome{5, 1, 30, 3, 1024, false});
-  fake.send(hello[0], zmq::send_flags::sndmore);
-  fake.send(zmq::buffer(h), zmq::send_flags::sndmore);
-  fake.send(zmq::buffer(body));
+  fake_broker fake(ctx);
+  worker w(options_for(fake.endpoint(), "lonely"));
+  CHECK(fake.answer_hello(codec::welcome{5, 1, 30, 3, 1024, false}).id == "lonely");
   REQUIRE(w.wait_for(connection_state::ready, 5s));
   // 3 x 30 ms of silence: the worker gives up on this connection and says why.
   REQUIRE(wait_until([&] { return w.state() == connection_state::connecting; }, 3s));
@@ -102,17 +93,9 @@ TEST_CASE("stopping a worker says DISCONNECT and the broker publishes worker.lef
 TEST_CASE("a worker the broker refuses for good stops retrying", "[worker]") {
   // The broker refuses a wrong-version HELLO; a raw ROUTER stands in to refuse with 402.
   zmq::context_t ctx;
-  zmq::socket_t fake(ctx, zmq::socket_type::router);
-  fake.set(zmq::sockopt::linger, 0);
-  fake.bind("tcp://127.0.0.1:*");
-  worker w(options_for(fake.get(zmq::sockopt::last_endpoint), "rejected"));
-  std::vector<zmq::message_t> hello;
-  REQUIRE(zmq::recv_multipart(fake, std::back_inserter(hello)));
-  const auto h = codec::make_header(codec::msg_type::error);
-  const auto body = codec::encode_body(codec::error{402, "field 'resources': nope", 1});
-  fake.send(hello[0], zmq::send_flags::sndmore);
-  fake.send(zmq::buffer(h), zmq::send_flags::sndmore);
-  fake.send(zmq::buffer(body));
+  fake_broker fake(ctx);
+  worker w(options_for(fake.endpoint(), "rejected"));
+  fake.answer_hello(codec::error{402, "field 'resources': nope", 1});
   REQUIRE(w.wait_for(connection_state::refused, 5s));
   CHECK_THAT(w.last_error(), Catch::Contains("402"));
 }

@@ -48,14 +48,20 @@ void raw_peer::send(const codec::message& m) {
   send_frames({std::string(h.data(), h.size()), codec::encode_body(m)});
 }
 
-std::optional<codec::message> raw_peer::recv(std::chrono::milliseconds timeout) {
-  zmq::pollitem_t item{sock_.handle(), 0, ZMQ_POLLIN, 0};
-  if (zmq::poll(&item, 1, timeout) == 0) return std::nullopt;
+std::vector<zmq::message_t> recv_frames(zmq::socket_t& sock, std::chrono::milliseconds timeout) {
   std::vector<zmq::message_t> frames;
+  zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
+  if (timeout.count() <= 0 || zmq::poll(&item, 1, timeout) == 0) return frames;
   do {
     frames.emplace_back();
-    (void)sock_.recv(frames.back(), zmq::recv_flags::none);
+    (void)sock.recv(frames.back(), zmq::recv_flags::none);
   } while (frames.back().more());
+  return frames;
+}
+
+std::optional<codec::message> raw_peer::recv(std::chrono::milliseconds timeout) {
+  const auto frames = recv_frames(sock_, timeout);
+  if (frames.empty()) return std::nullopt;
   REQUIRE(frames.size() == 2);
   const auto h = codec::parse_header(frames[0].to_string_view());
   REQUIRE(h);
@@ -87,15 +93,9 @@ event_listener::event_listener(zmq::context_t& ctx, const std::string& endpoint)
 
 std::optional<codec::event> event_listener::next_any(
     std::chrono::steady_clock::time_point deadline) {
-  zmq::pollitem_t item{sock_.handle(), 0, ZMQ_POLLIN, 0};
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-      deadline - std::chrono::steady_clock::now());
-  if (left.count() <= 0 || zmq::poll(&item, 1, left) == 0) return std::nullopt;
-  std::vector<zmq::message_t> frames;
-  do {
-    frames.emplace_back();
-    (void)sock_.recv(frames.back(), zmq::recv_flags::none);
-  } while (frames.back().more());
+  const auto frames = recv_frames(sock_, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                             deadline - std::chrono::steady_clock::now()));
+  if (frames.empty()) return std::nullopt;
   REQUIRE(frames.size() == 3);
   const auto h = codec::parse_header(frames[1].to_string_view());
   REQUIRE(h);
@@ -104,6 +104,27 @@ std::optional<codec::event> event_listener::next_any(
   REQUIRE(e);
   seen_.push_back(e.value());
   return std::move(e).value();
+}
+
+fake_broker::fake_broker(zmq::context_t& ctx) : sock_(ctx, zmq::socket_type::router) {
+  sock_.set(zmq::sockopt::linger, 0);
+  sock_.bind("tcp://127.0.0.1:*");
+  endpoint_ = sock_.get(zmq::sockopt::last_endpoint);
+}
+
+codec::hello fake_broker::answer_hello(const codec::message& reply) {
+  const auto frames = recv_frames(sock_, 5000ms);
+  REQUIRE(frames.size() == 3);
+  const auto h = codec::parse_header(frames[1].to_string_view());
+  REQUIRE(h);
+  auto hello = codec::decode_body(h->type, frames[2].to_string_view());
+  REQUIRE(hello);
+  REQUIRE(std::holds_alternative<codec::hello>(hello.value()));
+  const auto header = codec::make_header(codec::type_of(reply));
+  sock_.send(zmq::buffer(frames[0].to_string_view()), zmq::send_flags::sndmore);
+  sock_.send(zmq::buffer(header), zmq::send_flags::sndmore);
+  sock_.send(zmq::buffer(codec::encode_body(reply)));
+  return std::get<codec::hello>(hello.value());
 }
 
 std::string event_peer_id(const codec::event& e) {

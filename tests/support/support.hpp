@@ -36,6 +36,9 @@ broker::config test_config(const std::string& transport = "tcp");
 /// A fresh ipc:// endpoint path under /tmp.
 std::string ipc_endpoint(const std::string& tag);
 
+/// All frames of the next message on `sock` within `timeout`; empty if none came.
+std::vector<zmq::message_t> recv_frames(zmq::socket_t& sock, std::chrono::milliseconds timeout);
+
 /// A DEALER that sends and receives protocol frames by hand.
 class raw_peer {
  public:
@@ -95,6 +98,20 @@ class event_listener {
   std::optional<codec::event> next_any(std::chrono::steady_clock::time_point deadline);
   zmq::socket_t sock_;
   std::vector<codec::event> seen_;
+};
+
+/// A ROUTER that plays the broker's part by hand, to show a client what a real broker
+/// would not do (go silent, refuse for good).
+class fake_broker {
+ public:
+  explicit fake_broker(zmq::context_t& ctx);
+  [[nodiscard]] const std::string& endpoint() const { return endpoint_; }
+  /// Waits for the next HELLO and answers it with `reply`; returns the HELLO.
+  codec::hello answer_hello(const codec::message& reply);
+
+ private:
+  zmq::socket_t sock_;
+  std::string endpoint_;
 };
 
 /// The id a peer_joined / peer_gone event is about ("" for other bodies).
