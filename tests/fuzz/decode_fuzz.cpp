@@ -2,7 +2,8 @@
 // event topic), the rest is the body. Any crash, sanitizer report or huge allocation is a
 // bug. Build and run (clang only):
 //   CXX=clang++ meson setup build-fuzz -Dfuzz=true && ninja -C build-fuzz
-//   build-fuzz/tests/rlbus-fuzz-decode -max_total_time=600 -rss_limit_mb=512
+//   /usr/bin/python3 tests/fuzz/seed_corpus.py build-fuzz/corpus
+//   build-fuzz/tests/rlbus-fuzz-decode build-fuzz/corpus -max_total_time=600 -rss_limit_mb=512
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
