@@ -1,7 +1,9 @@
-// Protocol v1 codec. Decoding runs msgpack's parser with hard limits (an unlimited unpack of
-// a 6-byte array32 header asks for 16 GiB), then checks each field with `field_reader`,
-// which records the first fault instead of throwing.
+// Protocol v1 codec: session messages (§4) and events (§7). Decoding runs msgpack's parser
+// with hard limits (an unlimited unpack of a 6-byte array32 header asks for 16 GiB), then
+// checks each field with `field_reader`, which records the first fault instead of throwing.
 #include "codec/codec.hpp"
+
+#include "codec/field_reader.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -14,197 +16,9 @@ namespace rlbus::codec {
 
 namespace {
 
-// Strings and binaries in a decoded object point into the input frame (no copy): the
-// decoded msgpack::object never outlives the call that made it.
-bool reference_everything(msgpack::type::object_type /*type*/, std::size_t /*size*/,
-                          void* /*user*/) {
-  return true;
-}
-
-struct unpacked {
-  msgpack::object_handle handle;
-  std::optional<decode_error> fault;
-};
-
-unpacked unpack_map(std::string_view body, const decode_limits& lim) {
-  unpacked u;
-  if (body.empty()) {
-    u.fault = decode_error{error_code::bad_body, "empty body: expected a msgpack map"};
-    return u;
-  }
-  const msgpack::unpack_limit limit(lim.max_array, lim.max_map, lim.max_str, lim.max_bin,
-                                    /*ext=*/0, lim.max_depth);
-  std::size_t offset = 0;
-  try {
-    u.handle =
-        msgpack::unpack(body.data(), body.size(), offset, reference_everything, nullptr, limit);
-  } catch (const msgpack::insufficient_bytes&) {
-    u.fault = decode_error{error_code::bad_body, "truncated msgpack body"};
-    return u;
-  } catch (const msgpack::depth_size_overflow&) {
-    u.fault = decode_error{error_code::bad_body, "msgpack nesting too deep"};
-    return u;
-  } catch (const msgpack::size_overflow& e) {
-    u.fault =
-        decode_error{error_code::bad_body, fmt::format("msgpack limit exceeded ({})", e.what())};
-    return u;
-  } catch (const std::exception& e) {
-    u.fault = decode_error{error_code::bad_body, fmt::format("malformed msgpack ({})", e.what())};
-    return u;
-  }
-  if (offset != body.size()) {
-    u.fault =
-        decode_error{error_code::bad_body,
-                     fmt::format("{} trailing bytes after the msgpack body", body.size() - offset)};
-  } else if (u.handle.get().type != msgpack::type::MAP) {
-    u.fault = decode_error{error_code::bad_body, "body is not a msgpack map"};
-  }
-  return u;
-}
-
-// Reasons quote input only in short pieces, so an ERROR always fits its own reason limit.
-constexpr std::size_t max_quoted_key = 64;
-
-std::string_view as_view(const msgpack::object& o) {
-  return {o.via.str.ptr, o.via.str.size};
-}
-
-// Typed access to the fields of one map. Unknown keys are ignored (SPEC §5: forward
-// compatibility); duplicate or non-string keys make the whole body invalid.
-class field_reader {
- public:
-  explicit field_reader(const msgpack::object& map) {
-    const auto& m = map.via.map;
-    fields_.reserve(m.size);
-    for (std::uint32_t i = 0; i < m.size; ++i) {
-      const auto& kv = m.ptr[i];
-      if (kv.key.type != msgpack::type::STR) {
-        fault_ = decode_error{error_code::bad_body, "map key is not a string"};
-        return;
-      }
-      const auto key = as_view(kv.key);
-      if (find(key) != nullptr) {
-        fault_ = decode_error{error_code::bad_body, fmt::format("duplicate key '{}'", key.substr(0, max_quoted_key))};
-        return;
-      }
-      fields_.emplace_back(key, &kv.val);
-    }
-  }
-
-  [[nodiscard]] const std::optional<decode_error>& fault() const { return fault_; }
-
-  void str(std::string_view key, std::string& out, std::size_t max_len, bool required = true) {
-    const auto* o = get(key, required);
-    if (o == nullptr) return;
-    if (o->type != msgpack::type::STR) return fail(key, "expected a string");
-    if (o->via.str.size > max_len) return fail(key, fmt::format("longer than {} bytes", max_len));
-    out.assign(o->via.str.ptr, o->via.str.size);
-  }
-
-  template <class U>
-  void uint(std::string_view key, U& out, std::uint64_t lo, std::uint64_t hi) {
-    std::optional<std::uint64_t> v;
-    read_uint(key, v, lo, hi, true);
-    if (v) out = static_cast<U>(*v);
-  }
-
-  template <class U>
-  void opt_uint(std::string_view key, std::optional<U>& out, std::uint64_t lo, std::uint64_t hi) {
-    std::optional<std::uint64_t> v;
-    read_uint(key, v, lo, hi, false);
-    if (v) out = static_cast<U>(*v);
-  }
-
-  void boolean(std::string_view key, bool& out, bool required = true) {
-    const auto* o = get(key, required);
-    if (o == nullptr) return;
-    if (o->type != msgpack::type::BOOLEAN) return fail(key, "expected a boolean");
-    out = o->via.boolean;
-  }
-
-  void role(std::string_view key, rlbus::role& out) {
-    std::string text;
-    str(key, text, 32);
-    if (fault_) return;
-    if (auto r = parse_role(text)) {
-      out = *r;
-    } else {
-      fail(key, fmt::format("unknown role '{}' (collector, learner or coordinator)", text));
-    }
-  }
-
-  void peer_id(std::string_view key, std::string& out) {
-    str(key, out, max_id_length);
-    if (!fault_ && !valid_peer_id(out))
-      fail(key, "must be 1-128 characters of A-Z a-z 0-9 . _ : @ / -");
-  }
-
-  void resources(std::string_view key, rlbus::resources& out) {
-    const auto* o = get(key, false);
-    if (o == nullptr) return;
-    if (o->type != msgpack::type::MAP) return fail(key, "expected a map of name -> number");
-    if (o->via.map.size > max_resources)
-      return fail(key, fmt::format("more than {} entries", max_resources));
-    for (std::uint32_t i = 0; i < o->via.map.size; ++i) {
-      const auto& kv = o->via.map.ptr[i];
-      if (kv.key.type != msgpack::type::STR || kv.key.via.str.size == 0 ||
-          kv.key.via.str.size > max_resource_name)
-        return fail(key, fmt::format("names must be strings of 1-{} bytes", max_resource_name));
-      double value = 0;
-      switch (kv.val.type) {
-        case msgpack::type::POSITIVE_INTEGER:
-          value = static_cast<double>(kv.val.via.u64);
-          break;
-        case msgpack::type::FLOAT32:
-        case msgpack::type::FLOAT64:
-          value = kv.val.via.f64;
-          break;
-        default:
-          return fail(key, "values must be non-negative numbers");
-      }
-      if (!std::isfinite(value) || value < 0)
-        return fail(key, "values must be non-negative finite numbers");
-      if (!out.emplace(std::string(as_view(kv.key)), value).second)
-        return fail(key, "duplicate resource name");
-    }
-  }
-
- private:
-  [[nodiscard]] const msgpack::object* find(std::string_view key) const {
-    for (const auto& [k, v] : fields_)
-      if (k == key) return v;
-    return nullptr;
-  }
-
-  const msgpack::object* get(std::string_view key, bool required) {
-    if (fault_) return nullptr;
-    const auto* o = find(key);
-    if (o == nullptr && required) fail(key, "missing");
-    return o;
-  }
-
-  void read_uint(std::string_view key, std::optional<std::uint64_t>& out, std::uint64_t lo,
-                 std::uint64_t hi, bool required) {
-    const auto* o = get(key, required);
-    if (o == nullptr) return;
-    if (o->type != msgpack::type::POSITIVE_INTEGER)
-      return fail(key, "expected a non-negative integer");
-    if (o->via.u64 < lo || o->via.u64 > hi)
-      return fail(key, fmt::format("{} is outside {}..{}", o->via.u64, lo, hi));
-    out = o->via.u64;
-  }
-
-  void fail(std::string_view key, std::string_view what) {
-    if (!fault_)
-      fault_ = decode_error{error_code::bad_field, fmt::format("field '{}': {}", key, what)};
-  }
-
-  std::vector<std::pair<std::string_view, const msgpack::object*>> fields_;
-  std::optional<decode_error> fault_;
-};
-
-constexpr std::uint64_t u16_max = 0xFFFF;
-constexpr std::uint64_t u64_max = ~std::uint64_t{0};
+using detail::field_reader;
+using detail::u16_max;
+using detail::u64_max;
 
 template <class T>
 result<message> finish(field_reader& r, T&& value) {
@@ -287,8 +101,7 @@ void pack_float64(msgpack::sbuffer& out, double v) {
   out.write(b.data(), b.size());
 }
 
-void pack_kv(packer& pk, msgpack::sbuffer& out, std::string_view key,
-             const rlbus::resources& res) {
+void pack_kv(packer& pk, msgpack::sbuffer& out, std::string_view key, const rlbus::resources& res) {
   pk.pack(key);
   pk.pack_map(static_cast<std::uint32_t>(res.size()));
   for (const auto& [name, value] : res) {
@@ -394,9 +207,9 @@ std::array<char, header_size> make_header(msg_type t) noexcept {
 
 result<message> decode_body(std::uint8_t type, std::string_view body, const decode_limits& limits) {
   if (!type_name(type) || static_cast<msg_type>(type) == msg_type::event) return unknown_type(type);
-  auto u = unpack_map(body, limits);
+  auto u = detail::unpack_map(body, limits);
   if (u.fault) return *u.fault;
-  field_reader r(u.handle.get());
+  field_reader r(u.handle.get(), body);
   if (r.fault()) return *r.fault();
   return read_message(type, r);
 }
@@ -414,9 +227,9 @@ std::string encode_body(const message& m) {
 
 result<event> decode_event(std::string_view topic, std::string_view body,
                            const decode_limits& limits) {
-  auto u = unpack_map(body, limits);
+  auto u = detail::unpack_map(body, limits);
   if (u.fault) return *u.fault;
-  field_reader r(u.handle.get());
+  field_reader r(u.handle.get(), body);
   event e;
   e.topic = topic;
   r.uint("seq", e.seq, 1, u64_max);
