@@ -2,9 +2,12 @@
 """Writes the protocol v1 golden vectors (valid.json, invalid.json, events.json).
 
 The bytes come from Python's msgpack, an encoder independent of the C++ codec, with every
-map written in the canonical field order of SPEC.md §4/§7. Every client's tests decode
+map written in the canonical field order of SPEC.md §4/§7/§12.3. Every client's tests decode
 these bytes, compare the meaning, and re-encode them byte for byte. Rerun after a spec
 change (needs Debian's python3-msgpack):  /usr/bin/python3 protocol/vectors/generate.py
+
+"fields" is the meaning of the body as JSON. JSON has no bytes, so a msgpack bin value is
+written there as {"$bin_hex": "<its bytes in lower-case hex>"} (see to_json below).
 """
 import json
 import os
@@ -13,7 +16,14 @@ import msgpack
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TYPES = {"HELLO": 0x01, "WELCOME": 0x02, "HEARTBEAT": 0x03, "DISCONNECT": 0x04,
-         "ERROR": 0x05, "EVENT": 0x60}
+         "ERROR": 0x05, "EVENT": 0x60,
+         # task messages (SPEC §12): coordinator <-> broker, broker -> worker, worker -> broker
+         "SUBMIT": 0x10, "SUBMITTED": 0x11, "FINISH": 0x12, "CANCEL": 0x13, "DATA_REPLY": 0x14,
+         "TASK_EVENT": 0x15,
+         "TASK_START": 0x20, "TASK_CLOSE": 0x21, "LEARN": 0x22, "NO_DATA": 0x23,
+         "TASK_ABORT": 0x24,
+         "STARTED": 0x30, "DATA": 0x31, "INFO": 0x32, "GET_DATA": 0x33, "LEARN_INFO": 0x34,
+         "RESULT": 0x35, "TASK_FAILED": 0x36}
 
 
 def header(type_id, version=1, sig=b"RL"):
@@ -24,9 +34,21 @@ def pack(fields):
     return msgpack.packb(fields, use_bin_type=True).hex()
 
 
+def to_json(value):
+    """The meaning of a value as JSON: bytes (msgpack bin) become {"$bin_hex": hex}."""
+    if isinstance(value, bytes):
+        return {"$bin_hex": value.hex()}
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_json(v) for v in value]
+    return value
+
+
 def valid(name, type_name, fields, note):
     return {"name": name, "type": type_name, "note": note,
-            "header_hex": header(TYPES[type_name]), "body_hex": pack(fields), "fields": fields}
+            "header_hex": header(TYPES[type_name]), "body_hex": pack(fields),
+            "fields": to_json(fields)}
 
 
 VALID = [
@@ -64,6 +86,154 @@ VALID = [
     valid("error_bad_frame", "ERROR",
           {"code": 400, "reason": "header frame must be 4 bytes"},
           "no ref_type when the type could not be read"),
+]
+
+# Task messages (SPEC §12), with the values a DI-engine-style parallel pipeline would send.
+# task_info, meta, info, result, data and body are opaque user data forwarded byte for byte:
+# any msgpack is valid inside them; floats stay float64 even when whole (1.0, 21.0).
+COLLECTOR_TASK = "collector_task_0a1b2c"
+LEARNER_TASK = "learner_task_7f3e9d"
+BUFFER = "buffer_9c41e2"
+COLLECTOR_INFO = {
+    "buffer_id": BUFFER,
+    "collector_cfg": {"env": {"env_id": "CartPole-v0", "collector_env_num": 8},
+                      "n_sample": 64, "unroll_len": 1, "collect_setting": {"eps": 0.95}},
+    "policy_update_path": "/mnt/exp/cartpole_dqn/policy/policy_latest.pth",
+    "eval_flag": False,
+}
+LEARNER_INFO = {
+    "buffer_id": BUFFER,
+    "policy_id": "policy_5d2a",
+    "learner_cfg": {"batch_size": 64, "learning_rate": 0.001, "target_update_freq": 100,
+                    "max_iterations": 10000},
+    "replay_buffer_cfg": {"replay_buffer_size": 100000, "priority": True, "alpha": 0.6,
+                          "beta": 0.4},
+}
+META_41 = {"env_id": 3, "policy_iter": 1200, "unroll_len": 1, "traj_len": 200,
+           "compressor": "lz4", "priority": 1.0, "data_length": 48}
+BATCH = [
+    {"data_id": "data_c0_000041", "buffer_id": BUFFER, "env_id": 3, "policy_iter": 1200,
+     "unroll_len": 1, "priority": 1.0, "replay_buffer_idx": 41, "replay_unique_id": "c0_41"},
+    {"data_id": "data_c1_000007", "buffer_id": BUFFER, "env_id": 0, "policy_iter": 1180,
+     "unroll_len": 1, "priority": 2.5, "replay_buffer_idx": 7, "replay_unique_id": "c1_7"},
+]
+# An lz4 frame header and some compressed trajectory bytes (48 in all): every byte value
+# class (0x00, 0x7f-0xff) appears, so hex and bin handling are both exercised.
+PAYLOAD = bytes([0x04, 0x22, 0x4D, 0x18, 0x64, 0x40, 0xA7, 0x00]) + bytes(
+    (i * 37 + 11) & 0xFF for i in range(40))
+
+VALID += [
+    valid("submit_collector_all_options", "SUBMIT",
+          {"task_id": COLLECTOR_TASK, "kind": "collector", "task_info": COLLECTOR_INFO,
+           "requirements": {"cpu": 2, "memory_gb": 3.5},
+           "start_timeout_ms": 30000, "step_timeout_ms": 60000, "close_timeout_ms": 10000,
+           "task_timeout_ms": 3600000, "max_attempts": 3},
+          "a collector task with every optional timeout and max_attempts"),
+    valid("submit_learner_defaults", "SUBMIT",
+          {"task_id": LEARNER_TASK, "kind": "learner", "task_info": LEARNER_INFO,
+           "requirements": {"gpu": 1}},
+          "no timeouts and no max_attempts: the broker's settings apply"),
+    valid("submitted_assigned", "SUBMITTED",
+          {"task_id": COLLECTOR_TASK, "accepted": True, "code": 0, "reason": "", "queued": 0},
+          "accepted and assigned at once"),
+    valid("submitted_queued", "SUBMITTED",
+          {"task_id": LEARNER_TASK, "accepted": True, "code": 0, "reason": "", "queued": 3},
+          "accepted behind three queued tasks"),
+    valid("submitted_queue_full", "SUBMITTED",
+          {"task_id": "collector_task_5e6f70", "accepted": False, "code": 412,
+           "reason": "task queue is full (1024 tasks waiting)", "queued": 0},
+          "refused: the queue is at its bound (412 QUEUE_FULL)"),
+    valid("finish", "FINISH", {"task_id": LEARNER_TASK},
+          "the coordinator judged the learner task finished"),
+    valid("cancel", "CANCEL",
+          {"task_id": COLLECTOR_TASK, "reason": "experiment stopped by the operator"},
+          "drop the task wherever it is"),
+    valid("data_reply_none", "DATA_REPLY",
+          {"task_id": LEARNER_TASK, "request_id": 17, "data": None},
+          "nil data: not enough data yet"),
+    valid("data_reply_batch", "DATA_REPLY",
+          {"task_id": LEARNER_TASK, "request_id": 18, "data": BATCH},
+          "a batch as a list of metadata dicts"),
+    valid("task_event_cancelled_queued", "TASK_EVENT",
+          {"seq": 1, "task_id": LEARNER_TASK, "attempt": 0, "event": "cancelled",
+           "worker_id": "", "body": {"reason": "experiment stopped by the operator",
+                                     "attempt": 0}},
+          "a step before any attempt: attempt 0 and no worker (event names: §12.5)"),
+    valid("task_event_info", "TASK_EVENT",
+          {"seq": 57, "task_id": COLLECTOR_TASK, "attempt": 1, "event": "info",
+           "worker_id": "collector-3",
+           "body": {"collector_done": False, "envstep_count": 3200, "reward_mean": 21.0}},
+          "a collector's INFO relayed to its coordinator: body is the info map byte for byte"),
+    valid("task_event_data", "TASK_EVENT",
+          {"seq": 58, "task_id": COLLECTOR_TASK, "attempt": 1, "event": "data",
+           "worker_id": "collector-3",
+           "body": {"data_id": "data_c0_000041", "buffer_id": BUFFER, "meta": META_41,
+                    "payload": PAYLOAD}},
+          'a DATA relayed with its payload: a bin nested in body, in "fields" as {"$bin_hex": ...}'),
+    valid("task_start_collector", "TASK_START",
+          {"task_id": COLLECTOR_TASK, "attempt": 1, "kind": "collector",
+           "task_info": COLLECTOR_INFO},
+          "first attempt; task_info exactly as in SUBMIT"),
+    valid("task_start_learner_retry", "TASK_START",
+          {"task_id": LEARNER_TASK, "attempt": 2, "kind": "learner", "task_info": LEARNER_INFO},
+          "the second attempt, after the first worker was lost"),
+    valid("task_close", "TASK_CLOSE", {"task_id": COLLECTOR_TASK, "attempt": 1},
+          "finish and answer with RESULT"),
+    valid("learn", "LEARN",
+          {"task_id": LEARNER_TASK, "attempt": 1, "request_id": 18, "data": BATCH},
+          "the batch from DATA_REPLY, forwarded byte for byte"),
+    valid("no_data", "NO_DATA",
+          {"task_id": LEARNER_TASK, "attempt": 1, "request_id": 17, "retry_ms": 500},
+          "DATA_REPLY had nil data: ask again after 500 ms"),
+    valid("task_abort", "TASK_ABORT",
+          {"task_id": COLLECTOR_TASK, "attempt": 1,
+           "reason": "cancelled by its coordinator: experiment stopped by the operator"},
+          "stop this attempt now"),
+    valid("started", "STARTED", {"task_id": COLLECTOR_TASK, "attempt": 1},
+          "the worker took the task"),
+    valid("data_inline_payload", "DATA",
+          {"task_id": COLLECTOR_TASK, "attempt": 1, "data_id": "data_c0_000041",
+           "buffer_id": BUFFER, "meta": META_41, "payload": PAYLOAD},
+          'a 48-byte bin payload; in "fields" as {"$bin_hex": ...}'),
+    valid("data_by_reference", "DATA",
+          {"task_id": COLLECTOR_TASK, "attempt": 1, "data_id": "data_c0_000042",
+           "buffer_id": BUFFER,
+           "meta": {"env_id": 5, "policy_iter": 1200, "unroll_len": 1, "traj_len": 200,
+                    "priority": 0.75,
+                    "data_path": "/mnt/exp/cartpole_dqn/data/data_c0_000042"}},
+          "no payload: the data travels another way, named by data_id and meta"),
+    valid("info_collector", "INFO",
+          {"task_id": COLLECTOR_TASK, "attempt": 1,
+           "info": {"collector_done": False, "env_num": 8, "episode_count": 16,
+                    "envstep_count": 3200, "train_sample_count": 3200,
+                    "avg_envstep_per_sec": 1523.5, "reward_mean": 21.0, "reward_std": 9.25}},
+          "collector progress"),
+    valid("get_data", "GET_DATA",
+          {"task_id": LEARNER_TASK, "attempt": 1, "request_id": 18, "buffer_id": BUFFER,
+           "batch_size": 64, "cur_learner_iter": 1200},
+          "a learner asks its coordinator for a batch"),
+    valid("learn_info", "LEARN_INFO",
+          {"task_id": LEARNER_TASK, "attempt": 1, "buffer_id": BUFFER,
+           "info": {"learner_step": 1201,
+                    "priority_info": {"priority": [0.5, 1.25, 0.875],
+                                      "replay_buffer_idx": [41, 7, 1033],
+                                      "replay_unique_id": ["c0_41", "c1_7", "c0_1033"]},
+                    "learner_done": False, "cur_lr": 0.001, "total_loss": 0.375}},
+          "one learning step, with the new priorities for the replay buffer"),
+    valid("result_collector", "RESULT",
+          {"task_id": COLLECTOR_TASK, "attempt": 1,
+           "result": {"collector_done": True, "episode_count": 64, "envstep_count": 12800,
+                      "reward_mean": 195.5, "finish_time": 1796000123.25}},
+          "the answer to TASK_CLOSE"),
+    valid("result_learner", "RESULT",
+          {"task_id": LEARNER_TASK, "attempt": 2,
+           "result": {"learner_step": 10000, "buffer_id": BUFFER, "learner_done": True,
+                      "policy_path": "/mnt/exp/cartpole_dqn/policy/iteration_10000.pth"}},
+          "a learner's final result, from its second attempt"),
+    valid("task_failed", "TASK_FAILED",
+          {"task_id": COLLECTOR_TASK, "attempt": 2,
+           "reason": "collector handler raised RuntimeError: env 3 step failed"},
+          "the worker's handler failed"),
 ]
 
 
@@ -121,6 +291,37 @@ INVALID = [
     invalid("disconnect_no_code", pack({"reason": "bye"}), 402, "DISCONNECT without code",
             "DISCONNECT"),
     invalid("event_type_on_router", pack({}), 404, "EVENT is never a ROUTER message", "EVENT"),
+]
+
+def invalid_task(name, type_name, fields, note, code=402):
+    return invalid(name, pack(fields), code, note, type_name)
+
+
+INVALID += [
+    invalid_task("task_id_space", "STARTED", {"task_id": "collector task 0a1b2c", "attempt": 1},
+                 "task ids follow the peer id rule: no spaces"),
+    invalid_task("attempt_zero", "STARTED", {"task_id": COLLECTOR_TASK, "attempt": 0},
+                 "attempts count from 1"),
+    invalid_task("attempt_too_big", "RESULT",
+                 {"task_id": COLLECTOR_TASK, "attempt": 1001, "result": {}},
+                 "attempts are 1..1000"),
+    invalid_task("info_nil", "INFO", {"task_id": COLLECTOR_TASK, "attempt": 1, "info": None},
+                 "info must be a map, not nil"),
+    invalid_task("info_array", "INFO",
+                 {"task_id": COLLECTOR_TASK, "attempt": 1, "info": [1, 2, 3]},
+                 "info must be a map, not an array"),
+    invalid_task("submit_kind_unknown", "SUBMIT",
+                 {"task_id": COLLECTOR_TASK, "kind": "trainer", "task_info": {},
+                  "requirements": {}},
+                 "kind follows the role rule"),
+    invalid_task("data_payload_str", "DATA",
+                 {"task_id": COLLECTOR_TASK, "attempt": 1, "data_id": "data_c0_000041",
+                  "buffer_id": BUFFER, "meta": {}, "payload": PAYLOAD.hex()},
+                 "payload must be bin, not str"),
+    invalid_task("get_data_no_batch_size", "GET_DATA",
+                 {"task_id": LEARNER_TASK, "attempt": 1, "request_id": 18, "buffer_id": BUFFER,
+                  "cur_learner_iter": 1200},
+                 "GET_DATA without batch_size"),
 ]
 
 

@@ -26,6 +26,11 @@ void config::validate() const {
   require(max_message >= 1024, "max message must be at least 1024 bytes");
   require(max_peers >= 1, "max peers must be at least 1");
   require(max_faults >= 1, "max faults must be at least 1");
+  require(max_queue >= 1, "max queue must be at least 1");
+  require(max_attempts >= 1 && max_attempts <= 1000, "max attempts must be 1..1000");
+  for (const auto ms : {start_timeout_ms, step_timeout_ms, close_timeout_ms, task_timeout_ms})
+    require(ms >= 1 && ms <= 86'400'000, "task timeouts must be 1..86400000 ms");
+  require(stream_ring >= 16, "stream ring must hold at least 16 events");
 }
 
 std::string normalize_endpoint(std::string endpoint) {

@@ -33,6 +33,20 @@ struct config {
   /// Limits for every msgpack body the broker decodes.
   codec::decode_limits limits{};
 
+  // ---- tasks (SPEC §12) ----
+  /// Most tasks waiting for a worker; SUBMIT past it is refused with QUEUE_FULL.
+  std::size_t max_queue = 10'000;
+  /// Defaults for a task's timeouts and attempts when its SUBMIT does not say.
+  std::uint32_t start_timeout_ms = 10'000;    // TASK_START -> STARTED
+  std::uint32_t step_timeout_ms = 60'000;     // longest silence of a running task
+  std::uint32_t close_timeout_ms = 30'000;    // TASK_CLOSE -> RESULT
+  std::uint32_t task_timeout_ms = 3'600'000;  // a whole attempt
+  std::uint32_t max_attempts = 3;
+  /// What NO_DATA tells a learner to wait before asking again (its SDK backs off from it).
+  std::uint32_t no_data_retry_ms = 10;
+  /// Task events kept per coordinator for replay.
+  std::size_t stream_ring = 65'536;
+
   /// Throws std::invalid_argument naming the first setting that is out of range.
   void validate() const;
 };

@@ -35,6 +35,7 @@ struct peer {
   util::time_point joined{};
   util::time_point last_seen{};
   std::uint32_t faults = 0;
+  std::string task_id;  // the task a worker runs now ("" = free)
 };
 
 class peer_table {

@@ -44,7 +44,8 @@ server::server(zmq::context_t& ctx, config cfg)
     : cfg_((cfg.validate(), std::move(cfg))),
       epoch_(util::random_u64_nonzero()),
       router_(ctx, zmq::socket_type::router),
-      events_(ctx, normalize_endpoint(cfg_.events_endpoint), epoch_) {
+      events_(ctx, normalize_endpoint(cfg_.events_endpoint), epoch_),
+      tasks_(cfg_, *this) {
   router_.set(zmq::sockopt::router_mandatory, 1);
   router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(cfg_.max_message));
   router_.set(zmq::sockopt::linger, 0);
@@ -64,8 +65,34 @@ void server::request_stop() noexcept {
 
 stats server::snapshot() const {
   const auto& c = counters_;
-  return {c.peers.load(),      c.messages_in.load(),    c.messages_out.load(), c.faults.load(),
-          c.unroutable.load(), c.refused_hellos.load(), c.expired.load(),      c.events.load()};
+  stats s;
+  s.peers = c.peers.load();
+  s.messages_in = c.messages_in.load();
+  s.messages_out = c.messages_out.load();
+  s.faults = c.faults.load();
+  s.unroutable = c.unroutable.load();
+  s.refused_hellos = c.refused_hellos.load();
+  s.expired = c.expired.load();
+  s.events = c.events.load();
+  s.tasks_queued = c.tasks_queued.load();
+  s.tasks_running = c.tasks_running.load();
+  s.tasks_finished = c.tasks_finished.load();
+  s.tasks_failed = c.tasks_failed.load();
+  s.tasks_requeued = c.tasks_requeued.load();
+  s.stale_messages = c.stale.load();
+  return s;
+}
+
+void server::store_counters() {
+  const auto t = tasks_.counts();
+  auto& c = counters_;
+  c.peers.store(peers_.size(), std::memory_order_relaxed);
+  c.tasks_queued.store(t.queued, std::memory_order_relaxed);
+  c.tasks_running.store(t.running, std::memory_order_relaxed);
+  c.tasks_finished.store(t.finished, std::memory_order_relaxed);
+  c.tasks_failed.store(t.failed, std::memory_order_relaxed);
+  c.tasks_requeued.store(t.requeued, std::memory_order_relaxed);
+  c.stale.store(t.stale, std::memory_order_relaxed);
 }
 
 void server::run() {
@@ -79,6 +106,7 @@ void server::run() {
     auto now = util::clock::now();
     auto deadline = next_status_;
     if (auto check = peers_.next_check()) deadline = std::min(deadline, *check);
+    if (auto due = tasks_.next_deadline()) deadline = std::min(deadline, *due);
     util::poll(items.data(), items.size(), util::poll_timeout_ms(now, deadline));
     if ((items[1].revents & ZMQ_POLLIN) != 0) wake_.drain();
     now = util::clock::now();
@@ -89,7 +117,8 @@ void server::run() {
                    std::chrono::duration_cast<std::chrono::milliseconds>(p.window).count());
       end_session(p, codec::error_code::expired, "no message within the liveness window", true);
     });
-    counters_.peers.store(peers_.size(), std::memory_order_relaxed);
+    tasks_.on_timers(now);
+    store_counters();
     if (now >= next_status_) publish_status(now);
   }
   shutdown();
@@ -154,6 +183,22 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
     return fault(routing_id, p, err.code, err.reason, header->type);
   }
   auto& msg = decoded.value();
+  if (codec::is_task_type(header->type)) {
+    if (auto refused = tasks_.handle(p->id, p->role, std::move(msg), now)) {
+      // A late message about a task that moved on is normal after a re-assignment or a
+      // cancel: refused and counted, but no strike against the peer (SPEC §12.4).
+      const bool late = refused->code == codec::error_code::stale_attempt ||
+                        refused->code == codec::error_code::unknown_task;
+      if (late) {
+        counters_.faults.fetch_add(1, std::memory_order_relaxed);
+        (void)send(routing_id, codec::error{static_cast<std::uint16_t>(refused->code),
+                                            std::move(refused->reason), header->type});
+        return;
+      }
+      return fault(routing_id, p, refused->code, std::move(refused->reason), header->type);
+    }
+    return;
+  }
   switch (type) {
     case codec::msg_type::hello:
       return on_hello(routing_id, p, std::move(std::get<codec::hello>(msg)), now);
@@ -249,12 +294,14 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
   (void)send(routing_id, welcome_for(added, false));
   publish(topic_for(added.role, "joined"),
           codec::peer_joined{added.id, added.role, added.serial, added.resources, false});
+  tasks_.peer_joined(added.id, added.role, added.resources, added.serial, now);
 }
 
 void server::on_disconnect(const peer& p, const codec::disconnect& d) {
   spdlog::info("peer {} ({}) left: {} {}", p.id, to_string(p.role), d.code,
                d.reason.empty() ? "(no reason given)" : d.reason);
   publish(topic_for(p.role, "left"), codec::peer_gone{p.id, p.role, p.serial, d.code, d.reason});
+  session_over(p, util::clock::now());
   peers_.erase(p);
   counters_.peers.store(peers_.size(), std::memory_order_relaxed);
 }
@@ -295,6 +342,7 @@ void server::end_session(const peer& p, codec::error_code code, std::string reas
   (void)send(p.routing_id, codec::disconnect{code_num, reason});
   publish(topic_for(p.role, lost ? "lost" : "left"),
           codec::peer_gone{p.id, p.role, p.serial, code_num, std::move(reason)});
+  session_over(p, util::clock::now());
 }
 
 bool server::send(std::string_view routing_id, const codec::message& m) {
@@ -316,6 +364,17 @@ bool server::send(std::string_view routing_id, const codec::message& m) {
   router_.send(zmq::const_buffer(out_.data(), out_.size()), zmq::send_flags::none);
   counters_.messages_out.fetch_add(1, std::memory_order_relaxed);
   return true;
+}
+
+// Whatever the session held (a worker's task, a coordinator's tasks) is settled before the
+// session is forgotten. The caller erases the peer afterwards.
+void server::session_over(const peer& p, util::time_point now) {
+  tasks_.peer_gone(p.id, p.role, now);
+}
+
+bool server::send_to(std::string_view peer_id, const codec::message& m) {
+  const peer* p = peers_.by_id(peer_id);
+  return p != nullptr && send(p->routing_id, m);
 }
 
 void server::publish(std::string_view topic, decltype(codec::event::body) body) {

@@ -22,6 +22,7 @@
 #include "broker/config.hpp"
 #include "broker/event_bus.hpp"
 #include "broker/peer_table.hpp"
+#include "broker/task_manager.hpp"
 #include "codec/messages.hpp"
 #include "util/wake_pipe.hpp"
 
@@ -38,9 +39,15 @@ struct stats {
   std::uint64_t refused_hellos = 0;  // HELLOs answered with ERROR
   std::uint64_t expired = 0;         // sessions ended by silence
   std::uint64_t events = 0;          // events published
+  std::uint64_t tasks_queued = 0;    // tasks waiting for a worker
+  std::uint64_t tasks_running = 0;   // tasks on a worker
+  std::uint64_t tasks_finished = 0;
+  std::uint64_t tasks_failed = 0;    // failed for good (max attempts)
+  std::uint64_t tasks_requeued = 0;  // attempts that ended and went back to the queue
+  std::uint64_t stale_messages = 0;  // worker messages of an attempt that had ended
 };
 
-class server {
+class server : private task_sink {
  public:
   /// Validates `cfg`, binds both endpoints. Throws std::invalid_argument for a bad config
   /// and zmq::error_t when an endpoint cannot be bound.
@@ -64,8 +71,15 @@ class server {
  private:
   struct counters {
     std::atomic<std::uint64_t> peers{0}, messages_in{0}, messages_out{0}, faults{0}, unroutable{0},
-        refused_hellos{0}, expired{0}, events{0};
+        refused_hellos{0}, expired{0}, events{0}, tasks_queued{0}, tasks_running{0},
+        tasks_finished{0}, tasks_failed{0}, tasks_requeued{0}, stale{0};
   };
+
+  // task_sink: how the task manager reaches peers and subscribers.
+  bool send_to(std::string_view peer_id, const codec::message& m) override;
+  void publish(std::string_view topic, decltype(codec::event::body) body) override;
+  void session_over(const peer& p, util::time_point now);
+  void store_counters();
 
   void drain_router(util::time_point now);
   void on_frames(zmq::message_t* frames, std::size_t count, bool overflow, util::time_point now);
@@ -77,7 +91,6 @@ class server {
   void refuse_hello(std::string_view routing_id, codec::error_code code, std::string reason);
   void end_session(const peer& p, codec::error_code code, std::string reason, bool lost);
   bool send(std::string_view routing_id, const codec::message& m);
-  void publish(std::string_view topic, decltype(codec::event::body) body);
   void publish_status(util::time_point now);
   void shutdown();
 
@@ -90,6 +103,7 @@ class server {
   util::wake_pipe wake_;
   std::atomic<bool> stop_requested_{false};
   peer_table peers_;
+  task_manager tasks_;
   counters counters_;
   util::time_point started_;
   util::time_point next_status_;

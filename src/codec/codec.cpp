@@ -4,6 +4,7 @@
 #include "codec/codec.hpp"
 
 #include "codec/field_reader.hpp"
+#include "codec/task_codec.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -21,7 +22,7 @@ using detail::u16_max;
 using detail::u64_max;
 
 template <class T>
-result<message> finish(field_reader& r, T&& value) {
+result<message> done(field_reader& r, T&& value) {
   if (r.fault()) return *r.fault();
   return message{std::forward<T>(value)};
 }
@@ -41,7 +42,7 @@ result<message> read_message(std::uint8_t type, field_reader& r) {
       r.uint("heartbeat_ms", m.heartbeat_ms, min_heartbeat_ms, max_heartbeat_ms);
       r.resources("resources", m.resources);
       r.opt_uint("session", m.session, 1, u64_max);
-      return finish(r, std::move(m));
+      return done(r, std::move(m));
     }
     case msg_type::welcome: {
       welcome m;
@@ -51,24 +52,25 @@ result<message> read_message(std::uint8_t type, field_reader& r) {
       r.uint("liveness", m.liveness, 1, 1000);
       r.uint("max_message", m.max_message, 0, u64_max);
       r.boolean("resumed", m.resumed);
-      return finish(r, m);
+      return done(r, m);
     }
     case msg_type::heartbeat:
-      return finish(r, heartbeat{});
+      return done(r, heartbeat{});
     case msg_type::disconnect: {
       disconnect m;
       r.uint("code", m.code, 0, u16_max);
       r.str("reason", m.reason, max_reason_length);
-      return finish(r, std::move(m));
+      return done(r, std::move(m));
     }
     case msg_type::error: {
       error m;
       r.uint("code", m.code, 0, u16_max);
       r.str("reason", m.reason, max_reason_length);
       r.opt_uint("ref_type", m.ref_type, 0, 0xFF);
-      return finish(r, std::move(m));
+      return done(r, std::move(m));
     }
-    case msg_type::event:
+    default:
+      if (is_task_type(type)) return detail::read_task(type, r);
       break;
   }
   return unknown_type(type);
@@ -89,34 +91,18 @@ void pack_kv(packer& pk, std::string_view key, rlbus::role v) {
   pk.pack(key).pack(to_string(v));
 }
 
-// Whole numbers travel as integers, others as float64: one canonical form per value.
-// msgpack-c's pack_double turns any whole double into an integer; the spec keeps integers
-// for whole numbers below 2^53 only (exact in both forms), so float64 is written by hand.
-void pack_float64(msgpack::sbuffer& out, double v) {
-  std::uint64_t bits = 0;
-  std::memcpy(&bits, &v, sizeof bits);
-  std::array<char, 9> b{};
-  b[0] = static_cast<char>(0xcb);
-  for (std::size_t i = 0; i < 8; ++i) b[1 + i] = static_cast<char>(bits >> (56U - 8U * i));
-  out.write(b.data(), b.size());
-}
-
 void pack_kv(packer& pk, msgpack::sbuffer& out, std::string_view key, const rlbus::resources& res) {
   pk.pack(key);
-  pk.pack_map(static_cast<std::uint32_t>(res.size()));
-  for (const auto& [name, value] : res) {
-    pk.pack(std::string_view(name));
-    if (value >= 0 && value < 9007199254740992.0 && std::floor(value) == value) {
-      pk.pack(static_cast<std::uint64_t>(value));
-    } else {
-      pack_float64(out, value);
-    }
-  }
+  detail::pack_resources(pk, out, res);
 }
 
 struct body_encoder {
   packer& pk;
   msgpack::sbuffer& out;
+  template <class T>
+  void operator()(const T& m) const {  // task messages (§12): one generic writer
+    detail::write_task(m, pk, out);
+  }
   void operator()(const hello& m) const {
     pk.pack_map(m.session ? 5 : 4);
     pack_kv(pk, "role", m.role);
@@ -184,6 +170,14 @@ struct event_encoder {
   void operator()(const broker_stopping& b) const {
     envelope(1);
     pack_kv(pk, "drain_ms", b.drain_ms);
+  }
+  void operator()(const task_status& b) const {
+    envelope(5);
+    pack_kv(pk, "task_id", b.task_id);
+    pack_kv(pk, "kind", b.kind);
+    pack_kv(pk, "attempt", std::uint64_t{b.attempt});
+    pack_kv(pk, "worker_id", b.worker_id);
+    pack_kv(pk, "detail", b.detail);
   }
 };
 
@@ -260,6 +254,14 @@ result<event> decode_event(std::string_view topic, std::string_view body,
     broker_stopping b;
     r.uint("drain_ms", b.drain_ms, 0, u64_max);
     e.body = b;
+  } else if (topic.rfind("task.", 0) == 0) {
+    task_status b;
+    r.peer_id("task_id", b.task_id);
+    r.role("kind", b.kind);
+    r.uint("attempt", b.attempt, 0, 0xFFFF'FFFF);
+    r.str("worker_id", b.worker_id, max_id_length);
+    r.str("detail", b.detail, max_reason_length);
+    e.body = std::move(b);
   }
   if (r.fault()) return *r.fault();
   return e;
@@ -300,6 +302,42 @@ std::optional<std::string_view> type_name(std::uint8_t id) noexcept {
       return "DISCONNECT";
     case msg_type::error:
       return "ERROR";
+    case msg_type::submit:
+      return "SUBMIT";
+    case msg_type::submitted:
+      return "SUBMITTED";
+    case msg_type::finish:
+      return "FINISH";
+    case msg_type::cancel:
+      return "CANCEL";
+    case msg_type::data_reply:
+      return "DATA_REPLY";
+    case msg_type::task_event:
+      return "TASK_EVENT";
+    case msg_type::task_start:
+      return "TASK_START";
+    case msg_type::task_close:
+      return "TASK_CLOSE";
+    case msg_type::learn:
+      return "LEARN";
+    case msg_type::no_data:
+      return "NO_DATA";
+    case msg_type::task_abort:
+      return "TASK_ABORT";
+    case msg_type::started:
+      return "STARTED";
+    case msg_type::data:
+      return "DATA";
+    case msg_type::info:
+      return "INFO";
+    case msg_type::get_data:
+      return "GET_DATA";
+    case msg_type::learn_info:
+      return "LEARN_INFO";
+    case msg_type::result:
+      return "RESULT";
+    case msg_type::task_failed:
+      return "TASK_FAILED";
     case msg_type::event:
       return "EVENT";
   }
@@ -330,6 +368,16 @@ std::string_view code_name(std::uint16_t code) noexcept {
       return "TOO_MANY_FAULTS";
     case error_code::replaced:
       return "REPLACED";
+    case error_code::unknown_task:
+      return "UNKNOWN_TASK";
+    case error_code::stale_attempt:
+      return "STALE_ATTEMPT";
+    case error_code::wrong_state:
+      return "WRONG_STATE";
+    case error_code::duplicate_task:
+      return "DUPLICATE_TASK";
+    case error_code::queue_full:
+      return "QUEUE_FULL";
     case error_code::busy:
       return "BUSY";
   }

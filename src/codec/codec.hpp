@@ -70,6 +70,9 @@ result<event> decode_event(std::string_view topic, std::string_view body,
 void encode_event(const event& e, msgpack::sbuffer& out);
 std::string encode_event(const event& e);
 
+/// True for the type ids of task messages (SPEC §12).
+bool is_task_type(std::uint8_t type) noexcept;
+
 /// True when `id` is a valid peer id: 1..128 bytes of [A-Za-z0-9._:@/-].
 bool valid_peer_id(std::string_view id) noexcept;
 

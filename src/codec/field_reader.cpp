@@ -3,6 +3,7 @@
 // turn a whole float64 into an integer on the way).
 #include "codec/field_reader.hpp"
 
+#include <array>
 #include <cstring>
 
 namespace rlbus::codec::detail {
@@ -184,6 +185,32 @@ std::optional<std::size_t> skip_value(std::string_view buf, std::size_t pos) {
     pending += children;
   }
   return pos;
+}
+
+namespace {
+// msgpack-c's pack_double turns any whole double into an integer; the spec keeps integers
+// for whole numbers below 2^53 only (exact in both forms), so float64 is written by hand.
+void pack_float64(msgpack::sbuffer& out, double v) {
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof bits);
+  std::array<char, 9> b{};
+  b[0] = static_cast<char>(0xcb);
+  for (std::size_t i = 0; i < 8; ++i) b[1 + i] = static_cast<char>(bits >> (56U - 8U * i));
+  out.write(b.data(), b.size());
+}
+}  // namespace
+
+void pack_resources(msgpack::packer<msgpack::sbuffer>& pk, msgpack::sbuffer& out,
+                    const rlbus::resources& res) {
+  pk.pack_map(static_cast<std::uint32_t>(res.size()));
+  for (const auto& [name, value] : res) {
+    pk.pack(std::string_view(name));
+    if (value >= 0 && value < 9007199254740992.0 && std::floor(value) == value) {
+      pk.pack(static_cast<std::uint64_t>(value));
+    } else {
+      pack_float64(out, value);
+    }
+  }
 }
 
 void field_reader::blob(std::string_view key, std::string& out, bool required, bool want_map,

@@ -1,6 +1,6 @@
-// Decoding helpers shared by the codec's translation units: msgpack unpacking under limits
-// and `field_reader`, typed access to one map's fields that records the first fault
-// instead of throwing. Internal to src/codec.
+// Helpers shared by the codec's translation units: msgpack unpacking under limits,
+// `field_reader` (typed access to one map's fields that records the first fault instead of
+// throwing) and the canonical packing of numbers. Internal to src/codec.
 #pragma once
 
 #include <cmath>
@@ -30,6 +30,10 @@ unpacked unpack_map(std::string_view body, const decode_limits& lim);
 /// Offset just past the msgpack value starting at `pos` in `buf`, or nullopt if it runs
 /// past the end. Only for bytes that already passed unpack_map (structure is trusted).
 std::optional<std::size_t> skip_value(std::string_view buf, std::size_t pos);
+
+/// Resources in canonical form: whole numbers below 2^53 as integers, others as float64.
+void pack_resources(msgpack::packer<msgpack::sbuffer>& pk, msgpack::sbuffer& out,
+                    const rlbus::resources& res);
 
 inline constexpr std::uint64_t u16_max = 0xFFFF;
 inline constexpr std::uint64_t u64_max = ~std::uint64_t{0};
@@ -66,6 +70,7 @@ class field_reader {
   }
 
   [[nodiscard]] const std::optional<decode_error>& fault() const { return fault_; }
+  [[nodiscard]] bool has(std::string_view key) const { return find(key) != nullptr; }
 
   void str(std::string_view key, std::string& out, std::size_t max_len, bool required = true) {
     const auto* o = get(key, required);

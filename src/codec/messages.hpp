@@ -8,6 +8,7 @@
 #include <variant>
 
 #include "codec/protocol.hpp"
+#include "codec/task_messages.hpp"
 #include "rlbus/types.hpp"
 
 namespace rlbus::codec {
@@ -54,7 +55,11 @@ struct error {
 };
 
 /// Any message that travels on the ROUTER.
-using message = std::variant<hello, welcome, heartbeat, disconnect, error>;
+using message =
+    std::variant<hello, welcome, heartbeat, disconnect, error,               // session (§4)
+                 submit, submitted, finish, cancel, data_reply, task_event,  // coordinator (§12)
+                 task_start, task_close, learn, no_data, task_abort,         // to workers
+                 started, data_ready, info, get_data, learn_info, task_result, task_failed>;
 
 /// The type id each message struct travels under.
 constexpr msg_type type_of(const hello&) noexcept {
@@ -71,6 +76,11 @@ constexpr msg_type type_of(const disconnect&) noexcept {
 }
 constexpr msg_type type_of(const error&) noexcept {
   return msg_type::error;
+}
+/// Task messages carry their type id as a static member.
+template <class T, class = decltype(T::type)>
+constexpr msg_type type_of(const T&) noexcept {
+  return T::type;
 }
 msg_type type_of(const message& m) noexcept;
 
@@ -122,6 +132,18 @@ struct broker_stopping {
   bool operator==(const broker_stopping&) const = default;
 };
 
+/// Body of task.<coordinator>.<event>: one step of a task, for observers (the owning
+/// coordinator gets the full TASK_EVENT on the ROUTER). `detail` is the data id of a
+/// data event, or the reason of a requeued / failed / cancelled one.
+struct task_status {
+  std::string task_id;
+  rlbus::role kind = rlbus::role::collector;
+  std::uint32_t attempt = 0;
+  std::string worker_id;
+  std::string detail;
+  bool operator==(const task_status&) const = default;
+};
+
 /// An event as published: the envelope every event has, and a topic-specific body.
 /// A topic this build does not know decodes with `std::monostate` as its body.
 struct event {
@@ -129,7 +151,8 @@ struct event {
   std::uint64_t seq = 0;
   std::uint64_t epoch = 0;
   std::uint64_t ts_ms = 0;
-  std::variant<std::monostate, peer_joined, peer_gone, broker_status, broker_stopping> body;
+  std::variant<std::monostate, peer_joined, peer_gone, broker_status, broker_stopping, task_status>
+      body;
   bool operator==(const event&) const = default;
 };
 

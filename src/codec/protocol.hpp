@@ -17,14 +17,35 @@ inline constexpr std::uint8_t signature_1 = 0x4C;  // 'L'
 inline constexpr std::uint8_t protocol_version = 1;
 inline constexpr std::size_t header_size = 4;
 
-/// Message type ids (SPEC.md §3). Ranges are reserved so later parts slot in without
-/// renumbering: 0x10-0x3F task messages, 0x40-0x4F event replay, 0x50-0x5F operations.
+/// Message type ids (SPEC.md §3.5, §12). Ranges: 0x01-0x0F session, 0x10-0x3F tasks,
+/// 0x40-0x4F stream flow control and replay, 0x50-0x5F operations, 0x60 events.
 enum class msg_type : std::uint8_t {
   hello = 0x01,
   welcome = 0x02,
   heartbeat = 0x03,
   disconnect = 0x04,
   error = 0x05,
+  // coordinator <-> broker (§12)
+  submit = 0x10,
+  submitted = 0x11,
+  finish = 0x12,
+  cancel = 0x13,
+  data_reply = 0x14,
+  task_event = 0x15,
+  // broker -> worker
+  task_start = 0x20,
+  task_close = 0x21,
+  learn = 0x22,
+  no_data = 0x23,
+  task_abort = 0x24,
+  // worker -> broker
+  started = 0x30,
+  data = 0x31,
+  info = 0x32,
+  get_data = 0x33,
+  learn_info = 0x34,
+  result = 0x35,
+  task_failed = 0x36,
   event = 0x60,
 };
 
@@ -44,6 +65,11 @@ enum class error_code : std::uint16_t {
   expired = 410,           // DISCONNECT only: the peer was silent past its liveness window
   too_many_faults = 429,   // DISCONNECT only: the peer sent too many bad messages
   replaced = 430,          // DISCONNECT only: a newer connection resumed this session
+  unknown_task = 406,      // no live task of this id belongs to the sender
+  stale_attempt = 407,     // the attempt number is not the task's current one
+  wrong_state = 408,       // the task is not in a state where this message makes sense
+  duplicate_task = 411,    // SUBMIT with the id of a live task
+  queue_full = 412,        // SUBMIT past the broker's queue bound
   busy = 503,              // broker full (max peers) or shutting down
 };
 

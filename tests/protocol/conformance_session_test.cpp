@@ -181,8 +181,8 @@ TEST_CASE_METHOD(fixture, "SPEC 8.2: messages before HELLO get ERROR 403 and lea
   next_error(p, error_code::not_ready, ref(type_error));
   p.send_frames({header(1, type_event), "\x80"});
   next_error(p, error_code::not_ready, ref(type_event));
-  p.send_frames({header(1, 0x10), "\x80"});
-  next_error(p, error_code::unknown_type, ref(0x10));
+  p.send_frames({header(1, 0x16), "\x80"});  // unassigned within the task range
+  next_error(p, error_code::unknown_type, ref(0x16));
   p.send_frames({header(1, type_unassigned), "\x80"});
   next_error(p, error_code::unknown_type, ref(type_unassigned));
   CHECK(broker.get().snapshot().peers == 0);

@@ -53,6 +53,16 @@ json to_json(const msgpack::object& o) {
       return o.via.f64;
     case msgpack::type::STR:
       return std::string(o.via.str.ptr, o.via.str.size);
+    case msgpack::type::BIN: {  // vectors spell binary as {"$bin_hex": "..."}
+      static constexpr char digits[] = "0123456789abcdef";
+      std::string hex;
+      for (std::uint32_t i = 0; i < o.via.bin.size; ++i) {
+        const auto b = static_cast<unsigned char>(o.via.bin.ptr[i]);
+        hex.push_back(digits[b >> 4U]);
+        hex.push_back(digits[b & 0xFU]);
+      }
+      return json{{"$bin_hex", hex}};
+    }
     case msgpack::type::ARRAY: {
       json a = json::array();
       for (std::uint32_t i = 0; i < o.via.array.size; ++i) a.push_back(to_json(o.via.array.ptr[i]));

@@ -227,7 +227,8 @@ TEST_CASE("mutated encodings never crash the decoder and always get a verdict", 
   // A deterministic cousin of the libFuzzer target (tests/fuzz): flip, cut, splice and
   // grow valid bodies; every input must decode or be refused with a reason.
   const std::vector<std::pair<std::uint8_t, std::string>> seeds = {
-      {hello_t, codec::encode_body(codec::hello{role::learner, "l-1", 500, {{"gpu", 2}, {"cpu", 1.5}}, 7})},
+      {hello_t,
+       codec::encode_body(codec::hello{role::learner, "l-1", 500, {{"gpu", 2}, {"cpu", 1.5}}, 7})},
       {0x02, codec::encode_body(codec::welcome{9, 8, 1000, 3, 4096, true})},
       {0x04, codec::encode_body(codec::disconnect{410, "gone"})},
       {0x05, codec::encode_body(codec::error{402, "bad", 1})},
@@ -248,10 +249,18 @@ TEST_CASE("mutated encodings never crash the decoder and always get a verdict", 
     for (int e = 0; e < edits && !body.empty(); ++e) {
       const auto at = next() % body.size();
       switch (next() % 4) {
-        case 0: body[at] = static_cast<char>(next()); break;
-        case 1: body.resize(at); break;
-        case 2: body.insert(at, 1, static_cast<char>(0xdc + next() % 4)); break;  // big headers
-        default: body.insert(at, body.substr(0, next() % (body.size() + 1))); break;
+        case 0:
+          body[at] = static_cast<char>(next());
+          break;
+        case 1:
+          body.resize(at);
+          break;
+        case 2:
+          body.insert(at, 1, static_cast<char>(0xdc + next() % 4));
+          break;  // big headers
+        default:
+          body.insert(at, body.substr(0, next() % (body.size() + 1)));
+          break;
       }
     }
     auto r = codec::decode_body(type, body);
@@ -269,7 +278,8 @@ TEST_CASE("mutated encodings never crash the decoder and always get a verdict", 
 TEST_CASE("resource values keep one canonical form at every magnitude", "[unit][codec]") {
   // Whole numbers below 2^53 travel as integers; everything else as float64, even whole
   // numbers msgpack-c would silently turn into integers.
-  for (const double v : {0.0, 3.0, 9007199254740991.0, 9007199254740992.0, 1e300, 18446744073709551616.0, 0.25}) {
+  for (const double v :
+       {0.0, 3.0, 9007199254740991.0, 9007199254740992.0, 1e300, 18446744073709551616.0, 0.25}) {
     INFO(v);
     codec::hello h{role::collector, "c", 1000, {{"x", v}}, std::nullopt};
     const auto body = codec::encode_body(h);
@@ -288,4 +298,69 @@ TEST_CASE("a refusal quotes hostile input only in short pieces", "[unit][codec]"
   REQUIRE_FALSE(r);
   CHECK(r.error().code == error_code::bad_body);
   CHECK(r.error().reason.size() <= codec::max_reason_length);
+}
+
+TEST_CASE("every task message survives an encode/decode round trip", "[unit][codec]") {
+  const std::string meta = codec::encode_body(codec::heartbeat{});  // {} as a blob
+  std::string info_blob;
+  {
+    msgpack::sbuffer b;
+    msgpack::packer pk(b);
+    pk.pack_map(2).pack("collector_done").pack(true).pack("reward").pack_double(1.5);
+    info_blob.assign(b.data(), b.size());
+  }
+  round_trip(
+      codec::submit{"task-1", role::learner, info_blob, {{"gpu", 1}}, 1000, 2000, 3000, 60000, 3});
+  round_trip(codec::submit{"task-2", role::collector, meta, {}, {}, {}, {}, {}, {}});
+  round_trip(codec::submitted{"task-1", true, 0, "", 4});
+  round_trip(codec::finish{"task-1"});
+  round_trip(codec::cancel{"task-1", "no longer needed"});
+  round_trip(codec::data_reply{"task-1", 7, codec::nil_blob});
+  round_trip(codec::data_reply{"task-1", 8, info_blob});
+  round_trip(codec::task_event{3, "task-1", 2, "data", "collector-0", info_blob});
+  round_trip(codec::task_start{"task-1", 1, role::collector, info_blob});
+  round_trip(codec::task_close{"task-1", 2});
+  round_trip(codec::learn{"task-1", 1, 9, info_blob});
+  round_trip(codec::no_data{"task-1", 1, 9, 20});
+  round_trip(codec::task_abort{"task-1", 1, "re-assigned"});
+  round_trip(codec::started{"task-1", 1});
+  round_trip(
+      codec::data_ready{"task-1", 1, "data-0001", "buffer-0", info_blob, std::string("\0\1\2", 3)});
+  round_trip(codec::data_ready{"task-1", 1, "data-0002", "", meta, std::nullopt});
+  round_trip(codec::info{"task-1", 1, info_blob});
+  round_trip(codec::get_data{"task-1", 1, 5, "buffer-0", 64, 1000});
+  round_trip(codec::learn_info{"task-1", 1, "buffer-0", info_blob});
+  round_trip(codec::task_result{"task-1", 1, info_blob});
+  round_trip(codec::task_failed{"task-1", 1, "handler threw"});
+}
+
+TEST_CASE("opaque user data is forwarded byte for byte", "[unit][codec]") {
+  // A whole float64 (1.0) would become the integer 1 if the codec re-packed user data.
+  const std::string info_blob("\x81\xa1x\xcb\x3f\xf0\x00\x00\x00\x00\x00\x00", 12);
+  const auto body = codec::encode_body(codec::info{"t", 1, info_blob});
+  auto back = codec::decode_body(static_cast<std::uint8_t>(codec::msg_type::info), body);
+  REQUIRE(back);
+  CHECK(std::get<codec::info>(back.value()).body == info_blob);
+}
+
+TEST_CASE("task messages refuse bad task ids, attempts and shapes", "[unit][codec]") {
+  const auto type = [](codec::msg_type t) { return static_cast<std::uint8_t>(t); };
+  CHECK(refusal(type(codec::msg_type::started), codec::encode_body(codec::started{"bad id", 1})) ==
+        error_code::bad_field);
+  CHECK(refusal(type(codec::msg_type::started), codec::encode_body(codec::started{"t", 0})) ==
+        error_code::bad_field);
+  // INFO's info must be a map
+  CHECK(refusal(type(codec::msg_type::info),
+                codec::encode_body(codec::info{"t", 1, codec::nil_blob})) == error_code::bad_field);
+  // SUBMIT's kind must be a role
+  msgpack::sbuffer b;
+  msgpack::packer pk(b);
+  pk.pack_map(3)
+      .pack("task_id")
+      .pack("t")
+      .pack("kind")
+      .pack("trainer")
+      .pack("task_info")
+      .pack_map(0);
+  CHECK(refusal(type(codec::msg_type::submit), {b.data(), b.size()}) == error_code::bad_field);
 }

@@ -1,0 +1,442 @@
+// See task_manager.hpp for the model. Handlers check who may say what (owner, holder,
+// attempt, state) before they change anything, so a refused message leaves no trace.
+#include "broker/task_manager.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "codec/map_writer.hpp"
+
+namespace rlbus::broker {
+
+namespace {
+
+std::size_t slot(rlbus::role kind) {
+  return kind == rlbus::role::learner ? 1 : 0;
+}
+
+bool fits(const rlbus::resources& have, const rlbus::resources& need) {
+  return std::all_of(need.begin(), need.end(), [&](const auto& n) {
+    const auto it = have.find(n.first);
+    return it != have.end() && it->second >= n.second;
+  });
+}
+
+refusal refuse(codec::error_code code, std::string reason) {
+  return {code, std::move(reason)};
+}
+
+codec::blob reason_body(std::string_view reason, std::uint32_t attempt) {
+  return codec::map_writer(2).str("reason", reason).uint("attempt", attempt).done();
+}
+
+}  // namespace
+
+task_manager::task_manager(const config& cfg, task_sink& sink) : cfg_(cfg), sink_(sink) {}
+
+void task_manager::peer_joined(const std::string& id, rlbus::role role, const rlbus::resources& res,
+                               std::uint64_t serial, util::time_point now) {
+  if (role == rlbus::role::coordinator) return;
+  workers_[id] = worker_info{role, res, serial, ""};
+  free_[slot(role)].emplace(serial, id);
+  try_assign(now);
+}
+
+void task_manager::peer_gone(const std::string& id, rlbus::role role, util::time_point now) {
+  if (role == rlbus::role::coordinator) {
+    std::vector<std::string> owned;
+    for (const auto& [task_id, t] : tasks_)
+      if (t.owner == id) owned.push_back(task_id);
+    for (const auto& task_id : owned) {
+      auto& t = tasks_.at(task_id);
+      if (!t.worker.empty()) {
+        sink_.send_to(t.worker, codec::task_abort{t.id, t.attempt, "its coordinator is gone"});
+        free_worker(t.worker);
+      }
+      ++counts_.cancelled;
+      erase_task(task_id);
+    }
+    streams_.erase(id);
+    if (!owned.empty()) {
+      spdlog::warn("coordinator {} gone: cancelled its {} tasks", id, owned.size());
+      try_assign(now);
+    }
+    return;
+  }
+  const auto it = workers_.find(id);
+  if (it == workers_.end()) return;
+  const std::string task_id = it->second.task;
+  free_[slot(it->second.role)].erase(it->second.serial);
+  workers_.erase(it);
+  if (!task_id.empty()) {
+    end_attempt(tasks_.at(task_id), fmt::format("worker {} lost", id));
+  }
+  try_assign(now);
+}
+
+std::optional<refusal> task_manager::handle(const std::string& from, rlbus::role role,
+                                            codec::message&& m, util::time_point now) {
+  const bool from_coordinator = role == rlbus::role::coordinator;
+  if (auto* s = std::get_if<codec::submit>(&m))
+    return from_coordinator
+               ? on_submit(from, std::move(*s), now)
+               : refuse(codec::error_code::unknown_type, "only coordinators submit tasks");
+  if (const auto* f = std::get_if<codec::finish>(&m))
+    return from_coordinator
+               ? on_finish(from, *f, now)
+               : refuse(codec::error_code::unknown_type, "only coordinators finish tasks");
+  if (const auto* c = std::get_if<codec::cancel>(&m))
+    return from_coordinator
+               ? on_cancel(from, *c, now)
+               : refuse(codec::error_code::unknown_type, "only coordinators cancel tasks");
+  if (auto* r = std::get_if<codec::data_reply>(&m))
+    return from_coordinator
+               ? on_data_reply(from, std::move(*r))
+               : refuse(codec::error_code::unknown_type, "only coordinators answer data requests");
+  if (from_coordinator)
+    return refuse(codec::error_code::unknown_type, "a coordinator does not run tasks");
+  return on_worker_message(from, std::move(m), now);
+}
+
+// ---- coordinator side ------------------------------------------------------------------
+
+std::optional<refusal> task_manager::on_submit(const std::string& from, codec::submit&& s,
+                                               util::time_point now) {
+  const auto answer = [&](bool ok, codec::error_code code, std::string reason,
+                          std::uint64_t queued) {
+    sink_.send_to(from, codec::submitted{s.task_id, ok,
+                                         ok ? std::uint16_t{0} : static_cast<std::uint16_t>(code),
+                                         std::move(reason), queued});
+    return std::nullopt;
+  };
+  if (s.kind == rlbus::role::coordinator)
+    return refuse(codec::error_code::bad_field, "field 'kind': collector or learner");
+  if (tasks_.count(s.task_id) != 0)
+    return answer(false, codec::error_code::duplicate_task,
+                  fmt::format("task '{}' is already live", s.task_id), 0);
+  if (queue_.size() >= cfg_.max_queue)
+    return answer(false, codec::error_code::queue_full,
+                  fmt::format("the queue holds its maximum of {} tasks", cfg_.max_queue), 0);
+  const auto ms = [](std::optional<std::uint32_t> v, std::uint32_t def) {
+    return std::chrono::milliseconds(v.value_or(def));
+  };
+  task t;
+  t.id = s.task_id;
+  t.owner = from;
+  t.kind = s.kind;
+  t.task_info = std::move(s.task_info);
+  t.requirements = std::move(s.requirements);
+  t.start_timeout = ms(s.start_timeout_ms, cfg_.start_timeout_ms);
+  t.step_timeout = ms(s.step_timeout_ms, cfg_.step_timeout_ms);
+  t.close_timeout = ms(s.close_timeout_ms, cfg_.close_timeout_ms);
+  t.task_timeout = ms(s.task_timeout_ms, cfg_.task_timeout_ms);
+  t.max_attempts = s.max_attempts.value_or(cfg_.max_attempts);
+  t.order = ++next_order_;
+  queue_.emplace(t.order, t.id);
+  const auto id = t.id;
+  tasks_.emplace(id, std::move(t));
+  ++counts_.queued;
+  answer(true, codec::error_code::goodbye, "", queue_.size() - 1);
+  try_assign(now);
+  return std::nullopt;
+}
+
+task_manager::task* task_manager::owned_task(const std::string& coordinator,
+                                             const std::string& task_id,
+                                             std::optional<refusal>& why) {
+  const auto it = tasks_.find(task_id);
+  if (it == tasks_.end() || it->second.owner != coordinator) {
+    why =
+        refuse(codec::error_code::unknown_task, fmt::format("no live task '{}' of yours", task_id));
+    return nullptr;
+  }
+  return &it->second;
+}
+
+std::optional<refusal> task_manager::on_finish(const std::string& from, const codec::finish& f,
+                                               util::time_point now) {
+  std::optional<refusal> why;
+  task* t = owned_task(from, f.task_id, why);
+  if (t == nullptr) return why;
+  if (t->st != state::running)
+    return refuse(
+        codec::error_code::wrong_state,
+        fmt::format("task '{}' is not running: only a running task can be finished", t->id));
+  t->st = state::closing;
+  set_deadline(*t, now + t->close_timeout);
+  sink_.send_to(t->worker, codec::task_close{t->id, t->attempt});
+  return std::nullopt;
+}
+
+std::optional<refusal> task_manager::on_cancel(const std::string& from, const codec::cancel& c,
+                                               util::time_point now) {
+  std::optional<refusal> why;
+  task* t = owned_task(from, c.task_id, why);
+  if (t == nullptr) return why;
+  if (!t->worker.empty()) {
+    sink_.send_to(t->worker, codec::task_abort{t->id, t->attempt, "cancelled: " + c.reason});
+    free_worker(t->worker);
+  }
+  emit(*t, "cancelled", reason_body(c.reason, t->attempt), c.reason);
+  ++counts_.cancelled;
+  erase_task(c.task_id);
+  try_assign(now);
+  return std::nullopt;
+}
+
+std::optional<refusal> task_manager::on_data_reply(const std::string& from, codec::data_reply&& r) {
+  std::optional<refusal> why;
+  task* t = owned_task(from, r.task_id, why);
+  if (t == nullptr) return why;
+  if (t->st != state::running || t->request_id == 0 || t->request_id != r.request_id)
+    return refuse(codec::error_code::wrong_state,
+                  fmt::format("task '{}' has no open data request {}", t->id, r.request_id));
+  t->request_id = 0;
+  if (r.data == codec::nil_blob) {
+    sink_.send_to(t->worker,
+                  codec::no_data{t->id, t->attempt, r.request_id, cfg_.no_data_retry_ms});
+  } else {
+    sink_.send_to(t->worker, codec::learn{t->id, t->attempt, r.request_id, std::move(r.data)});
+  }
+  return std::nullopt;
+}
+
+// ---- worker side -----------------------------------------------------------------------
+
+namespace {
+template <class M>
+const std::string& task_id_of(const M& m) {
+  return m.task_id;
+}
+template <class M>
+std::uint32_t attempt_of(const M& m) {
+  return m.attempt;
+}
+}  // namespace
+
+std::optional<refusal> task_manager::on_worker_message(const std::string& from, codec::message&& m,
+                                                       util::time_point now) {
+  const std::string* task_id = nullptr;
+  std::uint32_t attempt = 0;
+  std::visit(
+      [&](auto& v) {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, codec::started> || std::is_same_v<T, codec::data_ready> ||
+                      std::is_same_v<T, codec::info> || std::is_same_v<T, codec::get_data> ||
+                      std::is_same_v<T, codec::learn_info> ||
+                      std::is_same_v<T, codec::task_result> ||
+                      std::is_same_v<T, codec::task_failed>) {
+          task_id = &task_id_of(v);
+          attempt = attempt_of(v);
+        }
+      },
+      m);
+  if (task_id == nullptr)
+    return refuse(
+        codec::error_code::unknown_type,
+        fmt::format("{} is sent by the broker, never to it",
+                    codec::type_name(static_cast<std::uint8_t>(codec::type_of(m))).value_or("?")));
+  const auto it = tasks_.find(*task_id);
+  if (it == tasks_.end())
+    return refuse(codec::error_code::unknown_task, fmt::format("you hold no task '{}'", *task_id));
+  task& t = it->second;
+  const bool current = t.worker == from && attempt == t.attempt;
+  const bool ended =
+      attempt < t.attempt || (attempt == t.attempt && t.last_worker == from && t.worker != from);
+  if (!current && !ended)
+    return refuse(codec::error_code::unknown_task, fmt::format("you hold no task '{}'", *task_id));
+  if (ended) {
+    ++counts_.stale;
+    return refuse(codec::error_code::stale_attempt,
+                  fmt::format("attempt {} of task '{}' has ended (current attempt {})", attempt,
+                              t.id, t.attempt));
+  }
+  const auto wrong = [&](std::string_view what) {
+    return refuse(codec::error_code::wrong_state, fmt::format("task '{}': {}", t.id, what));
+  };
+  const auto progress = [&] { set_deadline(t, now + t.step_timeout); };
+
+  if (std::holds_alternative<codec::started>(m)) {
+    if (t.st != state::starting) return wrong("STARTED twice");
+    t.st = state::running;
+    progress();
+    emit(t, "started", codec::empty_map_blob);
+  } else if (auto* d = std::get_if<codec::data_ready>(&m)) {
+    if (t.st != state::running || t.kind != rlbus::role::collector)
+      return wrong("DATA belongs to a running collector task");
+    progress();
+    codec::map_writer body(d->payload ? 4 : 3);
+    body.str("data_id", d->data_id).str("buffer_id", d->buffer_id).raw("meta", d->meta);
+    if (d->payload) body.bin("payload", *d->payload);
+    emit(t, "data", body.done(), d->data_id);
+  } else if (auto* i = std::get_if<codec::info>(&m)) {
+    if (t.st != state::running || t.kind != rlbus::role::collector)
+      return wrong("INFO belongs to a running collector task");
+    progress();
+    emit(t, "info", std::move(i->body));
+  } else if (const auto* g = std::get_if<codec::get_data>(&m)) {
+    if (t.st != state::running || t.kind != rlbus::role::learner)
+      return wrong("GET_DATA belongs to a running learner task");
+    progress();
+    t.request_id = g->request_id;
+    emit(t, "data_request",
+         codec::map_writer(4)
+             .uint("request_id", g->request_id)
+             .str("buffer_id", g->buffer_id)
+             .uint("batch_size", g->batch_size)
+             .uint("cur_learner_iter", g->cur_learner_iter)
+             .done());
+  } else if (auto* l = std::get_if<codec::learn_info>(&m)) {
+    if (t.st != state::running || t.kind != rlbus::role::learner)
+      return wrong("LEARN_INFO belongs to a running learner task");
+    progress();
+    emit(t, "learn_info",
+         codec::map_writer(2).str("buffer_id", l->buffer_id).raw("info", l->body).done());
+  } else if (auto* r = std::get_if<codec::task_result>(&m)) {
+    if (t.st != state::closing) return wrong("RESULT answers TASK_CLOSE");
+    emit(t, "finished", std::move(r->result));
+    ++counts_.finished;
+    free_worker(from);
+    erase_task(t.id);
+    try_assign(now);
+  } else if (const auto* f = std::get_if<codec::task_failed>(&m)) {
+    free_worker(from);
+    end_attempt(t, "worker reported: " + f->reason);
+    try_assign(now);
+  }
+  return std::nullopt;
+}
+
+// ---- assignment, deadlines, attempts ---------------------------------------------------
+
+void task_manager::try_assign(util::time_point now) {
+  for (auto q = queue_.begin(); q != queue_.end();) {
+    if (free_[0].empty() && free_[1].empty()) return;
+    auto& t = tasks_.at(q->second);
+    auto& pool = free_[slot(t.kind)];
+    // A re-queued task avoids the worker its last attempt ended on, unless no other fits.
+    auto pick = pool.end();
+    for (auto w = pool.begin(); w != pool.end(); ++w) {
+      if (!fits(workers_.at(w->second).resources, t.requirements)) continue;
+      if (pick == pool.end()) pick = w;
+      if (w->second != t.last_worker) {
+        pick = w;
+        break;
+      }
+    }
+    if (pick == pool.end()) {
+      ++q;  // nobody fits this one now; later tasks may still fit someone
+      continue;
+    }
+    const std::string worker_id = pick->second;
+    pool.erase(pick);
+    q = queue_.erase(q);
+    start_attempt(t, workers_.at(worker_id), worker_id, now);
+  }
+}
+
+void task_manager::start_attempt(task& t, worker_info& w, const std::string& worker_id,
+                                 util::time_point now) {
+  ++t.attempt;
+  t.worker = worker_id;
+  t.st = state::starting;
+  t.request_id = 0;
+  w.task = t.id;
+  t.attempt_end = now + t.task_timeout;
+  set_deadline(t, now + t.start_timeout);
+  spdlog::debug("task {} attempt {} -> {}", t.id, t.attempt, worker_id);
+  emit(t, "assigned", codec::empty_map_blob, worker_id);
+  sink_.send_to(worker_id, codec::task_start{t.id, t.attempt, t.kind, t.task_info});
+}
+
+void task_manager::set_deadline(task& t, util::time_point due) {
+  t.deadline = std::min(due, t.attempt_end);
+  ++t.generation;
+  checks_.push({t.deadline, t.id, t.generation});
+}
+
+void task_manager::free_worker(const std::string& worker_id) {
+  const auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return;
+  it->second.task.clear();
+  free_[slot(it->second.role)].emplace(it->second.serial, worker_id);
+}
+
+// The attempt is over (its worker, if any, already freed or gone): re-queue or fail. The
+// event still names the worker the attempt ran on.
+void task_manager::end_attempt(task& t, const std::string& reason) {
+  t.request_id = 0;
+  ++t.generation;  // no deadline while queued
+  if (t.attempt < t.max_attempts) {
+    spdlog::warn("task {} attempt {} ended ({}): re-queued", t.id, t.attempt, reason);
+    emit(t, "requeued", reason_body(reason, t.attempt), reason);
+    t.last_worker = std::move(t.worker);
+    t.worker.clear();
+    t.st = state::queued;
+    queue_.emplace(t.order, t.id);  // its original place: ahead of later submissions
+    ++counts_.requeued;
+  } else {
+    spdlog::warn("task {} failed after {} attempts: {}", t.id, t.attempt, reason);
+    ++counts_.failed;
+    emit(t, "failed", reason_body(reason, t.attempt), reason);
+    erase_task(t.id);
+  }
+}
+
+void task_manager::on_timers(util::time_point now) {
+  bool freed = false;
+  while (!checks_.empty() && checks_.top().due <= now) {
+    const auto c = checks_.top();
+    checks_.pop();
+    const auto it = tasks_.find(c.task_id);
+    if (it == tasks_.end() || it->second.generation != c.generation) continue;
+    task& t = it->second;
+    const char* step = t.st == state::starting  ? "start"
+                       : t.st == state::closing ? "close"
+                                                : "step";
+    const auto reason = t.deadline == t.attempt_end && t.deadline <= now
+                            ? std::string("task timeout")
+                            : fmt::format("{} timeout", step);
+    if (!t.worker.empty()) {
+      sink_.send_to(t.worker, codec::task_abort{t.id, t.attempt, reason});
+      free_worker(t.worker);
+    }
+    end_attempt(t, reason);
+    freed = true;
+  }
+  if (freed) try_assign(now);
+}
+
+std::optional<util::time_point> task_manager::next_deadline() const {
+  if (checks_.empty()) return std::nullopt;
+  return checks_.top().due;
+}
+
+void task_manager::erase_task(const std::string& id) {
+  const auto it = tasks_.find(id);
+  if (it == tasks_.end()) return;
+  queue_.erase(it->second.order);
+  tasks_.erase(it);
+}
+
+void task_manager::emit(task& t, std::string_view event, codec::blob body,
+                        std::string_view detail) {
+  auto& s = streams_[t.owner];
+  codec::task_event e{++s.seq, t.id, t.attempt, std::string(event), t.worker, std::move(body)};
+  sink_.send_to(t.owner, e);
+  s.ring.emplace_back(e.seq, std::move(e));
+  while (s.ring.size() > cfg_.stream_ring) s.ring.pop_front();
+  sink_.publish(fmt::format("task.{}.{}", t.owner, event),
+                codec::task_status{t.id, t.kind, t.attempt, t.worker, std::string(detail)});
+}
+
+task_counts task_manager::counts() const {
+  task_counts c = counts_;
+  c.queued = queue_.size();
+  c.running = tasks_.size() - queue_.size();
+  return c;
+}
+
+}  // namespace rlbus::broker

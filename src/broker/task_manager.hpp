@@ -1,0 +1,146 @@
+// The broker's task manager (SPEC §12): tasks submitted by coordinators wait in a FIFO
+// queue, are assigned to free workers whose resources fit, and move through
+//   queued -> starting -> running -> closing -> (finished)
+// with a deadline on every step. A timeout, a failed handler or a lost worker ends the
+// attempt: the task is re-queued with the next attempt number or, past max attempts,
+// failed. Every worker message carries the attempt it belongs to, so one from an attempt
+// that has ended is refused (STALE_ATTEMPT) and counted: a worker declared dead that comes
+// back cannot touch the task's new attempt.
+//
+// Each coordinator gets an ordered stream of TASK_EVENTs about its own tasks, numbered
+// by seq and kept in a bounded ring; lifecycle events are also published on the PUB.
+//
+// Single-threaded: the broker loop owns it. It talks to the world only through task_sink,
+// so tests can drive it with a fake clock and a fake sink.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <queue>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "broker/config.hpp"
+#include "codec/messages.hpp"
+#include "util/clock.hpp"
+
+namespace rlbus::broker {
+
+/// What the task manager needs from the broker loop.
+class task_sink {
+ public:
+  virtual ~task_sink() = default;
+  /// Sends to the live session of `peer_id`; false if there is none or it cannot take more.
+  virtual bool send_to(std::string_view peer_id, const codec::message& m) = 0;
+  /// Publishes an event on the PUB.
+  virtual void publish(std::string_view topic, decltype(codec::event::body) body) = 0;
+};
+
+/// A refused message: the broker answers ERROR with this and counts a fault.
+struct refusal {
+  codec::error_code code;
+  std::string reason;
+};
+
+struct task_counts {
+  std::uint64_t queued = 0, running = 0, finished = 0, failed = 0, requeued = 0, cancelled = 0,
+                stale = 0;
+};
+
+class task_manager {
+ public:
+  task_manager(const config& cfg, task_sink& sink);
+
+  /// A worker session began (or a coordinator's: ignored).
+  void peer_joined(const std::string& id, rlbus::role role, const rlbus::resources& res,
+                   std::uint64_t serial, util::time_point now);
+  /// A session ended: a worker's task is re-queued or failed; a coordinator's tasks are
+  /// cancelled and its stream dropped.
+  void peer_gone(const std::string& id, rlbus::role role, util::time_point now);
+
+  /// Handles a task message from peer `from`; nullopt when accepted.
+  std::optional<refusal> handle(const std::string& from, rlbus::role role, codec::message&& m,
+                                util::time_point now);
+
+  /// Ends attempts whose step deadline has passed.
+  void on_timers(util::time_point now);
+  [[nodiscard]] std::optional<util::time_point> next_deadline() const;
+
+  [[nodiscard]] task_counts counts() const;
+
+ private:
+  enum class state { queued, starting, running, closing };
+  struct task {
+    std::string id;
+    std::string owner;  // coordinator id
+    rlbus::role kind = rlbus::role::collector;
+    codec::blob task_info;
+    rlbus::resources requirements;
+    std::chrono::milliseconds start_timeout{}, step_timeout{}, close_timeout{}, task_timeout{};
+    std::uint32_t max_attempts = 1;
+    std::uint32_t attempt = 0;  // the current (or last) attempt; 0 before the first
+    state st = state::queued;
+    std::string worker;
+    std::string last_worker;       // who ran the attempt that ended (avoided next time)
+    std::uint64_t order = 0;       // FIFO key, kept across re-queues
+    std::uint64_t request_id = 0;  // a learner's data request awaiting DATA_REPLY (0: none)
+    util::time_point deadline{};   // of the current step, bounded by attempt_end
+    util::time_point attempt_end{};
+    std::uint32_t generation = 0;  // bumped when the deadline moves: older checks go stale
+  };
+  struct worker_info {
+    rlbus::role role;
+    rlbus::resources resources;
+    std::uint64_t serial = 0;
+    std::string task;  // "" = free
+  };
+  struct stream {
+    std::uint64_t seq = 0;
+    std::deque<std::pair<std::uint64_t, codec::task_event>> ring;
+  };
+  struct check {
+    util::time_point due;
+    std::string task_id;
+    std::uint32_t generation;
+    bool operator>(const check& o) const noexcept { return due > o.due; }
+  };
+
+  // coordinator side
+  std::optional<refusal> on_submit(const std::string& from, codec::submit&& s,
+                                   util::time_point now);
+  std::optional<refusal> on_finish(const std::string& from, const codec::finish& f,
+                                   util::time_point now);
+  std::optional<refusal> on_cancel(const std::string& from, const codec::cancel& c,
+                                   util::time_point now);
+  std::optional<refusal> on_data_reply(const std::string& from, codec::data_reply&& r);
+  // worker side
+  std::optional<refusal> on_worker_message(const std::string& from, codec::message&& m,
+                                           util::time_point now);
+  task* owned_task(const std::string& coordinator, const std::string& task_id,
+                   std::optional<refusal>& why);
+
+  void try_assign(util::time_point now);
+  void start_attempt(task& t, worker_info& w, const std::string& worker_id, util::time_point now);
+  void set_deadline(task& t, util::time_point due);
+  void free_worker(const std::string& worker_id);
+  void end_attempt(task& t, const std::string& reason);
+  void erase_task(const std::string& id);
+  void emit(task& t, std::string_view event, codec::blob body, std::string_view detail = {});
+
+  const config& cfg_;
+  task_sink& sink_;
+  std::unordered_map<std::string, task> tasks_;
+  std::map<std::uint64_t, std::string> queue_;  // order -> task id
+  std::uint64_t next_order_ = 0;
+  std::unordered_map<std::string, worker_info> workers_;
+  std::map<std::uint64_t, std::string> free_[2];  // per kind (collector, learner): serial -> id
+  std::unordered_map<std::string, stream> streams_;
+  std::priority_queue<check, std::vector<check>, std::greater<>> checks_;
+  task_counts counts_;
+};
+
+}  // namespace rlbus::broker

@@ -1,0 +1,200 @@
+// See task_codec.hpp. The field visitors below are the only place that knows how each
+// kind of field travels (SPEC §12.2).
+#include "codec/task_codec.hpp"
+
+namespace rlbus::codec::detail {
+
+namespace {
+
+using packer = msgpack::packer<msgpack::sbuffer>;
+
+template <class V>
+bool present(const V& /*v*/) {
+  return true;
+}
+template <class V>
+bool present(const std::optional<V>& v) {
+  return v.has_value();
+}
+
+struct counter {
+  std::uint32_t n = 0;
+  template <class V, class... Rule>
+  void operator()(std::string_view /*key*/, const V& v, Rule... /*rule*/) {
+    n += present(v) ? 1 : 0;
+  }
+};
+
+struct writer {
+  packer& pk;
+  msgpack::sbuffer& out;
+  void operator()(std::string_view k, const std::string& v, rule::id /*r*/) { pk.pack(k).pack(v); }
+  void operator()(std::string_view k, const std::string& v, rule::text /*r*/) {
+    pk.pack(k).pack(v);
+  }
+  void operator()(std::string_view k, const rlbus::role& v) { pk.pack(k).pack(to_string(v)); }
+  void operator()(std::string_view k, const bool& v) { pk.pack(k).pack(v); }
+  template <class U>
+  void operator()(std::string_view k, const U& v, rule::range /*r*/) {
+    pk.pack(k).pack(static_cast<std::uint64_t>(v));
+  }
+  template <class U>
+  void operator()(std::string_view k, const std::optional<U>& v, rule::range /*r*/) {
+    if (v) pk.pack(k).pack(static_cast<std::uint64_t>(*v));
+  }
+  void operator()(std::string_view k, const blob& v, rule::shape /*s*/) {
+    pk.pack(k);
+    out.write(v.data(), v.size());  // already one complete msgpack value
+  }
+  void operator()(std::string_view k, const rlbus::resources& v) {
+    pk.pack(k);
+    pack_resources(pk, out, v);
+  }
+  void operator()(std::string_view k, const std::optional<std::string>& v, rule::bin /*r*/) {
+    if (!v) return;
+    pk.pack(k);
+    pk.pack_bin(static_cast<std::uint32_t>(v->size()));
+    pk.pack_bin_body(v->data(), static_cast<std::uint32_t>(v->size()));
+  }
+};
+
+struct reader {
+  field_reader& r;
+  void operator()(std::string_view k, std::string& v, rule::id /*r*/) { r.peer_id(k, v); }
+  void operator()(std::string_view k, std::string& v, rule::text t) { r.str(k, v, t.max); }
+  void operator()(std::string_view k, rlbus::role& v) { r.role(k, v); }
+  void operator()(std::string_view k, bool& v) { r.boolean(k, v); }
+  template <class U>
+  void operator()(std::string_view k, U& v, rule::range g) {
+    r.uint(k, v, g.lo, g.hi);
+  }
+  template <class U>
+  void operator()(std::string_view k, std::optional<U>& v, rule::range g) {
+    r.opt_uint(k, v, g.lo, g.hi);
+  }
+  void operator()(std::string_view k, blob& v, rule::shape s) {
+    r.blob(k, v, true, s == rule::shape::map, s != rule::shape::map);
+  }
+  void operator()(std::string_view k, rlbus::resources& v) { r.resources(k, v); }
+  void operator()(std::string_view k, std::optional<std::string>& v, rule::bin b) {
+    if (!r.has(k)) return;
+    std::string bytes;
+    r.binary(k, bytes, b.max, true);
+    v = std::move(bytes);
+  }
+};
+
+template <class T>
+result<message> read_as(field_reader& r) {
+  T m;
+  T::fields(m, reader{r});
+  if (r.fault()) return *r.fault();
+  return message{std::move(m)};
+}
+
+}  // namespace
+
+result<message> read_task(std::uint8_t type, field_reader& r) {
+  switch (static_cast<msg_type>(type)) {
+    case msg_type::submit:
+      return read_as<submit>(r);
+    case msg_type::submitted:
+      return read_as<submitted>(r);
+    case msg_type::finish:
+      return read_as<finish>(r);
+    case msg_type::cancel:
+      return read_as<cancel>(r);
+    case msg_type::data_reply:
+      return read_as<data_reply>(r);
+    case msg_type::task_event:
+      return read_as<task_event>(r);
+    case msg_type::task_start:
+      return read_as<task_start>(r);
+    case msg_type::task_close:
+      return read_as<task_close>(r);
+    case msg_type::learn:
+      return read_as<learn>(r);
+    case msg_type::no_data:
+      return read_as<no_data>(r);
+    case msg_type::task_abort:
+      return read_as<task_abort>(r);
+    case msg_type::started:
+      return read_as<started>(r);
+    case msg_type::data:
+      return read_as<data_ready>(r);
+    case msg_type::info:
+      return read_as<info>(r);
+    case msg_type::get_data:
+      return read_as<get_data>(r);
+    case msg_type::learn_info:
+      return read_as<learn_info>(r);
+    case msg_type::result:
+      return read_as<task_result>(r);
+    case msg_type::task_failed:
+      return read_as<task_failed>(r);
+    default:
+      break;
+  }
+  return decode_error{error_code::unknown_type, "not a task message"};
+}
+
+template <class T>
+void write_task(const T& m, packer& pk, msgpack::sbuffer& out) {
+  counter c;
+  T::fields(m, c);
+  pk.pack_map(c.n);
+  T::fields(m, writer{pk, out});
+}
+
+#define RLBUS_INSTANTIATE(T) template void write_task<T>(const T&, packer&, msgpack::sbuffer&);
+RLBUS_INSTANTIATE(submit)
+RLBUS_INSTANTIATE(submitted)
+RLBUS_INSTANTIATE(finish)
+RLBUS_INSTANTIATE(cancel)
+RLBUS_INSTANTIATE(data_reply)
+RLBUS_INSTANTIATE(task_event)
+RLBUS_INSTANTIATE(task_start)
+RLBUS_INSTANTIATE(task_close)
+RLBUS_INSTANTIATE(learn)
+RLBUS_INSTANTIATE(no_data)
+RLBUS_INSTANTIATE(task_abort)
+RLBUS_INSTANTIATE(started)
+RLBUS_INSTANTIATE(data_ready)
+RLBUS_INSTANTIATE(info)
+RLBUS_INSTANTIATE(get_data)
+RLBUS_INSTANTIATE(learn_info)
+RLBUS_INSTANTIATE(task_result)
+RLBUS_INSTANTIATE(task_failed)
+#undef RLBUS_INSTANTIATE
+
+}  // namespace rlbus::codec::detail
+
+namespace rlbus::codec {
+
+bool is_task_type(std::uint8_t type) noexcept {
+  switch (static_cast<msg_type>(type)) {
+    case msg_type::submit:
+    case msg_type::submitted:
+    case msg_type::finish:
+    case msg_type::cancel:
+    case msg_type::data_reply:
+    case msg_type::task_event:
+    case msg_type::task_start:
+    case msg_type::task_close:
+    case msg_type::learn:
+    case msg_type::no_data:
+    case msg_type::task_abort:
+    case msg_type::started:
+    case msg_type::data:
+    case msg_type::info:
+    case msg_type::get_data:
+    case msg_type::learn_info:
+    case msg_type::result:
+    case msg_type::task_failed:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace rlbus::codec

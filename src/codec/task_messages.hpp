@@ -1,0 +1,332 @@
+// Task messages (SPEC §12, type ids 0x10-0x3F): coordinators submit and steer tasks,
+// the broker drives workers through them, workers report back. Each struct lists its
+// fields once, in canonical order, in `fields()`; one generic encoder and one generic
+// decoder (task_codec.cpp) serve them all, so a message is declared in one place.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "codec/protocol.hpp"
+#include "rlbus/types.hpp"
+
+namespace rlbus::codec {
+
+/// Opaque user data (task_info, info, result, data ...): one complete msgpack value kept as
+/// its exact bytes, so the broker forwards it unchanged.
+using blob = std::string;
+inline const blob empty_map_blob{"\x80", 1};
+inline const blob nil_blob{"\xc0", 1};
+
+/// Field rules the generic codec applies (SPEC §12.2).
+namespace rule {
+struct id {};  // 1-128 characters of A-Z a-z 0-9 . _ : @ / -
+struct text {
+  std::size_t max;
+};
+struct range {
+  std::uint64_t lo, hi;
+};
+enum class shape { map, any, map_or_nil };
+struct bin {
+  std::size_t max;
+};
+inline constexpr range attempt{1, 1000};
+inline constexpr range u32{0, 0xFFFF'FFFF};
+inline constexpr range u64{0, ~std::uint64_t{0}};
+inline constexpr range timeout_ms{1, 86'400'000};
+inline constexpr text reason{max_reason_length};
+}  // namespace rule
+
+#define RLBUS_TASK_MESSAGE(name_, id_)            \
+  static constexpr msg_type type = msg_type::id_; \
+  bool operator==(const name_&) const = default;
+
+/// SUBMIT (coordinator -> broker): run a task of `kind` (collector or learner).
+struct submit {
+  std::string task_id;
+  rlbus::role kind = rlbus::role::collector;
+  blob task_info = empty_map_blob;
+  rlbus::resources requirements;
+  std::optional<std::uint32_t> start_timeout_ms, step_timeout_ms, close_timeout_ms, task_timeout_ms,
+      max_attempts;
+  RLBUS_TASK_MESSAGE(submit, submit)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+    f("kind", s.kind);
+    f("task_info", s.task_info, rule::shape::map);
+    f("requirements", s.requirements);
+    f("start_timeout_ms", s.start_timeout_ms, rule::timeout_ms);
+    f("step_timeout_ms", s.step_timeout_ms, rule::timeout_ms);
+    f("close_timeout_ms", s.close_timeout_ms, rule::timeout_ms);
+    f("task_timeout_ms", s.task_timeout_ms, rule::timeout_ms);
+    f("max_attempts", s.max_attempts, rule::attempt);
+  }
+};
+
+/// SUBMITTED (broker -> coordinator): the answer to SUBMIT, at once.
+struct submitted {
+  std::string task_id;
+  bool accepted = false;
+  std::uint16_t code = 0;
+  std::string reason;
+  std::uint64_t queued = 0;  // tasks ahead of it in the queue (0: assigned or refused)
+  RLBUS_TASK_MESSAGE(submitted, submitted)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+    f("accepted", s.accepted);
+    f("code", s.code, rule::range{0, 0xFFFF});
+    f("reason", s.reason, rule::reason);
+    f("queued", s.queued, rule::u64);
+  }
+};
+
+/// FINISH (coordinator -> broker): the coordinator judged the task finished: close it.
+struct finish {
+  std::string task_id;
+  RLBUS_TASK_MESSAGE(finish, finish)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+  }
+};
+
+/// CANCEL (coordinator -> broker): drop the task wherever it is.
+struct cancel {
+  std::string task_id;
+  std::string reason;
+  RLBUS_TASK_MESSAGE(cancel, cancel)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+    f("reason", s.reason, rule::reason);
+  }
+};
+
+/// DATA_REPLY (coordinator -> broker): the answer to a learner's data request; nil data
+/// means "not enough data yet" (the learner asks again after a short backoff).
+struct data_reply {
+  std::string task_id;
+  std::uint64_t request_id = 0;
+  blob data = nil_blob;
+  RLBUS_TASK_MESSAGE(data_reply, data_reply)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+    f("request_id", s.request_id, rule::u64);
+    f("data", s.data, rule::shape::any);
+  }
+};
+
+/// TASK_EVENT (broker -> coordinator): one step of one of its tasks, numbered by `seq` in
+/// the coordinator's stream. `event` names the step (SPEC §12.5); `body` is its data.
+struct task_event {
+  std::uint64_t seq = 0;
+  std::string task_id;
+  std::uint32_t attempt = 0;
+  std::string event;
+  std::string worker_id;
+  blob body = empty_map_blob;
+  RLBUS_TASK_MESSAGE(task_event, task_event)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("seq", s.seq, rule::range{1, ~std::uint64_t{0}});
+    f("task_id", s.task_id, rule::id{});
+    f("attempt", s.attempt, rule::u32);
+    f("event", s.event, rule::text{32});
+    f("worker_id", s.worker_id, rule::text{max_id_length});
+    f("body", s.body, rule::shape::any);
+  }
+};
+
+/// TASK_START (broker -> worker): begin attempt `attempt` of a task.
+struct task_start {
+  std::string task_id;
+  std::uint32_t attempt = 1;
+  rlbus::role kind = rlbus::role::collector;
+  blob task_info = empty_map_blob;
+  RLBUS_TASK_MESSAGE(task_start, task_start)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+    f("attempt", s.attempt, rule::attempt);
+    f("kind", s.kind);
+    f("task_info", s.task_info, rule::shape::map);
+  }
+};
+
+/// TASK_CLOSE (broker -> worker): finish the task and answer with RESULT.
+struct task_close {
+  std::string task_id;
+  std::uint32_t attempt = 1;
+  RLBUS_TASK_MESSAGE(task_close, task_close)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+    f("attempt", s.attempt, rule::attempt);
+  }
+};
+
+/// LEARN (broker -> learner): a batch for the learner's request `request_id`.
+struct learn {
+  std::string task_id;
+  std::uint32_t attempt = 1;
+  std::uint64_t request_id = 0;
+  blob data = empty_map_blob;
+  RLBUS_TASK_MESSAGE(learn, learn)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+    f("attempt", s.attempt, rule::attempt);
+    f("request_id", s.request_id, rule::u64);
+    f("data", s.data, rule::shape::any);
+  }
+};
+
+/// NO_DATA (broker -> learner): the coordinator has no batch yet; ask again after retry_ms.
+struct no_data {
+  std::string task_id;
+  std::uint32_t attempt = 1;
+  std::uint64_t request_id = 0;
+  std::uint32_t retry_ms = 0;
+  RLBUS_TASK_MESSAGE(no_data, no_data)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+    f("attempt", s.attempt, rule::attempt);
+    f("request_id", s.request_id, rule::u64);
+    f("retry_ms", s.retry_ms, rule::u32);
+  }
+};
+
+/// TASK_ABORT (broker -> worker): stop this attempt now; nothing more is accepted for it.
+struct task_abort {
+  std::string task_id;
+  std::uint32_t attempt = 1;
+  std::string reason;
+  RLBUS_TASK_MESSAGE(task_abort, task_abort)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+    f("attempt", s.attempt, rule::attempt);
+    f("reason", s.reason, rule::reason);
+  }
+};
+
+/// STARTED (worker -> broker): the worker took the task.
+struct started {
+  std::string task_id;
+  std::uint32_t attempt = 1;
+  RLBUS_TASK_MESSAGE(started, started)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+    f("attempt", s.attempt, rule::attempt);
+  }
+};
+
+/// DATA (collector -> broker): data is ready: its id, metadata and an optional inline payload.
+struct data_ready {
+  std::string task_id;
+  std::uint32_t attempt = 1;
+  std::string data_id;
+  std::string buffer_id;
+  blob meta = empty_map_blob;
+  std::optional<std::string> payload;
+  RLBUS_TASK_MESSAGE(data_ready, data)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+    f("attempt", s.attempt, rule::attempt);
+    f("data_id", s.data_id, rule::text{256});
+    f("buffer_id", s.buffer_id, rule::text{256});
+    f("meta", s.meta, rule::shape::map);
+    f("payload", s.payload, rule::bin{~std::size_t{0}});
+  }
+};
+
+/// INFO (collector -> broker): progress of a collector task (collector_done, counts ...).
+struct info {
+  std::string task_id;
+  std::uint32_t attempt = 1;
+  blob body = empty_map_blob;
+  RLBUS_TASK_MESSAGE(info, info)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+    f("attempt", s.attempt, rule::attempt);
+    f("info", s.body, rule::shape::map);
+  }
+};
+
+/// GET_DATA (learner -> broker): ask the task's coordinator for a batch.
+struct get_data {
+  std::string task_id;
+  std::uint32_t attempt = 1;
+  std::uint64_t request_id = 0;
+  std::string buffer_id;
+  std::uint32_t batch_size = 0;
+  std::uint64_t cur_learner_iter = 0;
+  RLBUS_TASK_MESSAGE(get_data, get_data)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+    f("attempt", s.attempt, rule::attempt);
+    f("request_id", s.request_id, rule::u64);
+    f("buffer_id", s.buffer_id, rule::text{256});
+    f("batch_size", s.batch_size, rule::u32);
+    f("cur_learner_iter", s.cur_learner_iter, rule::u64);
+  }
+};
+
+/// LEARN_INFO (learner -> broker): what one learning step did (learner_step, priority_info,
+/// learner_done ...).
+struct learn_info {
+  std::string task_id;
+  std::uint32_t attempt = 1;
+  std::string buffer_id;
+  blob body = empty_map_blob;
+  RLBUS_TASK_MESSAGE(learn_info, learn_info)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+    f("attempt", s.attempt, rule::attempt);
+    f("buffer_id", s.buffer_id, rule::text{256});
+    f("info", s.body, rule::shape::map);
+  }
+};
+
+/// RESULT (worker -> broker): the final result, the answer to TASK_CLOSE.
+struct task_result {
+  std::string task_id;
+  std::uint32_t attempt = 1;
+  blob result = empty_map_blob;
+  RLBUS_TASK_MESSAGE(task_result, result)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+    f("attempt", s.attempt, rule::attempt);
+    f("result", s.result, rule::shape::map);
+  }
+};
+
+/// TASK_FAILED (worker -> broker): the worker could not run the task (its handler failed).
+struct task_failed {
+  std::string task_id;
+  std::uint32_t attempt = 1;
+  std::string reason;
+  RLBUS_TASK_MESSAGE(task_failed, task_failed)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+    f("attempt", s.attempt, rule::attempt);
+    f("reason", s.reason, rule::reason);
+  }
+};
+
+#undef RLBUS_TASK_MESSAGE
+
+}  // namespace rlbus::codec

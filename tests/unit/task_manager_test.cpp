@@ -1,0 +1,379 @@
+// Task manager: assignment, queueing, both task kinds' flows, timeouts at every step,
+// attempts and fencing, lost workers, coordinator isolation. Driven with a fake clock and a
+// fake sink, so every timeout is exact and nothing depends on scheduling.
+#include <catch2/catch.hpp>
+
+#include <deque>
+#include <map>
+
+#include "broker/task_manager.hpp"
+#include "codec/codec.hpp"
+
+using namespace rlbus;
+using namespace std::chrono_literals;
+using broker::task_manager;
+
+namespace {
+
+struct fake_sink : broker::task_sink {
+  std::map<std::string, std::deque<codec::message>> inbox;  // per peer id
+  std::vector<std::string> topics;
+  bool send_to(std::string_view peer_id, const codec::message& m) override {
+    inbox[std::string(peer_id)].push_back(m);
+    return true;
+  }
+  void publish(std::string_view topic, decltype(codec::event::body) /*body*/) override {
+    topics.emplace_back(topic);
+  }
+  template <class T>
+  T take(const std::string& peer) {
+    auto& q = inbox[peer];
+    INFO("peer " << peer);
+    REQUIRE_FALSE(q.empty());
+    auto m = std::move(q.front());
+    q.pop_front();
+    INFO("got type " << static_cast<int>(codec::type_of(m)));
+    REQUIRE(std::holds_alternative<T>(m));
+    return std::get<T>(std::move(m));
+  }
+  /// The first message of type T for `peer`, skipping (and keeping) the others.
+  template <class T>
+  T take_first(const std::string& peer) {
+    auto& q = inbox[peer];
+    for (auto it = q.begin(); it != q.end(); ++it) {
+      if (std::holds_alternative<T>(*it)) {
+        T m = std::get<T>(std::move(*it));
+        q.erase(it);
+        return m;
+      }
+    }
+    FAIL("no message of the wanted type for " << peer);
+    return T{};
+  }
+  codec::task_event event(const std::string& coordinator, const std::string& name) {
+    auto e = take<codec::task_event>(coordinator);
+    CHECK(e.event == name);
+    return e;
+  }
+  bool empty(const std::string& peer) { return inbox[peer].empty(); }
+};
+
+struct fixture {
+  broker::config cfg;
+  fake_sink sink;
+  util::time_point now = util::clock::now();
+  std::unique_ptr<task_manager> tm;
+  std::uint64_t serial = 0;
+
+  fixture() {
+    cfg.start_timeout_ms = 100;
+    cfg.step_timeout_ms = 1000;
+    cfg.close_timeout_ms = 200;
+    cfg.task_timeout_ms = 60'000;
+    cfg.max_attempts = 2;
+    cfg.max_queue = 4;
+    tm = std::make_unique<task_manager>(cfg, sink);
+  }
+  void join(const std::string& id, role r, rlbus::resources res = {}) {
+    tm->peer_joined(id, r, res, ++serial, now);
+  }
+  std::optional<broker::refusal> say(const std::string& from, role r, codec::message m) {
+    return tm->handle(from, r, std::move(m), now);
+  }
+  void ok(const std::string& from, role r, codec::message m) {
+    const auto refused = say(from, r, std::move(m));
+    INFO((refused ? refused->reason : ""));
+    REQUIRE_FALSE(refused);
+  }
+  codec::submitted submit(const std::string& coord, const std::string& task_id, role kind,
+                          rlbus::resources need = {}) {
+    ok(coord, role::coordinator,
+       codec::submit{task_id, kind, codec::empty_map_blob, std::move(need), {}, {}, {}, {}, {}});
+    return sink.take_first<codec::submitted>(coord);
+  }
+  void advance(std::chrono::milliseconds d) {
+    now += d;
+    tm->on_timers(now);
+  }
+};
+
+}  // namespace
+
+TEST_CASE_METHOD(fixture, "a submitted task goes to a free worker of its kind", "[unit][tasks]") {
+  join("c0", role::collector);
+  join("l0", role::learner);
+  const auto s = submit("coord", "t1", role::learner);
+  CHECK(s.accepted);
+  CHECK(s.queued == 0);
+  const auto start = sink.take<codec::task_start>("l0");
+  CHECK(start.task_id == "t1");
+  CHECK(start.attempt == 1);
+  CHECK(start.kind == role::learner);
+  const auto e = sink.event("coord", "assigned");
+  CHECK(e.worker_id == "l0");
+  CHECK(e.seq == 1);
+  CHECK(sink.empty("c0"));
+}
+
+TEST_CASE_METHOD(fixture, "tasks wait in FIFO order until a fitting worker is free",
+                 "[unit][tasks]") {
+  CHECK(submit("coord", "gpu-task", role::collector, {{"gpu", 1}}).queued == 0);
+  CHECK(submit("coord", "cpu-task", role::collector).queued == 1);
+  CHECK(tm->counts().queued == 2);
+  join("cpu-only", role::collector, {{"cpu", 8}});
+  // the GPU task does not fit, so it does not block the CPU task behind it
+  CHECK(sink.take<codec::task_start>("cpu-only").task_id == "cpu-task");
+  join("gpu-box", role::collector, {{"gpu", 2}});
+  CHECK(sink.take<codec::task_start>("gpu-box").task_id == "gpu-task");
+  CHECK(tm->counts().queued == 0);
+  CHECK(tm->counts().running == 2);
+}
+
+TEST_CASE_METHOD(fixture, "among fitting workers the earliest joined is chosen", "[unit][tasks]") {
+  join("w-a", role::collector, {{"cpu", 1}});
+  join("w-b", role::collector, {{"cpu", 4}});
+  join("w-c", role::collector, {{"cpu", 4}});
+  submit("coord", "t", role::collector, {{"cpu", 2}});
+  CHECK(sink.take<codec::task_start>("w-b").task_id == "t");
+}
+
+TEST_CASE_METHOD(fixture, "the queue is bounded and task ids are unique", "[unit][tasks]") {
+  for (int i = 0; i < 4; ++i)
+    CHECK(submit("coord", "q" + std::to_string(i), role::learner).accepted);
+  auto full = submit("coord", "q4", role::learner);
+  CHECK_FALSE(full.accepted);
+  CHECK(full.code == 412);
+  auto dup = submit("coord", "q0", role::learner);
+  CHECK_FALSE(dup.accepted);
+  CHECK(dup.code == 411);
+  const auto r =
+      say("coord", role::coordinator,
+          codec::submit{"bad", role::coordinator, codec::empty_map_blob, {}, {}, {}, {}, {}, {}});
+  REQUIRE(r);
+  CHECK(r->code == codec::error_code::bad_field);
+}
+
+TEST_CASE_METHOD(fixture, "a collector task runs start -> data -> info -> finish -> result",
+                 "[unit][tasks]") {
+  join("c0", role::collector);
+  submit("coord", "ct", role::collector);
+  sink.take<codec::task_start>("c0");
+  sink.event("coord", "assigned");
+  ok("c0", role::collector, codec::started{"ct", 1});
+  sink.event("coord", "started");
+  for (int i = 0; i < 20; ++i) {
+    ok("c0", role::collector,
+       codec::data_ready{"ct", 1, "d" + std::to_string(i), "buf", codec::empty_map_blob,
+                         std::nullopt});
+    const auto e = sink.event("coord", "data");
+    CHECK(e.seq == static_cast<std::uint64_t>(3 + i));
+  }
+  ok("c0", role::collector, codec::info{"ct", 1, codec::empty_map_blob});
+  sink.event("coord", "info");
+  ok("coord", role::coordinator, codec::finish{"ct"});
+  CHECK(sink.take<codec::task_close>("c0").attempt == 1);
+  ok("c0", role::collector, codec::task_result{"ct", 1, codec::empty_map_blob});
+  sink.event("coord", "finished");
+  CHECK(tm->counts().finished == 1);
+  CHECK(tm->counts().running == 0);
+  // the worker is free again
+  submit("coord", "ct2", role::collector);
+  CHECK(sink.take<codec::task_start>("c0").task_id == "ct2");
+}
+
+TEST_CASE_METHOD(fixture, "a learner task asks for data, waits for it, learns and finishes",
+                 "[unit][tasks]") {
+  join("l0", role::learner);
+  submit("coord", "lt", role::learner);
+  sink.take<codec::task_start>("l0");
+  ok("l0", role::learner, codec::started{"lt", 1});
+  ok("l0", role::learner, codec::get_data{"lt", 1, 1, "buf", 32, 0});
+  sink.event("coord", "assigned");
+  sink.event("coord", "started");
+  sink.event("coord", "data_request");
+  ok("coord", role::coordinator, codec::data_reply{"lt", 1, codec::nil_blob});
+  const auto wait = sink.take<codec::no_data>("l0");
+  CHECK(wait.request_id == 1);
+  CHECK(wait.retry_ms == cfg.no_data_retry_ms);
+  // a second reply to an answered request is refused
+  const auto again = say("coord", role::coordinator, codec::data_reply{"lt", 1, codec::nil_blob});
+  REQUIRE(again);
+  CHECK(again->code == codec::error_code::wrong_state);
+  for (std::uint64_t step = 0; step < 5; ++step) {
+    ok("l0", role::learner, codec::get_data{"lt", 1, 2 + step, "buf", 32, step});
+    sink.event("coord", "data_request");
+    ok("coord", role::coordinator, codec::data_reply{"lt", 2 + step, codec::empty_map_blob});
+    CHECK(sink.take<codec::learn>("l0").request_id == 2 + step);
+    ok("l0", role::learner, codec::learn_info{"lt", 1, "buf", codec::empty_map_blob});
+    sink.event("coord", "learn_info");
+  }
+  ok("coord", role::coordinator, codec::finish{"lt"});
+  sink.take<codec::task_close>("l0");
+  ok("l0", role::learner, codec::task_result{"lt", 1, codec::empty_map_blob});
+  sink.event("coord", "finished");
+}
+
+TEST_CASE_METHOD(fixture, "every step has a timeout that ends the attempt", "[unit][tasks]") {
+  join("w1", role::collector);
+  join("w2", role::collector);
+  cfg.max_attempts = 3;
+  SECTION("start") {
+    submit("coord", "t", role::collector);
+    sink.take<codec::task_start>("w1");
+    advance(99ms);
+    CHECK(sink.empty("w1"));
+    advance(1ms);
+    CHECK(sink.take<codec::task_abort>("w1").reason == "start timeout");
+  }
+  SECTION("step") {
+    submit("coord", "t", role::collector);
+    sink.take<codec::task_start>("w1");
+    ok("w1", role::collector, codec::started{"t", 1});
+    advance(900ms);
+    ok("w1", role::collector, codec::info{"t", 1, codec::empty_map_blob});  // progress resets it
+    advance(900ms);
+    CHECK(sink.empty("w1"));
+    advance(100ms);
+    CHECK(sink.take<codec::task_abort>("w1").reason == "step timeout");
+  }
+  SECTION("close") {
+    submit("coord", "t", role::collector);
+    sink.take<codec::task_start>("w1");
+    ok("w1", role::collector, codec::started{"t", 1});
+    ok("coord", role::coordinator, codec::finish{"t"});
+    sink.take<codec::task_close>("w1");
+    advance(200ms);
+    CHECK(sink.take<codec::task_abort>("w1").reason == "close timeout");
+  }
+  // in every case the task went back to the queue and on to the next free worker
+  const auto restart = sink.take<codec::task_start>("w2");
+  CHECK(restart.attempt == 2);
+  CHECK(tm->counts().requeued == 1);
+}
+
+TEST_CASE_METHOD(fixture, "past max attempts a task fails with an event", "[unit][tasks]") {
+  join("w1", role::collector);
+  submit("coord", "t", role::collector);
+  sink.take<codec::task_start>("w1");
+  advance(100ms);  // attempt 1: start timeout, re-queued, goes to w1 again
+  sink.take<codec::task_abort>("w1");
+  CHECK(sink.take<codec::task_start>("w1").attempt == 2);
+  advance(100ms);  // attempt 2 of 2
+  sink.take<codec::task_abort>("w1");
+  sink.event("coord", "assigned");
+  sink.event("coord", "requeued");
+  sink.event("coord", "assigned");
+  const auto failed = sink.event("coord", "failed");
+  CHECK(failed.attempt == 2);
+  CHECK(tm->counts().failed == 1);
+  CHECK(tm->counts().queued == 0);
+  CHECK(tm->counts().running == 0);
+}
+
+TEST_CASE_METHOD(fixture, "a result from an ended attempt is refused as stale", "[unit][tasks]") {
+  join("slow", role::collector);
+  submit("coord", "t", role::collector);
+  sink.take<codec::task_start>("slow");
+  advance(100ms);  // start timeout: attempt 1 ends
+  join("fresh", role::collector);
+  // "slow" is free again and first in line, so attempt 2 goes to it; make it busy first
+  (void)sink.take<codec::task_abort>("slow");
+  const auto s2 = sink.take<codec::task_start>("slow");
+  CHECK(s2.attempt == 2);
+  const auto r = say("slow", role::collector, codec::started{"t", 1});
+  REQUIRE(r);
+  CHECK(r->code == codec::error_code::stale_attempt);
+  CHECK(tm->counts().stale == 1);
+  ok("slow", role::collector, codec::started{"t", 2});
+}
+
+TEST_CASE_METHOD(fixture, "a worker that died mid-task has its task re-assigned", "[unit][tasks]") {
+  join("doomed", role::collector);
+  join("spare", role::collector);
+  submit("coord", "t", role::collector);
+  sink.take<codec::task_start>("doomed");
+  ok("doomed", role::collector, codec::started{"t", 1});
+  tm->peer_gone("doomed", role::collector, now);
+  const auto s = sink.take<codec::task_start>("spare");
+  CHECK(s.attempt == 2);
+  sink.event("coord", "assigned");
+  sink.event("coord", "started");
+  const auto rq = sink.event("coord", "requeued");
+  CHECK(rq.worker_id == "doomed");
+  ok("spare", role::collector, codec::started{"t", 2});
+  ok("coord", role::coordinator, codec::finish{"t"});
+  sink.take<codec::task_close>("spare");
+  ok("spare", role::collector, codec::task_result{"t", 2, codec::empty_map_blob});
+  CHECK(tm->counts().finished == 1);
+  // the dead worker's late message (it came back with the same id) is stale or unknown
+  join("doomed", role::collector);
+  CHECK(say("doomed", role::collector, codec::task_result{"t", 1, codec::empty_map_blob}));
+}
+
+TEST_CASE_METHOD(fixture, "a worker cannot report on a task it does not hold", "[unit][tasks]") {
+  join("holder", role::collector);
+  join("intruder", role::collector);
+  submit("coord", "t", role::collector);
+  sink.take<codec::task_start>("holder");
+  const auto r =
+      say("intruder", role::collector, codec::task_result{"t", 1, codec::empty_map_blob});
+  REQUIRE(r);
+  CHECK(r->code == codec::error_code::unknown_task);
+  const auto r2 = say("intruder", role::collector, codec::started{"nope", 1});
+  REQUIRE(r2);
+  CHECK(r2->code == codec::error_code::unknown_task);
+  CHECK(tm->counts().running == 1);
+}
+
+TEST_CASE_METHOD(fixture, "steps out of order are refused without changing anything",
+                 "[unit][tasks]") {
+  join("w", role::collector);
+  submit("coord", "t", role::collector);
+  sink.take<codec::task_start>("w");
+  const auto early = say("w", role::collector, codec::task_result{"t", 1, codec::empty_map_blob});
+  REQUIRE(early);
+  CHECK(early->code == codec::error_code::wrong_state);
+  const auto finish_early = say("coord", role::coordinator, codec::finish{"t"});
+  REQUIRE(finish_early);
+  CHECK(finish_early->code == codec::error_code::wrong_state);
+  const auto learner_msg = say("w", role::collector, codec::get_data{"t", 1, 1, "b", 1, 0});
+  REQUIRE(learner_msg);
+  ok("w", role::collector, codec::started{"t", 1});
+}
+
+TEST_CASE_METHOD(fixture, "coordinators see and control only their own tasks", "[unit][tasks]") {
+  join("w", role::collector);
+  submit("alice", "a-task", role::collector);
+  sink.take<codec::task_start>("w");
+  ok("w", role::collector, codec::started{"a-task", 1});
+  const auto r = say("bob", role::coordinator, codec::finish{"a-task"});
+  REQUIRE(r);
+  CHECK(r->code == codec::error_code::unknown_task);
+  REQUIRE(say("bob", role::coordinator, codec::cancel{"a-task", "mine now"}));
+  CHECK(sink.empty("bob"));
+  sink.event("alice", "assigned");
+  sink.event("alice", "started");
+  for (const auto& t : sink.topics) CHECK(t.rfind("task.alice.", 0) == 0);
+}
+
+TEST_CASE_METHOD(fixture, "a coordinator that leaves takes its tasks with it", "[unit][tasks]") {
+  join("w", role::collector);
+  submit("coord", "t1", role::collector);
+  submit("coord", "t2", role::collector);
+  sink.take<codec::task_start>("w");
+  tm->peer_gone("coord", role::coordinator, now);
+  CHECK(sink.take<codec::task_abort>("w").task_id == "t1");
+  CHECK(tm->counts().queued == 0);
+  CHECK(tm->counts().running == 0);
+  CHECK(tm->counts().cancelled == 2);
+}
+
+TEST_CASE_METHOD(fixture, "cancel stops a running task and frees its worker", "[unit][tasks]") {
+  join("w", role::collector);
+  submit("coord", "t", role::collector);
+  sink.take<codec::task_start>("w");
+  ok("coord", role::coordinator, codec::cancel{"t", "enough"});
+  CHECK(sink.take<codec::task_abort>("w").reason == "cancelled: enough");
+  submit("coord", "t-next", role::collector);
+  CHECK(sink.take<codec::task_start>("w").task_id == "t-next");
+}
