@@ -5,13 +5,15 @@
 // with capped exponential backoff, resuming its session when the broker still holds it.
 //
 // Threads: the constructor starts one background I/O thread that owns the ZeroMQ socket;
-// no socket is ever touched by the caller's thread. Every public member is safe to call
-// from any thread. Task handlers (start / learn / close) arrive with the task protocol.
+// no socket is ever touched by the caller's thread, and a second thread runs the task
+// handlers. Every public member is safe to call from any thread.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -45,11 +47,68 @@ struct worker_options {
   std::chrono::milliseconds reconnect_max{5000};
 };
 
+class worker;
+
+/// One task as its handlers see it: what to run and how to report. Every member is
+/// thread-safe, so a handler may hand the task to threads of its own. User data travels as
+/// msgpack bytes (a std::string holding one msgpack map), exactly as the coordinator sent
+/// it or will receive it.
+class task_handle {
+ public:
+  [[nodiscard]] const std::string& id() const noexcept { return id_; }
+  [[nodiscard]] std::uint32_t attempt() const noexcept { return attempt_; }
+  /// The task_info map from the coordinator's SUBMIT (msgpack).
+  [[nodiscard]] const std::string& info() const noexcept { return info_; }
+  /// True once the broker asked to close the task or aborted it: wind down and return.
+  [[nodiscard]] bool stop_requested() const;
+  /// True when the broker aborted the task (timeout, cancel, re-assignment): nothing more
+  /// from this attempt will be accepted.
+  [[nodiscard]] bool aborted() const;
+
+  // Collector side. Each returns false when the task is over (nothing was sent).
+  bool emit_data(std::string data_id, std::string buffer_id, std::string meta_msgpack,
+                 std::optional<std::string> payload = std::nullopt);
+  bool emit_info(std::string info_msgpack);
+
+  // Learner side.
+  /// Asks the coordinator for a batch and waits for it (msgpack), asking again with a
+  /// short capped backoff while the coordinator has none. nullopt when the task stops or
+  /// `timeout` passes.
+  std::optional<std::string> get_data(std::string buffer_id, std::uint32_t batch_size,
+                                      std::uint64_t cur_learner_iter,
+                                      std::chrono::milliseconds timeout);
+  bool emit_learn_info(std::string buffer_id, std::string info_msgpack);
+
+ private:
+  friend class worker;
+  struct owner;
+  task_handle(owner& o, std::string id, std::uint32_t attempt, std::string info)
+      : owner_(o), id_(std::move(id)), attempt_(attempt), info_(std::move(info)) {}
+  owner& owner_;
+  std::string id_;
+  std::uint32_t attempt_;
+  std::string info_;
+};
+
+/// What a worker does with its tasks. Both run on the worker's handler thread (one task at
+/// a time: the broker gives a worker one task at a time), never on the I/O thread, so long
+/// work does not stop heartbeats; a handler that hangs is caught by the task's step timeout.
+struct task_handlers {
+  /// Runs the task: collect and emit data/info (collector), or get_data / learn /
+  /// emit_learn_info (learner). Return when done or when stop_requested(). An exception
+  /// fails the attempt (TASK_FAILED with its message).
+  std::function<void(task_handle&)> run;
+  /// After `run`, once the broker asks to close: the final result (a msgpack map). Unset:
+  /// an empty map.
+  std::function<std::string(task_handle&)> close;
+};
+
 class worker {
  public:
   /// Validates `opts` (throws std::invalid_argument naming the bad option) and starts
-  /// connecting in the background. Never blocks on the network.
-  explicit worker(worker_options opts);
+  /// connecting in the background. Never blocks on the network. Without handlers the
+  /// worker only keeps its session (tasks assigned to it fail at once).
+  explicit worker(worker_options opts, task_handlers handlers = {});
   /// Stops (see stop()).
   ~worker();
   worker(const worker&) = delete;

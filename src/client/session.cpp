@@ -44,10 +44,12 @@ void validate(const session_options& o) {
   }
 }
 
-session::session(zmq::context_t& ctx, session_options opts, state_callback on_state)
+session::session(zmq::context_t& ctx, session_options opts, state_callback on_state,
+                 message_callback on_message)
     : ctx_(ctx),
       opts_(std::move(opts)),
       on_state_(std::move(on_state)),
+      on_message_(std::move(on_message)),
       heartbeat_(opts_.heartbeat),
       jitter_(std::random_device{}()) {}
 
@@ -127,11 +129,11 @@ void session::on_readable(util::time_point now) {
       spdlog::debug("{}: ignored a broker message: {}", opts_.id, m.error().reason);
       continue;
     }
-    handle(m.value(), now);
+    handle(std::move(m).value(), now);
   }
 }
 
-void session::handle(const codec::message& m, util::time_point now) {
+void session::handle(codec::message&& m, util::time_point now) {
   if (state_ == connection_state::ready) broker_deadline_ = now + broker_silence();
   if (const auto* w = std::get_if<codec::welcome>(&m)) {
     if (state_ == connection_state::ready) return;  // answer to a repeated HELLO
@@ -171,8 +173,14 @@ void session::handle(const codec::message& m, util::time_point now) {
         d->code == code(codec::error_code::too_many_faults))
       token_ = 0;  // that session is gone for good
     retry_later(now, detail);
+  } else if (!std::holds_alternative<codec::heartbeat>(m) && on_message_) {
+    on_message_(std::move(m));  // task traffic: the SDK role above the session deals with it
   }
   // HEARTBEAT: its arrival (deadline refreshed above) is all it says.
+}
+
+bool session::send_ready(const codec::message& m) {
+  return state_ == connection_state::ready && send(m);
 }
 
 void session::on_timers(util::time_point now) {

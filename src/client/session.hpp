@@ -43,7 +43,14 @@ class session {
   using state_callback =
       std::function<void(connection_state, std::uint64_t token, const std::string& detail)>;
 
-  session(zmq::context_t& ctx, session_options opts, state_callback on_state);
+  /// Called with every message that is not part of the session layer (task messages).
+  using message_callback = std::function<void(codec::message&&)>;
+
+  session(zmq::context_t& ctx, session_options opts, state_callback on_state,
+          message_callback on_message = {});
+
+  /// Sends one message if the session is ready; false otherwise (nothing is queued).
+  bool send_ready(const codec::message& m);
 
   /// Opens the socket and sends HELLO.
   void start(util::time_point now);
@@ -66,13 +73,14 @@ class session {
   [[nodiscard]] std::chrono::milliseconds hello_timeout() const;
   [[nodiscard]] std::chrono::milliseconds broker_silence() const;
   void retry_later(util::time_point now, const std::string& why);
-  void handle(const codec::message& m, util::time_point now);
+  void handle(codec::message&& m, util::time_point now);
   void set_state(connection_state s, const std::string& detail);
   bool send(const codec::message& m);
 
   zmq::context_t& ctx_;
   session_options opts_;
   state_callback on_state_;
+  message_callback on_message_;
   std::optional<zmq::socket_t> socket_;
   connection_state state_ = connection_state::connecting;
   std::uint64_t token_ = 0;

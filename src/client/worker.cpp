@@ -1,14 +1,20 @@
-// rlbus::worker: a session driven by one I/O thread, with its state mirrored under a mutex
-// for the caller's threads. See include/rlbus/worker.hpp for the contract.
+// rlbus::worker: a session driven by one I/O thread, a handler thread for the user's task
+// code, and between them a mutex-guarded outbox (handler -> I/O, with a wake-up) and the
+// current task's state (I/O -> handler, with a condition variable). See
+// include/rlbus/worker.hpp for the contract.
 #include "rlbus/worker.hpp"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <condition_variable>
+#include <deque>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
 
+#include <spdlog/spdlog.h>
 #include <zmq.hpp>
 
 #include "client/session.hpp"
@@ -31,19 +37,126 @@ std::string_view to_string(connection_state s) noexcept {
   return "unknown";
 }
 
+namespace {
+constexpr std::size_t max_outbox = 100'000;  // messages waiting for the I/O thread
+constexpr std::chrono::milliseconds max_no_data_backoff{200};
+}  // namespace
+
+// Everything the handler thread and the I/O thread share; guarded by `mu`.
+struct task_handle::owner {
+  std::mutex mu;
+  std::condition_variable changed;
+  util::wake_pipe wake;  // tells the I/O thread the outbox has something
+  std::deque<codec::message> outbox;
+
+  // the current task (one at a time), and one that arrived while an aborted one winds down
+  std::optional<codec::task_start> task;
+  std::optional<codec::task_start> next_task;
+  bool close_requested = false;
+  bool aborted = false;
+  bool stopping = false;
+  std::uint64_t next_request = 0;
+  std::map<std::uint64_t, codec::message> replies;  // LEARN / NO_DATA by request id
+
+  bool post(codec::message m) {
+    {
+      std::lock_guard lock(mu);
+      if (outbox.size() >= max_outbox) return false;
+      outbox.push_back(std::move(m));
+    }
+    wake.notify();
+    return true;
+  }
+  // True while `h`'s attempt is the current one and not over.
+  bool live(const task_handle& h) const {
+    return task && task->task_id == h.id_ && task->attempt == h.attempt_ && !aborted && !stopping;
+  }
+};
+
+bool task_handle::stop_requested() const {
+  std::lock_guard lock(owner_.mu);
+  return !owner_.live(*this) || owner_.close_requested;
+}
+
+bool task_handle::aborted() const {
+  std::lock_guard lock(owner_.mu);
+  return owner_.aborted;
+}
+
+bool task_handle::emit_data(std::string data_id, std::string buffer_id, std::string meta_msgpack,
+                            std::optional<std::string> payload) {
+  {
+    std::lock_guard lock(owner_.mu);
+    if (!owner_.live(*this)) return false;
+  }
+  return owner_.post(codec::data_ready{id_, attempt_, std::move(data_id), std::move(buffer_id),
+                                       std::move(meta_msgpack), std::move(payload)});
+}
+
+bool task_handle::emit_info(std::string info_msgpack) {
+  {
+    std::lock_guard lock(owner_.mu);
+    if (!owner_.live(*this)) return false;
+  }
+  return owner_.post(codec::info{id_, attempt_, std::move(info_msgpack)});
+}
+
+bool task_handle::emit_learn_info(std::string buffer_id, std::string info_msgpack) {
+  {
+    std::lock_guard lock(owner_.mu);
+    if (!owner_.live(*this)) return false;
+  }
+  return owner_.post(
+      codec::learn_info{id_, attempt_, std::move(buffer_id), std::move(info_msgpack)});
+}
+
+std::optional<std::string> task_handle::get_data(std::string buffer_id, std::uint32_t batch_size,
+                                                 std::uint64_t cur_learner_iter,
+                                                 std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::chrono::milliseconds backoff{0};
+  while (true) {
+    std::uint64_t request = 0;
+    {
+      std::lock_guard lock(owner_.mu);
+      if (!owner_.live(*this) || owner_.close_requested) return std::nullopt;
+      request = ++owner_.next_request;
+    }
+    if (!owner_.post(
+            codec::get_data{id_, attempt_, request, buffer_id, batch_size, cur_learner_iter}))
+      return std::nullopt;
+    std::unique_lock lock(owner_.mu);
+    const bool answered = owner_.changed.wait_until(lock, deadline, [&] {
+      return owner_.replies.count(request) != 0 || !owner_.live(*this) || owner_.close_requested;
+    });
+    if (!answered || owner_.replies.count(request) == 0) return std::nullopt;
+    auto reply = std::move(owner_.replies.at(request));
+    owner_.replies.erase(request);
+    if (auto* l = std::get_if<codec::learn>(&reply)) return std::move(l->data);
+    // "Not enough data yet": wait what the broker suggests, doubling up to a small cap.
+    const auto hint = std::chrono::milliseconds(std::get<codec::no_data>(reply).retry_ms);
+    backoff = std::min(max_no_data_backoff, std::max(hint, backoff * 2));
+    owner_.changed.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + backoff),
+                              [&] { return !owner_.live(*this) || owner_.close_requested; });
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+  }
+}
+
 struct worker::impl {
-  explicit impl(worker_options o) : opts(std::move(o)), ctx(1) {
+  impl(worker_options o, task_handlers h) : opts(std::move(o)), handlers(std::move(h)), ctx(1) {
     if (opts.role != role::collector && opts.role != role::learner)
       throw std::invalid_argument("a worker's role is collector or learner");
     client::detail::validate(to_session_options(opts));
-    thread = std::thread([this] { loop(); });
+    io_thread = std::thread([this] { io_loop(); });
+    handler_thread = std::thread([this] { handler_loop(); });
   }
 
   static client::detail::session_options to_session_options(const worker_options& o) {
     return {o.endpoint, o.role, o.id, o.resources, o.heartbeat, o.reconnect_min, o.reconnect_max};
   }
 
-  void loop() {
+  // ---- I/O thread: owns the session and its socket ----
+  void io_loop() {
     client::detail::session s(
         ctx, to_session_options(opts),
         [this](connection_state st, std::uint64_t t, const std::string& detail) {
@@ -53,29 +166,146 @@ struct worker::impl {
           state = st;
           token = t;
           changed.notify_all();
-        });
+        },
+        [this](codec::message&& m) { on_task_message(std::move(m)); });
     s.start(util::clock::now());
     while (!stopping.load(std::memory_order_relaxed)) {
-      std::array<zmq::pollitem_t, 2> items{s.pollitem(), {nullptr, wake.read_fd(), ZMQ_POLLIN, 0}};
+      std::array<zmq::pollitem_t, 2> items{s.pollitem(),
+                                           {nullptr, tasks.wake.read_fd(), ZMQ_POLLIN, 0}};
       const auto now = util::clock::now();
       util::poll(items.data(), items.size(), util::poll_timeout_ms(now, s.next_timer()));
-      if ((items[1].revents & ZMQ_POLLIN) != 0) wake.drain();
+      if ((items[1].revents & ZMQ_POLLIN) != 0) tasks.wake.drain();
       if ((items[0].revents & ZMQ_POLLIN) != 0) s.on_readable(util::clock::now());
       s.on_timers(util::clock::now());
+      flush_outbox(s);
     }
+    flush_outbox(s);
     s.stop();
   }
 
+  // Sends what the handler thread queued, in order, while the session is ready; the rest
+  // waits for the next wake-up (a reconnect in between keeps it).
+  void flush_outbox(client::detail::session& s) {
+    std::lock_guard lock(tasks.mu);
+    while (!tasks.outbox.empty() && s.send_ready(tasks.outbox.front())) tasks.outbox.pop_front();
+  }
+
+  void on_task_message(codec::message&& m) {
+    std::lock_guard lock(tasks.mu);
+    const auto current = [&](const std::string& id, std::uint32_t attempt) {
+      return tasks.task && tasks.task->task_id == id && tasks.task->attempt == attempt;
+    };
+    if (auto* start = std::get_if<codec::task_start>(&m)) {
+      // The broker frees a worker when it aborts its task, so the next task may come while
+      // the aborted handler still winds down: it waits its turn (the start timeout covers it).
+      const bool winding_down = tasks.task && tasks.aborted && !tasks.next_task;
+      if (!handlers.run || (tasks.task && !winding_down)) {
+        tasks.outbox.push_back(
+            codec::task_failed{start->task_id, start->attempt,
+                               handlers.run ? "worker is busy" : "worker runs no tasks"});
+        return;
+      }
+      if (winding_down) {
+        tasks.next_task = std::move(*start);
+      } else {
+        begin(std::move(*start));
+      }
+    } else if (const auto* c = std::get_if<codec::task_close>(&m)) {
+      if (current(c->task_id, c->attempt)) tasks.close_requested = true;
+    } else if (const auto* a = std::get_if<codec::task_abort>(&m)) {
+      if (current(a->task_id, a->attempt)) {
+        spdlog::warn("{}: task {} attempt {} aborted: {}", opts.id, a->task_id, a->attempt,
+                     a->reason);
+        tasks.aborted = true;
+      }
+    } else if (auto* l = std::get_if<codec::learn>(&m)) {
+      if (current(l->task_id, l->attempt)) tasks.replies.emplace(l->request_id, std::move(m));
+    } else if (auto* n = std::get_if<codec::no_data>(&m)) {
+      if (current(n->task_id, n->attempt)) tasks.replies.emplace(n->request_id, std::move(m));
+    }
+    tasks.changed.notify_all();
+  }
+
+  // Makes `start` the current task and tells the broker (tasks.mu held).
+  void begin(codec::task_start&& start) {
+    tasks.outbox.push_back(codec::started{start.task_id, start.attempt});
+    tasks.task = std::move(start);
+    tasks.close_requested = false;
+    tasks.aborted = false;
+    tasks.replies.clear();
+    tasks.wake.notify();
+  }
+
+  // ---- handler thread: runs the user's code, one task at a time ----
+  void handler_loop() {
+    while (true) {
+      std::optional<codec::task_start> start;
+      {
+        std::unique_lock lock(tasks.mu);
+        tasks.changed.wait(lock, [&] { return tasks.stopping || tasks.task.has_value(); });
+        if (tasks.stopping) return;
+        start = tasks.task;
+      }
+      task_handle h(tasks, start->task_id, start->attempt, start->task_info);
+      std::optional<std::string> failure;
+      try {
+        handlers.run(h);
+      } catch (const std::exception& e) {
+        failure = e.what();
+      } catch (...) {
+        failure = "unknown exception";
+      }
+      std::optional<std::string> result;
+      if (!failure) {
+        std::unique_lock lock(tasks.mu);
+        tasks.changed.wait(
+            lock, [&] { return tasks.stopping || tasks.aborted || tasks.close_requested; });
+        if (tasks.close_requested && !tasks.aborted && !tasks.stopping) {
+          lock.unlock();
+          try {
+            result = handlers.close ? handlers.close(h) : codec::empty_map_blob;
+          } catch (const std::exception& e) {
+            failure = e.what();
+          }
+        }
+      }
+      {
+        // Free the slot before the broker hears the outcome: it assigns the next task as
+        // soon as it does.
+        std::lock_guard lock(tasks.mu);
+        tasks.task.reset();
+        tasks.replies.clear();
+        if (tasks.next_task) {
+          begin(std::move(*tasks.next_task));
+          tasks.next_task.reset();
+        }
+      }
+      if (failure) {
+        spdlog::warn("{}: task {} failed: {}", opts.id, h.id(), *failure);
+        tasks.post(codec::task_failed{h.id(), h.attempt(), failure->substr(0, 1000)});
+      } else if (result) {
+        tasks.post(codec::task_result{h.id(), h.attempt(), std::move(*result)});
+      }
+    }
+  }
+
   void stop() {
-    if (!thread.joinable()) return;
+    if (!io_thread.joinable()) return;
+    {
+      std::lock_guard lock(tasks.mu);
+      tasks.stopping = true;
+      tasks.changed.notify_all();
+    }
+    handler_thread.join();  // a handler still running must notice stop_requested()
     stopping.store(true, std::memory_order_relaxed);
-    wake.notify();
-    thread.join();
+    tasks.wake.notify();
+    io_thread.join();
   }
 
   worker_options opts;
+  task_handlers handlers;
   zmq::context_t ctx;
-  util::wake_pipe wake;
+  task_handle::owner tasks;
   std::atomic<bool> stopping{false};
   mutable std::mutex mu;
   mutable std::condition_variable changed;
@@ -83,10 +313,12 @@ struct worker::impl {
   std::uint64_t token = 0;
   std::uint64_t welcomes = 0;
   std::string last_error;
-  std::thread thread;
+  std::thread io_thread;
+  std::thread handler_thread;
 };
 
-worker::worker(worker_options opts) : impl_(std::make_unique<impl>(std::move(opts))) {}
+worker::worker(worker_options opts, task_handlers handlers)
+    : impl_(std::make_unique<impl>(std::move(opts), std::move(handlers))) {}
 worker::~worker() {
   stop();
 }

@@ -1,0 +1,162 @@
+// Integration: the worker SDK's task handlers against the real broker, with a raw
+// coordinator: collector and learner flows, a handler that throws, and a cancel.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+
+#include "rlbus/worker.hpp"
+#include "support/support.hpp"
+
+using namespace rlbus;
+using namespace rlbus::test;
+
+namespace {
+
+std::string flag_map(std::string_view key, bool value) {
+  msgpack::sbuffer b;
+  msgpack::packer pk(b);
+  pk.pack_map(1).pack(key).pack(value);
+  return {b.data(), b.size()};
+}
+
+codec::task_event until_event(raw_peer& coord, const std::string& name, int* count_data = nullptr) {
+  while (true) {
+    auto e = coord.recv_a<codec::task_event>(5000ms);
+    REQUIRE(e);
+    if (count_data != nullptr && e->event == "data") ++*count_data;
+    if (e->event == name) return *e;
+  }
+}
+
+worker_options opts(const std::string& endpoint, const std::string& id, role r) {
+  worker_options o;
+  o.endpoint = endpoint;
+  o.id = id;
+  o.role = r;
+  o.heartbeat = 100ms;
+  return o;
+}
+
+// Blocks the handler until the broker asks to stop (the way a collector loop would poll).
+void wait_for_stop(const task_handle& t) {
+  REQUIRE(wait_until([&] { return t.stop_requested(); }, 5000ms));
+}
+
+codec::submit task(const std::string& id, role kind) {
+  return codec::submit{id, kind, flag_map("eval_flag", false), {}, {}, {}, {}, {}, {}};
+}
+
+}  // namespace
+
+TEST_CASE("a collector's handlers stream data and return a result", "[worker-tasks]") {
+  broker::server_thread b(test_config());
+  zmq::context_t ctx;
+  raw_peer coord(ctx, b.get().router_endpoint());
+  coord.introduce("coordinator", role::coordinator, 5000);
+  task_handlers h;
+  h.run = [](task_handle& t) {
+    CHECK(t.info() == flag_map("eval_flag", false));  // task_info arrives byte for byte
+    for (int i = 0; i < 20; ++i)
+      REQUIRE(t.emit_data("d" + std::to_string(i), "buffer-0", flag_map("done", false)));
+    REQUIRE(t.emit_info(flag_map("collector_done", true)));
+    wait_for_stop(t);
+  };
+  h.close = [](task_handle&) { return flag_map("collector_done", true); };
+  worker w(opts(b.get().router_endpoint(), "collector-0", role::collector), h);
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+
+  coord.send(task("ct", role::collector));
+  int data = 0;
+  until_event(coord, "info", &data);
+  CHECK(data == 20);
+  coord.send(codec::finish{"ct"});
+  const auto done = until_event(coord, "finished");
+  CHECK(done.body == flag_map("collector_done", true));
+  CHECK(b.get().snapshot().tasks_finished == 1);
+}
+
+TEST_CASE("a learner's get_data waits through 'not yet' and learns", "[worker-tasks]") {
+  broker::server_thread b(test_config());
+  zmq::context_t ctx;
+  raw_peer coord(ctx, b.get().router_endpoint());
+  coord.introduce("coordinator", role::coordinator, 5000);
+  std::atomic<int> learned{0};
+  task_handlers h;
+  h.run = [&](task_handle& t) {
+    for (std::uint64_t iter = 0; iter < 5; ++iter) {
+      const auto batch = t.get_data("buffer-0", 32, iter, 5000ms);
+      REQUIRE(batch);
+      ++learned;
+      REQUIRE(t.emit_learn_info("buffer-0", flag_map("learner_done", iter == 4)));
+    }
+    wait_for_stop(t);
+  };
+  worker w(opts(b.get().router_endpoint(), "learner-0", role::learner), h);
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+  coord.send(task("lt", role::learner));
+  int nils = 0;
+  int infos = 0;
+  while (infos < 5) {
+    auto e = coord.recv_a<codec::task_event>(5000ms);
+    REQUIRE(e);
+    if (e->event == "data_request") {
+      auto fields = msgpack::unpack(e->body.data(), e->body.size());
+      const auto req = fields.get().via.map.ptr[0].val.as<std::uint64_t>();
+      const bool not_yet = nils < 2;  // twice "none yet" before the buffer fills
+      nils += not_yet ? 1 : 0;
+      coord.send(codec::data_reply{"lt", req, not_yet ? codec::nil_blob : flag_map("batch", true)});
+    } else if (e->event == "learn_info") {
+      ++infos;
+    }
+  }
+  CHECK(learned == 5);
+  coord.send(codec::finish{"lt"});
+  until_event(coord, "finished");
+}
+
+TEST_CASE("a handler that throws fails the attempt, and the task fails past max attempts",
+          "[worker-tasks]") {
+  auto cfg = test_config();
+  cfg.max_attempts = 2;
+  broker::server_thread b(cfg);
+  zmq::context_t ctx;
+  raw_peer coord(ctx, b.get().router_endpoint());
+  coord.introduce("coordinator", role::coordinator, 5000);
+  std::atomic<int> runs{0};
+  task_handlers h;
+  h.run = [&](task_handle&) {
+    ++runs;
+    throw std::runtime_error("environment crashed");
+  };
+  worker w(opts(b.get().router_endpoint(), "collector-bad", role::collector), h);
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+  coord.send(task("doomed", role::collector));
+  const auto requeued = until_event(coord, "requeued");
+  CHECK(requeued.body.find("environment crashed") != std::string::npos);
+  const auto failed = until_event(coord, "failed");
+  CHECK(failed.attempt == 2);
+  CHECK(runs == 2);
+}
+
+TEST_CASE("a cancelled task stops its handler and the worker takes the next one",
+          "[worker-tasks]") {
+  broker::server_thread b(test_config());
+  zmq::context_t ctx;
+  raw_peer coord(ctx, b.get().router_endpoint());
+  coord.introduce("coordinator", role::coordinator, 5000);
+  std::atomic<int> stopped_by_abort{0};
+  task_handlers h;
+  h.run = [&](task_handle& t) {
+    wait_for_stop(t);
+    if (t.aborted()) ++stopped_by_abort;
+  };
+  worker w(opts(b.get().router_endpoint(), "collector-0", role::collector), h);
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+  coord.send(task("first", role::collector));
+  until_event(coord, "started");
+  coord.send(codec::cancel{"first", "changed my mind"});
+  coord.send(task("second", role::collector));
+  const auto s = until_event(coord, "started");
+  CHECK(s.task_id == "second");
+  CHECK(stopped_by_abort == 1);
+}
