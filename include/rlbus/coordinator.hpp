@@ -1,0 +1,114 @@
+// rlbus::coordinator: the client a DI-engine-style coordinator uses to run tasks through
+// the broker. It submits collector and learner tasks, receives the ordered stream of events
+// about its own tasks, and answers them through callbacks named after the seed's
+// callback_fn keys, so porting a coordinator is mechanical.
+//
+// Threads: one I/O thread owns the socket; one callback thread runs every callback, in
+// stream order, one at a time. Public members are safe from any thread, but submit()
+// must not be called from inside a callback (it waits for the broker's answer).
+// User data (task_info, data, info, results) travels as msgpack bytes in std::string.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "rlbus/types.hpp"
+#include "rlbus/worker.hpp"  // connection_state
+
+namespace rlbus {
+
+struct coordinator_options {
+  std::string endpoint = "tcp://127.0.0.1:7235";
+  std::string id = "coordinator";
+  std::chrono::milliseconds heartbeat{1000};
+  std::chrono::milliseconds reconnect_min{100};
+  std::chrono::milliseconds reconnect_max{5000};
+};
+
+/// A task to submit. Unset timeouts and attempts take the broker's defaults.
+struct task_spec {
+  std::string task_id;
+  rlbus::role kind = rlbus::role::collector;       // collector or learner
+  std::string task_info = std::string("\x80", 1);  // msgpack map, {} by default
+  rlbus::resources requirements;
+  std::optional<std::uint32_t> start_timeout_ms, step_timeout_ms, close_timeout_ms, task_timeout_ms,
+      max_attempts;
+};
+
+/// The broker's answer to a submit.
+struct submit_result {
+  bool accepted = false;
+  std::uint16_t code = 0;  // why not (411 duplicate id, 412 queue full ...), 0 when accepted
+  std::string reason;
+  std::uint64_t queued = 0;  // tasks ahead of it in the queue
+};
+
+/// The seed's callback_fn, one member per key, with the seed's defaults for the judges.
+/// All run on the callback thread. Unset members are skipped (a data request with no
+/// deal_with_learner_get_data is answered "none yet").
+struct coordinator_callbacks {
+  /// A collector produced data: `data` is {data_id, buffer_id, meta, payload?} (msgpack).
+  std::function<void(const std::string& task_id, const std::string& buffer_id,
+                     const std::string& data_id, const std::string& data)>
+      deal_with_collector_send_data;
+  /// Is the collector task finished, given this info? Default: info["collector_done"].
+  std::function<bool(const std::string& task_id, const std::string& info)>
+      deal_with_collector_judge_finish;
+  std::function<void(const std::string& task_id, const std::string& result)>
+      deal_with_collector_finish_task;
+  /// A learner asks for a batch: msgpack data, or nullopt for "not enough data yet".
+  std::function<std::optional<std::string>(const std::string& task_id, const std::string& buffer_id,
+                                           std::uint32_t batch_size,
+                                           std::uint64_t cur_learner_iter)>
+      deal_with_learner_get_data;
+  /// Is the learner task finished, given this learn info? Default: info["learner_done"].
+  std::function<bool(const std::string& task_id, const std::string& info)>
+      deal_with_learner_judge_finish;
+  std::function<void(const std::string& task_id, const std::string& buffer_id,
+                     const std::string& info)>
+      deal_with_learner_send_info;
+  std::function<void(const std::string& task_id, const std::string& result)>
+      deal_with_learner_finish_task;
+  /// Beyond the seed: an attempt ended and the task went back to the queue, or failed for
+  /// good (the seed only printed these and waited forever).
+  std::function<void(const std::string& task_id, std::uint32_t attempt, const std::string& reason)>
+      on_task_requeued;
+  std::function<void(const std::string& task_id, const std::string& reason)> on_task_failed;
+};
+
+class coordinator {
+ public:
+  /// Validates `opts` (throws std::invalid_argument) and starts connecting.
+  coordinator(coordinator_options opts, coordinator_callbacks callbacks);
+  ~coordinator();
+  coordinator(const coordinator&) = delete;
+  coordinator& operator=(const coordinator&) = delete;
+
+  [[nodiscard]] connection_state state() const;
+  [[nodiscard]] bool wait_for(connection_state s, std::chrono::milliseconds timeout) const;
+
+  /// Submits a task and waits for the broker's answer. nullopt when no answer came within
+  /// `timeout` (not connected, or the broker is gone).
+  std::optional<submit_result> submit(const task_spec& task,
+                                      std::chrono::milliseconds timeout = std::chrono::seconds(5));
+  /// Drops a task wherever it is (queued or running).
+  void cancel(const std::string& task_id, const std::string& reason);
+
+  /// Tasks submitted and not yet finished, failed or cancelled.
+  [[nodiscard]] std::size_t open_tasks() const;
+  /// Events of this coordinator's stream that never arrived (seq jumps), 0 when none.
+  [[nodiscard]] std::uint64_t stream_gaps() const;
+
+  /// Says DISCONNECT, stops both threads. Idempotent. The broker then cancels open tasks.
+  void stop();
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace rlbus

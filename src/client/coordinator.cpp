@@ -1,0 +1,301 @@
+// rlbus::coordinator: a session (role coordinator) on an I/O thread, a callback thread that
+// works through the task stream in order, and an outbox from both user threads and
+// callbacks to the I/O thread. See include/rlbus/coordinator.hpp for the contract.
+#include "rlbus/coordinator.hpp"
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+#include <zmq.hpp>
+
+#include "client/session.hpp"
+#include "codec/field_reader.hpp"
+#include "util/poll.hpp"
+#include "util/wake_pipe.hpp"
+
+namespace rlbus {
+
+namespace {
+
+// Reads fields of a msgpack map body (from the broker: decoded under limits anyway).
+class body_fields {
+ public:
+  explicit body_fields(const std::string& body) : body_(body) {
+    auto u = codec::detail::unpack_map(body_, {});
+    if (!u.fault) {
+      handle_ = std::move(u.handle);
+      reader_.emplace(handle_.get(), body_);
+    }
+  }
+  [[nodiscard]] bool ok() const { return reader_ && !reader_->fault(); }
+  std::string str(std::string_view key) {
+    std::string out;
+    if (reader_) reader_->str(key, out, 1 << 20, false);
+    return out;
+  }
+  std::uint64_t uint(std::string_view key) {
+    std::optional<std::uint64_t> out;
+    if (reader_) reader_->opt_uint(key, out, 0, ~std::uint64_t{0});
+    return out.value_or(0);
+  }
+  bool flag(std::string_view key) {
+    bool out = false;
+    if (reader_) reader_->boolean(key, out, false);
+    return ok() && out;
+  }
+  std::string raw(std::string_view key) {
+    std::string out;
+    if (reader_ && reader_->has(key)) reader_->blob(key, out, true, false, true);
+    return out;
+  }
+
+ private:
+  std::string body_;
+  msgpack::object_handle handle_;
+  std::optional<codec::detail::field_reader> reader_;
+};
+
+}  // namespace
+
+struct coordinator::impl {
+  impl(coordinator_options o, coordinator_callbacks cb)
+      : opts(std::move(o)), callbacks(std::move(cb)), ctx(1) {
+    client::detail::validate(session_options());
+    if (!callbacks.deal_with_collector_judge_finish)
+      callbacks.deal_with_collector_judge_finish = [](const std::string&, const std::string& info) {
+        return body_fields(info).flag("collector_done");
+      };
+    if (!callbacks.deal_with_learner_judge_finish)
+      callbacks.deal_with_learner_judge_finish = [](const std::string&, const std::string& info) {
+        return body_fields(info).flag("learner_done");
+      };
+    io_thread = std::thread([this] { io_loop(); });
+    callback_thread = std::thread([this] { callback_loop(); });
+  }
+
+  [[nodiscard]] client::detail::session_options session_options() const {
+    return {opts.endpoint,  role::coordinator,  opts.id,           {},
+            opts.heartbeat, opts.reconnect_min, opts.reconnect_max};
+  }
+
+  void post(codec::message m) {
+    {
+      std::lock_guard lock(mu);
+      outbox.push_back(std::move(m));
+    }
+    wake.notify();
+  }
+
+  // ---- I/O thread ----
+  void io_loop() {
+    client::detail::session s(
+        ctx, session_options(),
+        [this](connection_state st, std::uint64_t /*token*/, const std::string& detail) {
+          std::lock_guard lock(mu);
+          state = st;
+          if (!detail.empty() && st != connection_state::ready) last_error = detail;
+          changed.notify_all();
+        },
+        [this](codec::message&& m) { on_message(std::move(m)); });
+    s.start(util::clock::now());
+    while (!io_stop.load(std::memory_order_relaxed)) {
+      std::array<zmq::pollitem_t, 2> items{s.pollitem(), {nullptr, wake.read_fd(), ZMQ_POLLIN, 0}};
+      util::poll(items.data(), items.size(),
+                 util::poll_timeout_ms(util::clock::now(), s.next_timer()));
+      if ((items[1].revents & ZMQ_POLLIN) != 0) wake.drain();
+      if ((items[0].revents & ZMQ_POLLIN) != 0) s.on_readable(util::clock::now());
+      s.on_timers(util::clock::now());
+      std::lock_guard lock(mu);
+      while (!outbox.empty() && s.send_ready(outbox.front())) outbox.pop_front();
+    }
+    s.stop();
+  }
+
+  void on_message(codec::message&& m) {
+    std::lock_guard lock(mu);
+    if (auto* ack = std::get_if<codec::submitted>(&m)) {
+      // Known as open before any of its events can reach the callback thread.
+      const auto kind = submitting.find(ack->task_id);
+      if (ack->accepted && kind != submitting.end()) open[ack->task_id] = kind->second;
+      if (kind != submitting.end()) submitting.erase(kind);
+      acks[ack->task_id] = std::move(*ack);
+    } else if (auto* e = std::get_if<codec::task_event>(&m)) {
+      if (last_seq != 0 && e->seq > last_seq + 1) gaps += e->seq - last_seq - 1;
+      if (e->seq > last_seq) last_seq = e->seq;
+      events.push_back(std::move(*e));
+    }
+    changed.notify_all();
+  }
+
+  // ---- callback thread ----
+  void callback_loop() {
+    while (true) {
+      codec::task_event e;
+      {
+        std::unique_lock lock(mu);
+        changed.wait(lock, [&] { return cb_stop || !events.empty(); });
+        if (cb_stop) return;
+        e = std::move(events.front());
+        events.pop_front();
+      }
+      try {
+        dispatch(e);
+      } catch (const std::exception& ex) {
+        spdlog::error("coordinator {}: callback for {} of task {} threw: {}", opts.id, e.event,
+                      e.task_id, ex.what());
+      }
+    }
+  }
+
+  std::optional<role> kind_of(const std::string& task_id) {
+    std::lock_guard lock(mu);
+    const auto it = open.find(task_id);
+    if (it == open.end()) return std::nullopt;
+    return it->second;
+  }
+
+  void close_task(const std::string& task_id) {
+    std::lock_guard lock(mu);
+    open.erase(task_id);
+  }
+
+  void dispatch(const codec::task_event& e) {
+    const auto& cb = callbacks;
+    if (e.event == "data") {
+      body_fields f(e.body);
+      if (cb.deal_with_collector_send_data)
+        cb.deal_with_collector_send_data(e.task_id, f.str("buffer_id"), f.str("data_id"), e.body);
+    } else if (e.event == "info") {
+      if (cb.deal_with_collector_judge_finish(e.task_id, e.body)) post(codec::finish{e.task_id});
+    } else if (e.event == "data_request") {
+      body_fields f(e.body);
+      std::optional<std::string> data;
+      if (cb.deal_with_learner_get_data)
+        data = cb.deal_with_learner_get_data(e.task_id, f.str("buffer_id"),
+                                             static_cast<std::uint32_t>(f.uint("batch_size")),
+                                             f.uint("cur_learner_iter"));
+      post(codec::data_reply{e.task_id, f.uint("request_id"), data.value_or(codec::nil_blob)});
+    } else if (e.event == "learn_info") {
+      body_fields f(e.body);
+      const auto info = f.raw("info");
+      if (cb.deal_with_learner_judge_finish(e.task_id, info)) {
+        post(codec::finish{e.task_id});
+      } else if (cb.deal_with_learner_send_info) {
+        cb.deal_with_learner_send_info(e.task_id, f.str("buffer_id"), info);
+      }
+    } else if (e.event == "finished") {
+      const auto kind = kind_of(e.task_id);
+      close_task(e.task_id);
+      if (kind == role::learner) {
+        if (cb.deal_with_learner_finish_task) cb.deal_with_learner_finish_task(e.task_id, e.body);
+      } else if (cb.deal_with_collector_finish_task) {
+        cb.deal_with_collector_finish_task(e.task_id, e.body);
+      }
+    } else if (e.event == "requeued") {
+      if (cb.on_task_requeued)
+        cb.on_task_requeued(e.task_id, e.attempt, body_fields(e.body).str("reason"));
+    } else if (e.event == "failed") {
+      close_task(e.task_id);
+      if (cb.on_task_failed) cb.on_task_failed(e.task_id, body_fields(e.body).str("reason"));
+    } else if (e.event == "cancelled") {
+      close_task(e.task_id);
+    }
+    // assigned, started: progress only
+  }
+
+  void stop() {
+    if (!io_thread.joinable()) return;
+    {
+      std::lock_guard lock(mu);
+      cb_stop = true;
+      changed.notify_all();
+    }
+    callback_thread.join();
+    io_stop.store(true);
+    wake.notify();
+    io_thread.join();
+  }
+
+  coordinator_options opts;
+  coordinator_callbacks callbacks;
+  zmq::context_t ctx;
+  util::wake_pipe wake;
+  mutable std::mutex mu;
+  mutable std::condition_variable changed;
+  std::deque<codec::message> outbox;
+  std::deque<codec::task_event> events;
+  std::map<std::string, codec::submitted> acks;
+  std::map<std::string, role> submitting;  // SUBMIT sent, SUBMITTED not yet here
+  std::map<std::string, role> open;
+  connection_state state = connection_state::connecting;
+  std::string last_error;
+  std::uint64_t last_seq = 0;
+  std::uint64_t gaps = 0;
+  bool cb_stop = false;
+  std::atomic<bool> io_stop{false};
+  std::thread io_thread;
+  std::thread callback_thread;
+};
+
+coordinator::coordinator(coordinator_options opts, coordinator_callbacks callbacks)
+    : impl_(std::make_unique<impl>(std::move(opts), std::move(callbacks))) {}
+coordinator::~coordinator() {
+  stop();
+}
+
+connection_state coordinator::state() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->state;
+}
+
+bool coordinator::wait_for(connection_state s, std::chrono::milliseconds timeout) const {
+  std::unique_lock lock(impl_->mu);
+  return impl_->changed.wait_for(lock, timeout, [&] { return impl_->state == s; });
+}
+
+std::optional<submit_result> coordinator::submit(const task_spec& t,
+                                                 std::chrono::milliseconds timeout) {
+  if (t.kind == role::coordinator)
+    throw std::invalid_argument("a task's kind is collector or learner");
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->acks.erase(t.task_id);
+    impl_->submitting[t.task_id] = t.kind;
+  }
+  impl_->post(codec::submit{t.task_id, t.kind, t.task_info, t.requirements, t.start_timeout_ms,
+                            t.step_timeout_ms, t.close_timeout_ms, t.task_timeout_ms,
+                            t.max_attempts});
+  std::unique_lock lock(impl_->mu);
+  if (!impl_->changed.wait_for(lock, timeout, [&] { return impl_->acks.count(t.task_id) != 0; }))
+    return std::nullopt;
+  const auto ack = impl_->acks.at(t.task_id);
+  impl_->acks.erase(t.task_id);
+  return submit_result{ack.accepted, ack.code, ack.reason, ack.queued};
+}
+
+void coordinator::cancel(const std::string& task_id, const std::string& reason) {
+  impl_->post(codec::cancel{task_id, reason});
+}
+
+std::size_t coordinator::open_tasks() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->open.size();
+}
+
+std::uint64_t coordinator::stream_gaps() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->gaps;
+}
+
+void coordinator::stop() {
+  if (impl_) impl_->stop();
+}
+
+}  // namespace rlbus

@@ -1,0 +1,187 @@
+// Integration: the coordinator SDK and the worker SDK through the real broker, running
+// DI-engine's own coordinator test scenario with the seed's callback names.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <mutex>
+#include <set>
+
+#include "rlbus/coordinator.hpp"
+#include "rlbus/worker.hpp"
+#include "support/support.hpp"
+
+using namespace rlbus;
+using namespace rlbus::test;
+
+namespace {
+
+std::string flag_map(std::string_view key, bool value) {
+  msgpack::sbuffer b;
+  msgpack::packer pk(b);
+  pk.pack_map(1).pack(key).pack(value);
+  return {b.data(), b.size()};
+}
+
+worker_options wopts(const std::string& endpoint, const std::string& id, role r) {
+  worker_options o;
+  o.endpoint = endpoint;
+  o.id = id;
+  o.role = r;
+  o.heartbeat = 100ms;
+  return o;
+}
+
+task_spec spec(const std::string& id, role kind) {
+  task_spec t;
+  t.task_id = id;
+  t.kind = kind;
+  return t;
+}
+
+// A stub collector: 20 data items per task, then collector_done.
+task_handlers stub_collector() {
+  task_handlers h;
+  h.run = [](task_handle& t) {
+    for (int i = 0; i < 20; ++i)
+      t.emit_data(t.id() + "-d" + std::to_string(i), "buffer-0", flag_map("eval_flag", false));
+    t.emit_info(flag_map("collector_done", true));
+    while (!t.stop_requested()) std::this_thread::sleep_for(1ms);
+  };
+  h.close = [](task_handle&) { return flag_map("collector_done", true); };
+  return h;
+}
+
+// A stub learner: learns until the coordinator closes it; says learner_done on its 5th info.
+task_handlers stub_learner() {
+  task_handlers h;
+  h.run = [](task_handle& t) {
+    for (std::uint64_t iter = 0; !t.stop_requested(); ++iter) {
+      if (!t.get_data("buffer-0", 4, iter, 5000ms)) continue;
+      t.emit_learn_info("buffer-0", flag_map("learner_done", iter + 1 >= 5));
+    }
+  };
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("DI-engine's coordinator scenario with both SDKs and the seed's callbacks",
+          "[coordinator]") {
+  broker::server_thread b(test_config());
+  const auto ep = b.get().router_endpoint();
+  worker c0(wopts(ep, "collector-0", role::collector), stub_collector());
+  worker c1(wopts(ep, "collector-1", role::collector), stub_collector());
+  worker l0(wopts(ep, "learner-0", role::learner), stub_learner());
+
+  std::mutex mu;
+  std::multiset<std::string> buffer;  // the "replay buffer": data ids per task
+  std::set<std::string> finished;
+  std::atomic<int> infos{0};
+  std::atomic<int> not_yet{0};
+  coordinator_callbacks cb;
+  cb.deal_with_collector_send_data = [&](const std::string& task_id, const std::string& buffer_id,
+                                         const std::string& data_id, const std::string&) {
+    CHECK(buffer_id == "buffer-0");
+    CHECK(data_id.rfind(task_id, 0) == 0);
+    std::lock_guard lock(mu);
+    buffer.insert(task_id);
+  };
+  cb.deal_with_collector_finish_task = [&](const std::string& task_id, const std::string& result) {
+    CHECK(result == flag_map("collector_done", true));
+    std::lock_guard lock(mu);
+    finished.insert(task_id);
+  };
+  cb.deal_with_learner_get_data = [&](const std::string&, const std::string&, std::uint32_t batch,
+                                      std::uint64_t) -> std::optional<std::string> {
+    std::lock_guard lock(mu);
+    if (buffer.size() < batch) {
+      ++not_yet;
+      return std::nullopt;  // the seed slept 1, 3, 5 ... s here; rlbus retries in ms
+    }
+    return flag_map("batch", true);
+  };
+  cb.deal_with_learner_send_info = [&](const std::string&, const std::string&, const std::string&) {
+    ++infos;
+  };
+  cb.deal_with_learner_finish_task = [&](const std::string& task_id, const std::string&) {
+    std::lock_guard lock(mu);
+    finished.insert(task_id);
+  };
+  coordinator_options co;
+  co.endpoint = ep;
+  coordinator coord(co, cb);
+  REQUIRE(coord.wait_for(connection_state::ready, 5s));
+  REQUIRE(l0.wait_for(connection_state::ready, 5s));
+
+  // The learner starts first, while the buffer is still empty.
+  const auto lt = coord.submit(spec("learner_task_0", role::learner));
+  REQUIRE(lt);
+  CHECK(lt->accepted);
+  for (const auto* id : {"collector_task_0", "collector_task_1"}) {
+    const auto r = coord.submit(spec(id, role::collector));
+    REQUIRE(r);
+    CHECK(r->accepted);
+  }
+  REQUIRE(wait_until(
+      [&] {
+        std::lock_guard lock(mu);
+        return finished.size() == 3;
+      },
+      15s));
+  CHECK(buffer.count("collector_task_0") == 20);
+  CHECK(buffer.count("collector_task_1") == 20);
+  CHECK(infos == 4);  // the 5th learn info says learner_done: it closes the task instead
+  CHECK(coord.open_tasks() == 0);
+  CHECK(coord.stream_gaps() == 0);
+  const auto s = b.get().snapshot();
+  CHECK(s.tasks_queued == 0);
+  CHECK(s.tasks_running == 0);
+  CHECK(s.tasks_finished == 3);
+}
+
+TEST_CASE("a refused submit says why", "[coordinator]") {
+  broker::server_thread b(test_config());
+  coordinator_options co;
+  co.endpoint = b.get().router_endpoint();
+  coordinator coord(co, {});
+  REQUIRE(coord.wait_for(connection_state::ready, 5s));
+  REQUIRE(coord.submit(spec("same", role::collector))->accepted);
+  const auto dup = coord.submit(spec("same", role::collector));
+  REQUIRE(dup);
+  CHECK_FALSE(dup->accepted);
+  CHECK(dup->code == 411);
+  CHECK_THAT(dup->reason, Catch::Contains("same"));
+}
+
+TEST_CASE("an attempt that fails is reported and the task re-run", "[coordinator]") {
+  broker::server_thread b(test_config());
+  const auto ep = b.get().router_endpoint();
+  std::atomic<int> requeued{0};
+  std::atomic<bool> done{false};
+  coordinator_callbacks cb;
+  cb.on_task_requeued = [&](const std::string& task_id, std::uint32_t attempt,
+                            const std::string& reason) {
+    CHECK(task_id == "flaky");
+    CHECK(attempt == 1);
+    CHECK_THAT(reason, Catch::Contains("env crashed"));
+    ++requeued;
+  };
+  cb.deal_with_collector_finish_task = [&](const std::string&, const std::string&) { done = true; };
+  coordinator_options co;
+  co.endpoint = ep;
+  coordinator coord(co, cb);
+  REQUIRE(coord.wait_for(connection_state::ready, 5s));
+  std::atomic<int> runs{0};
+  auto h = stub_collector();
+  auto inner = h.run;
+  h.run = [&, inner](task_handle& t) {
+    if (++runs == 1) throw std::runtime_error("env crashed");
+    inner(t);
+  };
+  worker w(wopts(ep, "collector-0", role::collector), h);
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+  REQUIRE(coord.submit(spec("flaky", role::collector))->accepted);
+  REQUIRE(wait_until([&] { return done.load(); }, 10s));
+  CHECK(requeued == 1);
+  CHECK(runs == 2);
+}
