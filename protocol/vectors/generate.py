@@ -352,6 +352,23 @@ EVENTS = [
     event("broker_stopping", "broker.stopping", {**envelope(6), "drain_ms": 0}, "shutdown"),
     event("unknown_topic", "future.topic", envelope(7),
           "a topic this version does not know: the envelope still decodes"),
+    # task.<coordinator>.<event> (SPEC §12.8.4): a copy of each TASK_EVENT without user data.
+    event("task_assigned", "task.coordinator.assigned",
+          {**envelope(8), "task_id": COLLECTOR_TASK, "kind": "collector", "attempt": 1,
+           "worker_id": "collector-3", "detail": "collector-3"},
+          "an attempt began; detail is the worker id"),
+    event("task_data", "task.coordinator.data",
+          {**envelope(9), "task_id": COLLECTOR_TASK, "kind": "collector", "attempt": 1,
+           "worker_id": "collector-3", "detail": "data_c0_000041"},
+          "a DATA step; detail is its data_id, the data itself is not published"),
+    event("task_requeued", "task.coordinator.requeued",
+          {**envelope(10), "task_id": LEARNER_TASK, "kind": "learner", "attempt": 1,
+           "worker_id": "learner-0", "detail": "step timeout"},
+          "an attempt ended and the task waits again; detail is the reason"),
+    event("task_cancelled_queued", "task.coordinator.cancelled",
+          {**envelope(11), "task_id": LEARNER_TASK, "kind": "learner", "attempt": 0,
+           "worker_id": "", "detail": "experiment stopped by the operator"},
+          "cancelled before any attempt: attempt 0 and no worker"),
 ]
 
 

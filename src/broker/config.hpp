@@ -44,8 +44,9 @@ struct config {
   std::uint32_t max_attempts = 3;
   /// What NO_DATA tells a learner to wait before asking again (its SDK backs off from it).
   std::uint32_t no_data_retry_ms = 10;
-  /// Task events kept per coordinator for replay.
+  /// Task events kept per coordinator for replay, bounded in count and in bytes.
   std::size_t stream_ring = 65'536;
+  std::size_t stream_ring_bytes = std::size_t{64} * 1024 * 1024;
 
   /// Throws std::invalid_argument naming the first setting that is out of range.
   void validate() const;

@@ -231,6 +231,7 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
     p.resources = std::move(h.resources);
     p.last_seen = now;
     peers_.reschedule(p);
+    tasks_.peer_resources(p.id, p.resources, now);
   };
 
   if (current != nullptr) {  // this connection already has a session

@@ -28,6 +28,13 @@ refusal refuse(codec::error_code code, std::string reason) {
   return {code, std::move(reason)};
 }
 
+// Reasons built from a peer's own text stay within the reason limit of the messages and
+// events they end up in.
+std::string clip(std::string s) {
+  if (s.size() > codec::max_reason_length) s.resize(codec::max_reason_length);
+  return s;
+}
+
 codec::blob reason_body(std::string_view reason, std::uint32_t attempt) {
   return codec::map_writer(2).str("reason", reason).uint("attempt", attempt).done();
 }
@@ -42,6 +49,14 @@ void task_manager::peer_joined(const std::string& id, rlbus::role role, const rl
   workers_[id] = worker_info{role, res, serial, ""};
   free_[slot(role)].emplace(serial, id);
   try_assign(now);
+}
+
+void task_manager::peer_resources(const std::string& id, const rlbus::resources& res,
+                                  util::time_point now) {
+  const auto it = workers_.find(id);
+  if (it == workers_.end()) return;
+  it->second.resources = res;
+  try_assign(now);  // a queued task may fit now
 }
 
 void task_manager::peer_gone(const std::string& id, rlbus::role role, util::time_point now) {
@@ -176,7 +191,7 @@ std::optional<refusal> task_manager::on_cancel(const std::string& from, const co
   task* t = owned_task(from, c.task_id, why);
   if (t == nullptr) return why;
   if (!t->worker.empty()) {
-    sink_.send_to(t->worker, codec::task_abort{t->id, t->attempt, "cancelled: " + c.reason});
+    sink_.send_to(t->worker, codec::task_abort{t->id, t->attempt, clip("cancelled: " + c.reason)});
     free_worker(t->worker);
   }
   emit(*t, "cancelled", reason_body(c.reason, t->attempt), c.reason);
@@ -190,10 +205,10 @@ std::optional<refusal> task_manager::on_data_reply(const std::string& from, code
   std::optional<refusal> why;
   task* t = owned_task(from, r.task_id, why);
   if (t == nullptr) return why;
-  if (t->st != state::running || t->request_id == 0 || t->request_id != r.request_id)
+  if (t->st != state::running || t->request_id != r.request_id)
     return refuse(codec::error_code::wrong_state,
                   fmt::format("task '{}' has no open data request {}", t->id, r.request_id));
-  t->request_id = 0;
+  t->request_id.reset();
   if (r.data == codec::nil_blob) {
     sink_.send_to(t->worker,
                   codec::no_data{t->id, t->attempt, r.request_id, cfg_.no_data_retry_ms});
@@ -303,7 +318,7 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
     try_assign(now);
   } else if (const auto* f = std::get_if<codec::task_failed>(&m)) {
     free_worker(from);
-    end_attempt(t, "worker reported: " + f->reason);
+    end_attempt(t, clip("worker reported: " + f->reason));
     try_assign(now);
   }
   return std::nullopt;
@@ -342,7 +357,7 @@ void task_manager::start_attempt(task& t, worker_info& w, const std::string& wor
   ++t.attempt;
   t.worker = worker_id;
   t.st = state::starting;
-  t.request_id = 0;
+  t.request_id.reset();
   w.task = t.id;
   t.attempt_end = now + t.task_timeout;
   set_deadline(t, now + t.start_timeout);
@@ -353,7 +368,9 @@ void task_manager::start_attempt(task& t, worker_info& w, const std::string& wor
 
 void task_manager::set_deadline(task& t, util::time_point due) {
   t.deadline = std::min(due, t.attempt_end);
+  if (t.scheduled && *t.scheduled <= t.deadline) return;  // the check due then looks again
   ++t.generation;
+  t.scheduled = t.deadline;
   checks_.push({t.deadline, t.id, t.generation});
 }
 
@@ -367,8 +384,9 @@ void task_manager::free_worker(const std::string& worker_id) {
 // The attempt is over (its worker, if any, already freed or gone): re-queue or fail. The
 // event still names the worker the attempt ran on.
 void task_manager::end_attempt(task& t, const std::string& reason) {
-  t.request_id = 0;
+  t.request_id.reset();
   ++t.generation;  // no deadline while queued
+  t.scheduled.reset();
   if (t.attempt < t.max_attempts) {
     spdlog::warn("task {} attempt {} ended ({}): re-queued", t.id, t.attempt, reason);
     emit(t, "requeued", reason_body(reason, t.attempt), reason);
@@ -393,6 +411,12 @@ void task_manager::on_timers(util::time_point now) {
     const auto it = tasks_.find(c.task_id);
     if (it == tasks_.end() || it->second.generation != c.generation) continue;
     task& t = it->second;
+    if (t.deadline > now) {  // progress since: look again at the real deadline
+      t.scheduled = t.deadline;
+      checks_.push({t.deadline, t.id, t.generation});
+      continue;
+    }
+    t.scheduled.reset();
     const char* step = t.st == state::starting  ? "start"
                        : t.st == state::closing ? "close"
                                                 : "step";
@@ -426,10 +450,15 @@ void task_manager::emit(task& t, std::string_view event, codec::blob body,
   auto& s = streams_[t.owner];
   codec::task_event e{++s.seq, t.id, t.attempt, std::string(event), t.worker, std::move(body)};
   sink_.send_to(t.owner, e);
-  s.ring.emplace_back(e.seq, std::move(e));
-  while (s.ring.size() > cfg_.stream_ring) s.ring.pop_front();
+  // The ring is bounded in events and in bytes (payloads can be large).
+  s.ring_bytes += e.body.size();
+  s.ring.push_back(std::move(e));
+  while (s.ring.size() > cfg_.stream_ring || s.ring_bytes > cfg_.stream_ring_bytes) {
+    s.ring_bytes -= s.ring.front().body.size();
+    s.ring.pop_front();
+  }
   sink_.publish(fmt::format("task.{}.{}", t.owner, event),
-                codec::task_status{t.id, t.kind, t.attempt, t.worker, std::string(detail)});
+                codec::task_status{t.id, t.kind, t.attempt, t.worker, clip(std::string(detail))});
 }
 
 task_counts task_manager::counts() const {

@@ -58,6 +58,8 @@ class task_manager {
   /// A worker session began (or a coordinator's: ignored).
   void peer_joined(const std::string& id, rlbus::role role, const rlbus::resources& res,
                    std::uint64_t serial, util::time_point now);
+  /// A worker re-announced its resources (a repeated or resuming HELLO).
+  void peer_resources(const std::string& id, const rlbus::resources& res, util::time_point now);
   /// A session ended: a worker's task is re-queued or failed; a coordinator's tasks are
   /// cancelled and its stream dropped.
   void peer_gone(const std::string& id, rlbus::role role, util::time_point now);
@@ -85,12 +87,15 @@ class task_manager {
     std::uint32_t attempt = 0;  // the current (or last) attempt; 0 before the first
     state st = state::queued;
     std::string worker;
-    std::string last_worker;       // who ran the attempt that ended (avoided next time)
-    std::uint64_t order = 0;       // FIFO key, kept across re-queues
-    std::uint64_t request_id = 0;  // a learner's data request awaiting DATA_REPLY (0: none)
-    util::time_point deadline{};   // of the current step, bounded by attempt_end
+    std::string last_worker;                  // who ran the attempt that ended (avoided next time)
+    std::uint64_t order = 0;                  // FIFO key, kept across re-queues
+    std::optional<std::uint64_t> request_id;  // a learner's request awaiting DATA_REPLY
+    util::time_point deadline{};              // of the current step, bounded by attempt_end
     util::time_point attempt_end{};
-    std::uint32_t generation = 0;  // bumped when the deadline moves: older checks go stale
+    // The heap holds one check per task at most: progress only moves `deadline` later, and
+    // a check that comes due early is re-pushed at the real deadline (as peer expiry does).
+    std::optional<util::time_point> scheduled;
+    std::uint32_t generation = 0;  // bumped when the schedule is dropped: older checks go stale
   };
   struct worker_info {
     rlbus::role role;
@@ -100,7 +105,8 @@ class task_manager {
   };
   struct stream {
     std::uint64_t seq = 0;
-    std::deque<std::pair<std::uint64_t, codec::task_event>> ring;
+    std::deque<codec::task_event> ring;
+    std::size_t ring_bytes = 0;
   };
   struct check {
     util::time_point due;

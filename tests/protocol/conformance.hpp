@@ -57,6 +57,7 @@ T next_a(raw_peer& p, std::chrono::milliseconds timeout = 3000ms) {
     FAIL("unexpected ERROR " << e->code << " (ref_type "
                              << (e->ref_type ? static_cast<int>(*e->ref_type) : -1)
                              << "): " << e->reason);
+  INFO("got message type 0x" << std::hex << static_cast<int>(codec::type_of(*m)));
   REQUIRE(std::holds_alternative<T>(*m));
   return std::get<T>(*m);
 }
@@ -245,5 +246,109 @@ struct fixture {
   zmq::context_t ctx;
   std::string router = broker.get().router_endpoint();
 };
+
+// ---- §12 task messages ----------------------------------------------------------------------
+
+inline constexpr std::uint8_t type_submit = 0x10;
+inline constexpr std::uint8_t type_submitted = 0x11;
+inline constexpr std::uint8_t type_finish = 0x12;
+inline constexpr std::uint8_t type_cancel = 0x13;
+inline constexpr std::uint8_t type_data_reply = 0x14;
+inline constexpr std::uint8_t type_task_event = 0x15;
+inline constexpr std::uint8_t type_task_start = 0x20;
+inline constexpr std::uint8_t type_task_close = 0x21;
+inline constexpr std::uint8_t type_learn = 0x22;
+inline constexpr std::uint8_t type_no_data = 0x23;
+inline constexpr std::uint8_t type_task_abort = 0x24;
+inline constexpr std::uint8_t type_started = 0x30;
+inline constexpr std::uint8_t type_data = 0x31;
+inline constexpr std::uint8_t type_info = 0x32;
+inline constexpr std::uint8_t type_get_data = 0x33;
+inline constexpr std::uint8_t type_learn_info = 0x34;
+inline constexpr std::uint8_t type_result = 0x35;
+inline constexpr std::uint8_t type_task_failed = 0x36;
+
+/// Introduces `p` as `id` of role `r` announcing `res`, with a heartbeat long enough that no
+/// session expires during a test; returns the WELCOME.
+inline codec::welcome join(raw_peer& p, const std::string& id, rlbus::role r,
+                           rlbus::resources res = {}) {
+  p.send(codec::hello{r, id, 30'000, std::move(res), std::nullopt});
+  return next_a<codec::welcome>(p);
+}
+
+/// A SUBMIT of `kind` with an empty task_info and no options: the broker's settings apply.
+inline codec::submit task_of(std::string id, rlbus::role kind = rlbus::role::collector,
+                             rlbus::resources need = {}) {
+  codec::submit s;
+  s.task_id = std::move(id);
+  s.kind = kind;
+  s.requirements = std::move(need);
+  return s;
+}
+
+/// Sends `s`; the very next message must be its SUBMITTED, accepted.
+inline codec::submitted submit_ok(raw_peer& coord, const codec::submit& s) {
+  coord.send(s);
+  const auto a = next_a<codec::submitted>(coord);
+  INFO("SUBMITTED " << a.code << " " << a.reason);
+  CHECK(a.task_id == s.task_id);
+  REQUIRE(a.accepted);
+  return a;
+}
+
+/// The very next message to `coord` must be TASK_EVENT `event` about `task_id`.
+inline codec::task_event next_event(raw_peer& coord, std::string_view task_id,
+                                    std::string_view event,
+                                    std::chrono::milliseconds timeout = 3000ms) {
+  const auto e = next_a<codec::task_event>(coord, timeout);
+  INFO("got TASK_EVENT '" << e.event << "' about '" << e.task_id << "', seq " << e.seq);
+  CHECK(e.task_id == task_id);
+  REQUIRE(e.event == event);
+  return e;
+}
+
+/// A HEARTBEAT round trip whose answer must be the very next message: nothing the broker did
+/// before it read this HEARTBEAT is still on its way to `p`.
+inline void expect_quiet(raw_peer& p) {
+  p.send(codec::heartbeat{});
+  next_a<codec::heartbeat>(p);
+}
+
+/// The body of the very next message, which must be of type `type`, as raw bytes.
+inline std::string next_body(raw_peer& p, std::uint8_t type,
+                             std::chrono::milliseconds timeout = 3000ms) {
+  const auto frames = recv_frames(p, timeout);
+  REQUIRE(frames.size() == 2);
+  const auto h = codec::parse_header(frames[0]);
+  REQUIRE(h);
+  REQUIRE(static_cast<int>(h->type) == static_cast<int>(type));
+  return frames[1];
+}
+
+/// Submits `s` (a free `worker` must take it at once) and starts it: SUBMITTED, the worker's
+/// TASK_START, `assigned`, STARTED, `started`. Returns the TASK_START.
+inline codec::task_start start_task(raw_peer& coord, raw_peer& worker, const codec::submit& s) {
+  submit_ok(coord, s);
+  const auto start = next_a<codec::task_start>(worker);
+  REQUIRE(start.task_id == s.task_id);
+  next_event(coord, s.task_id, "assigned");
+  worker.send(codec::started{s.task_id, start.attempt});
+  next_event(coord, s.task_id, "started");
+  return start;
+}
+
+/// A broker with settings of its own, for the tests that change them.
+struct broker_with {
+  explicit broker_with(const broker::config& cfg) : broker(cfg) {}
+  broker::server_thread broker;
+  zmq::context_t ctx;
+  std::string router = broker.get().router_endpoint();
+};
+
+/// Milliseconds since `t0`.
+inline std::chrono::milliseconds since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                               t0);
+}
 
 }  // namespace rlbus::test::spec

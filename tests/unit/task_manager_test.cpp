@@ -377,3 +377,21 @@ TEST_CASE_METHOD(fixture, "cancel stops a running task and frees its worker", "[
   submit("coord", "t-next", role::collector);
   CHECK(sink.take<codec::task_start>("w").task_id == "t-next");
 }
+
+TEST_CASE_METHOD(fixture, "reasons made from a peer's text fit the reason limit", "[unit][tasks]") {
+  join("w", role::collector);
+  submit("coord", "t", role::collector);
+  sink.take<codec::task_start>("w");
+  ok("coord", role::coordinator, codec::cancel{"t", std::string(3000, 'r')});
+  const auto abort = sink.take<codec::task_abort>("w");
+  CHECK(abort.reason.size() == codec::max_reason_length);
+  CHECK(abort.reason.rfind("cancelled: ", 0) == 0);
+}
+
+TEST_CASE_METHOD(fixture, "re-announced resources count for the next assignment", "[unit][tasks]") {
+  join("w", role::learner, {{"gpu", 0}});
+  submit("coord", "needs-gpu", role::learner, {{"gpu", 1}});
+  CHECK(sink.empty("w"));
+  tm->peer_resources("w", {{"gpu", 1}}, now);
+  CHECK(sink.take<codec::task_start>("w").task_id == "needs-gpu");
+}
