@@ -187,9 +187,7 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
     if (auto refused = tasks_.handle(p->id, p->role, std::move(msg), now)) {
       // A late message about a task that moved on is normal after a re-assignment or a
       // cancel: refused and counted, but no strike against the peer (SPEC §12.4).
-      const bool late = refused->code == codec::error_code::stale_attempt ||
-                        refused->code == codec::error_code::unknown_task;
-      if (late) {
+      if (refused->late) {
         counters_.faults.fetch_add(1, std::memory_order_relaxed);
         (void)send(routing_id, codec::error{static_cast<std::uint16_t>(refused->code),
                                             std::move(refused->reason), header->type});

@@ -25,7 +25,9 @@ bool fits(const rlbus::resources& have, const rlbus::resources& need) {
 }
 
 refusal refuse(codec::error_code code, std::string reason) {
-  return {code, std::move(reason)};
+  const bool late =
+      code == codec::error_code::unknown_task || code == codec::error_code::stale_attempt;
+  return {code, std::move(reason), late};
 }
 
 // Reasons built from a peer's own text stay within the reason limit of the messages and
@@ -205,9 +207,12 @@ std::optional<refusal> task_manager::on_data_reply(const std::string& from, code
   std::optional<refusal> why;
   task* t = owned_task(from, r.task_id, why);
   if (t == nullptr) return why;
-  if (t->st != state::running || t->request_id != r.request_id)
-    return refuse(codec::error_code::wrong_state,
-                  fmt::format("task '{}' has no open data request {}", t->id, r.request_id));
+  if (t->st != state::running || t->request_id != r.request_id) {
+    auto why = refuse(codec::error_code::wrong_state,
+                      fmt::format("task '{}' has no open data request {}", t->id, r.request_id));
+    why.late = true;  // the request was answered, replaced or ended before this reply came
+    return why;
+  }
   t->request_id.reset();
   if (r.data == codec::nil_blob) {
     sink_.send_to(t->worker,
@@ -268,8 +273,11 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
                   fmt::format("attempt {} of task '{}' has ended (current attempt {})", attempt,
                               t.id, t.attempt));
   }
+  // Progress that crosses a TASK_CLOSE in flight is a race, not a fault.
   const auto wrong = [&](std::string_view what) {
-    return refuse(codec::error_code::wrong_state, fmt::format("task '{}': {}", t.id, what));
+    auto r = refuse(codec::error_code::wrong_state, fmt::format("task '{}': {}", t.id, what));
+    r.late = t.st == state::closing && !std::holds_alternative<codec::started>(m);
+    return r;
   };
   const auto progress = [&] { set_deadline(t, now + t.step_timeout); };
 

@@ -44,6 +44,9 @@ class task_sink {
 struct refusal {
   codec::error_code code;
   std::string reason;
+  /// The message only lost a race (the task moved on before it arrived): answered, counted,
+  /// but no strike against the sender (SPEC §12.5.5).
+  bool late = false;
 };
 
 struct task_counts {

@@ -726,10 +726,11 @@ TEST_CASE("SPEC 12.5.4: a refused task message changes nothing", "[spec]") {
   CHECK(next_a<codec::no_data>(l).request_id == 5);
 }
 
-// §12.5.5 "A task message refused with 406 or 407 SHALL be answered with ERROR and counted in the
-// broker's count of faults, but it SHALL NOT count against the sender's session (§10.2) and never
-// leads to DISCONNECT 429 (§10.3) ... Every other refusal of a task message (402, 404, 408 ...) is
-// a fault of §10 like any other."
+// §12.5.5 "A task message refused with 406 or 407, a DATA, INFO, GET_DATA or LEARN_INFO refused
+// with 408 because its task is closing, and a DATA_REPLY refused with 408 SHALL be answered with
+// ERROR and counted in the broker's count of faults, but they SHALL NOT count against the sender's
+// session (§10.2) and never lead to DISCONNECT 429 (§10.3) ... Every other refusal of a task
+// message (402, 404, a repeated STARTED ...) is a fault of §10 like any other."
 TEST_CASE("SPEC 12.5.5: 406 and 407 are counted but are no strike against the session", "[spec]") {
   auto cfg = test_config();
   cfg.max_faults = 2;
@@ -759,6 +760,26 @@ TEST_CASE("SPEC 12.5.5: 406 and 407 are counted but are no strike against the se
   CHECK(next_a<codec::disconnect>(w).code == code_of(error_code::too_many_faults));
   CHECK(b.broker.get().snapshot().faults == 11);
   next_event(coord, "t", "failed");  // its session ended, and with it the last attempt
+}
+
+// §12.5.5 (as above): progress still in flight when TASK_CLOSE arrives is no strike.
+TEST_CASE("SPEC 12.5.5: progress racing a close is refused but is no strike", "[spec]") {
+  auto cfg = test_config();
+  cfg.max_faults = 2;
+  broker_with b(cfg);
+  raw_peer coord(b.ctx, b.router), w(b.ctx, b.router);
+  join(coord, "coord", role::coordinator);
+  join(w, "w", role::collector);
+  start_task(coord, w, task_of("t"));
+  coord.send(codec::finish{"t"});
+  next_a<codec::task_close>(w);
+  for (int i = 0; i < 5; ++i)  // a collector loop that has not seen TASK_CLOSE yet
+    refused(w, codec::data_ready{"t", 1, "late", "b", codec::empty_map_blob, std::nullopt},
+            error_code::wrong_state);
+  refused(coord, codec::data_reply{"t", 1, codec::nil_blob}, error_code::wrong_state);
+  expect_quiet(w);  // still in session past max-faults 2
+  w.send(codec::task_result{"t", 1, codec::empty_map_blob});
+  next_event(coord, "t", "finished");
 }
 
 // §12.5.6 "Every TASK_EVENT SHALL carry the task's attempt number as `attempt` and the worker of
