@@ -15,13 +15,6 @@ using namespace rlbus::test;
 
 namespace {
 
-std::string flag_map(std::string_view key, bool value) {
-  msgpack::sbuffer b;
-  msgpack::packer pk(b);
-  pk.pack_map(1).pack(key).pack(value);
-  return {b.data(), b.size()};
-}
-
 worker_options wopts(const std::string& endpoint, const std::string& id, role r) {
   worker_options o;
   o.endpoint = endpoint;

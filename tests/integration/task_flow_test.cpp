@@ -10,13 +10,6 @@ using namespace rlbus::test;
 
 namespace {
 
-codec::blob map_of(std::string_view key, bool value) {
-  msgpack::sbuffer b;
-  msgpack::packer pk(b);
-  pk.pack_map(1).pack(key).pack(value);
-  return {b.data(), b.size()};
-}
-
 codec::submit task(const std::string& id, role kind) {
   return codec::submit{id, kind, codec::empty_map_blob, {}, {}, {}, {}, {}, {}};
 }
@@ -62,12 +55,12 @@ TEST_CASE("DI-engine's coordinator scenario runs to the end through the broker",
       worker->send(codec::data_ready{id, start->attempt, "d" + std::to_string(i), "buffer-0",
                                      codec::empty_map_blob, std::string(64, 'x')});
     }
-    worker->send(codec::info{id, start->attempt, map_of("collector_done", true)});
+    worker->send(codec::info{id, start->attempt, flag_map("collector_done", true)});
     until_event(coord, "info", &stream);  // judge_finish: collector_done
     coord.send(codec::finish{id});
     const auto close = worker->recv_a<codec::task_close>();
     REQUIRE(close);
-    worker->send(codec::task_result{id, close->attempt, map_of("collector_done", true)});
+    worker->send(codec::task_result{id, close->attempt, flag_map("collector_done", true)});
     const auto done = until_event(coord, "finished", &stream);
     CHECK(done.task_id == id);
   }
@@ -96,7 +89,7 @@ TEST_CASE("DI-engine's coordinator scenario runs to the end through the broker",
     }
     REQUIRE(l0.recv_a<codec::learn>());
     l0.send(codec::learn_info{"lt-0", start->attempt, "buffer-0",
-                              map_of("learner_done", learned == 4)});
+                              flag_map("learner_done", learned == 4)});
     until_event(coord, "learn_info");
     ++learned;
   }

@@ -12,13 +12,6 @@ using namespace rlbus::test;
 
 namespace {
 
-std::string flag_map(std::string_view key, bool value) {
-  msgpack::sbuffer b;
-  msgpack::packer pk(b);
-  pk.pack_map(1).pack(key).pack(value);
-  return {b.data(), b.size()};
-}
-
 codec::task_event until_event(raw_peer& coord, const std::string& name, int* count_data = nullptr) {
   while (true) {
     auto e = coord.recv_a<codec::task_event>(5000ms);

@@ -127,6 +127,13 @@ codec::hello fake_broker::answer_hello(const codec::message& reply) {
   return std::get<codec::hello>(hello.value());
 }
 
+std::string flag_map(std::string_view key, bool value) {
+  msgpack::sbuffer b;
+  msgpack::packer pk(b);
+  pk.pack_map(1).pack(key).pack(value);
+  return {b.data(), b.size()};
+}
+
 std::string event_peer_id(const codec::event& e) {
   if (const auto* j = std::get_if<codec::peer_joined>(&e.body)) return j->id;
   if (const auto* g = std::get_if<codec::peer_gone>(&e.body)) return g->id;

@@ -114,6 +114,9 @@ class fake_broker {
   std::string endpoint_;
 };
 
+/// A one-entry msgpack map {key: value}, the shape of DI-engine's done flags.
+std::string flag_map(std::string_view key, bool value);
+
 /// The id a peer_joined / peer_gone event is about ("" for other bodies).
 std::string event_peer_id(const codec::event& e);
 
