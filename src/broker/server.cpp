@@ -185,15 +185,10 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
   auto& msg = decoded.value();
   if (codec::is_task_type(header->type)) {
     if (auto refused = tasks_.handle(p->id, p->role, std::move(msg), now)) {
-      // A late message about a task that moved on is normal after a re-assignment or a
-      // cancel: refused and counted, but no strike against the peer (SPEC §12.4).
-      if (refused->late) {
-        counters_.faults.fetch_add(1, std::memory_order_relaxed);
-        (void)send(routing_id, codec::error{static_cast<std::uint16_t>(refused->code),
-                                            std::move(refused->reason), header->type});
-        return;
-      }
-      return fault(routing_id, p, refused->code, std::move(refused->reason), header->type);
+      // A late message about a task that moved on is normal after a re-assignment, a cancel
+      // or a close: refused and counted, but no strike against the peer (SPEC §12.5.5).
+      return fault(routing_id, p, refused->code, std::move(refused->reason), header->type,
+                   !refused->late);
     }
     return;
   }
@@ -306,12 +301,13 @@ void server::on_disconnect(const peer& p, const codec::disconnect& d) {
 }
 
 void server::fault(std::string_view routing_id, peer* p, codec::error_code code, std::string reason,
-                   std::optional<std::uint8_t> ref_type) {
+                   std::optional<std::uint8_t> ref_type, bool strike) {
   counters_.faults.fetch_add(1, std::memory_order_relaxed);
   if (reason.size() > codec::max_reason_length) reason.resize(codec::max_reason_length);
   const auto code_num = static_cast<std::uint16_t>(code);
-  if (p == nullptr) {
-    spdlog::debug("refused a message from an unintroduced connection: {} {}", code_num, reason);
+  if (p == nullptr || !strike) {
+    spdlog::debug("refused a message from {}: {} {}", p ? p->id : "an unintroduced connection",
+                  code_num, reason);
     (void)send(routing_id, codec::error{code_num, std::move(reason), ref_type});
     return;
   }

@@ -86,8 +86,9 @@ class server : private task_sink {
   void on_hello(const std::string& routing_id, peer* current, codec::hello&& h,
                 util::time_point now);
   void on_disconnect(const peer& p, const codec::disconnect& d);
+  /// Answers ERROR and counts it; with `strike`, it also counts against the peer's session.
   void fault(std::string_view routing_id, peer* p, codec::error_code code, std::string reason,
-             std::optional<std::uint8_t> ref_type);
+             std::optional<std::uint8_t> ref_type, bool strike = true);
   void refuse_hello(std::string_view routing_id, codec::error_code code, std::string reason);
   void end_session(const peer& p, codec::error_code code, std::string reason, bool lost);
   bool send(std::string_view routing_id, const codec::message& m);
