@@ -14,17 +14,6 @@ codec::submit task(const std::string& id, role kind) {
   return codec::submit{id, kind, codec::empty_map_blob, {}, {}, {}, {}, {}, {}};
 }
 
-/// Reads the coordinator's stream until an event named `name` (others are collected).
-codec::task_event until_event(raw_peer& coord, const std::string& name,
-                              std::vector<codec::task_event>* seen = nullptr) {
-  while (true) {
-    auto e = coord.recv_a<codec::task_event>(5000ms);
-    REQUIRE(e);
-    if (seen != nullptr) seen->push_back(*e);
-    if (e->event == name) return *e;
-  }
-}
-
 }  // namespace
 
 TEST_CASE("DI-engine's coordinator scenario runs to the end through the broker", "[task-flow]") {

@@ -127,6 +127,16 @@ codec::hello fake_broker::answer_hello(const codec::message& reply) {
   return std::get<codec::hello>(hello.value());
 }
 
+codec::task_event until_event(raw_peer& coord, const std::string& name,
+                              std::vector<codec::task_event>* seen) {
+  while (true) {
+    auto e = coord.recv_a<codec::task_event>(5000ms);
+    REQUIRE(e);
+    if (seen != nullptr) seen->push_back(*e);
+    if (e->event == name) return *e;
+  }
+}
+
 std::string flag_map(std::string_view key, bool value) {
   msgpack::sbuffer b;
   msgpack::packer pk(b);

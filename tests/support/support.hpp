@@ -114,6 +114,11 @@ class fake_broker {
   std::string endpoint_;
 };
 
+/// Reads a coordinator's TASK_EVENTs until one named `name` (each event read is appended to
+/// `seen` when given); fails the test if none comes within 5 s.
+codec::task_event until_event(raw_peer& coord, const std::string& name,
+                              std::vector<codec::task_event>* seen = nullptr);
+
 /// A one-entry msgpack map {key: value}, the shape of DI-engine's done flags.
 std::string flag_map(std::string_view key, bool value);
 
