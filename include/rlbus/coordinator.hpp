@@ -37,6 +37,8 @@ struct task_spec {
   rlbus::resources requirements;
   std::optional<std::uint32_t> start_timeout_ms, step_timeout_ms, close_timeout_ms, task_timeout_ms,
       max_attempts;
+  /// Each attempt starts with the latest version of this policy the broker holds (SPEC §13).
+  std::optional<std::string> policy_id;
 };
 
 /// The broker's answer to a submit.

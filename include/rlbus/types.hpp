@@ -2,6 +2,7 @@
 // Everything here is a plain value type; nothing in this header touches a socket.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -21,5 +22,14 @@ std::optional<role> parse_role(std::string_view text) noexcept;
 /// Resources a worker announces (e.g. {"cpu": 4, "gpu": 1, "memory_gb": 16}).
 /// Values are non-negative finite numbers; keys are sorted, so encoding is canonical.
 using resources = std::map<std::string, double, std::less<>>;
+
+/// One version of a policy as the broker hands it to a task (SPEC §13): either a reference
+/// the worker resolves itself (a checkpoint path, a URL) or the parameters inline.
+struct policy {
+  std::string id;
+  std::uint64_t version = 0;
+  std::optional<std::string> ref;
+  std::optional<std::string> params;
+};
 
 }  // namespace rlbus

@@ -59,6 +59,10 @@ class task_handle {
   [[nodiscard]] std::uint32_t attempt() const noexcept { return attempt_; }
   /// The task_info map from the coordinator's SUBMIT (msgpack).
   [[nodiscard]] const std::string& info() const noexcept { return info_; }
+  /// The latest version of the task's policy when the attempt started: set when the SUBMIT
+  /// named a policy_id and a learner had published a version of it, nullopt otherwise.
+  /// emit_data() tags every data item with its version.
+  [[nodiscard]] const std::optional<rlbus::policy>& policy() const noexcept { return policy_; }
   /// True once the broker asked to close the task or aborted it: wind down and return.
   [[nodiscard]] bool stop_requested() const;
   /// True when the broker aborted the task (timeout, cancel, re-assignment): nothing more
@@ -78,16 +82,29 @@ class task_handle {
                                       std::uint64_t cur_learner_iter,
                                       std::chrono::milliseconds timeout);
   bool emit_learn_info(std::string buffer_id, std::string info_msgpack);
+  /// Publishes version `version` of policy `policy_id` (inline params, or a reference with
+  /// publish_policy_ref): tasks that start afterwards and name this policy get it. Versions
+  /// must grow; the broker refuses an older or equal one (see worker::last_error()). False
+  /// when the task is over.
+  bool publish_policy(std::string policy_id, std::uint64_t version, std::string params);
+  bool publish_policy_ref(std::string policy_id, std::uint64_t version, std::string ref);
 
  private:
   friend class worker;
   struct owner;
-  task_handle(owner& o, std::string id, std::uint32_t attempt, std::string info)
-      : owner_(o), id_(std::move(id)), attempt_(attempt), info_(std::move(info)) {}
+  task_handle(owner& o, std::string id, std::uint32_t attempt, std::string info,
+              std::optional<rlbus::policy> p)
+      : owner_(o),
+        id_(std::move(id)),
+        attempt_(attempt),
+        info_(std::move(info)),
+        policy_(std::move(p)) {}
+  [[nodiscard]] bool live() const;
   owner& owner_;
   std::string id_;
   std::uint32_t attempt_;
   std::string info_;
+  std::optional<rlbus::policy> policy_;
 };
 
 /// What a worker does with its tasks. Both run on the worker's handler thread (one task at

@@ -11,6 +11,7 @@ written there as {"$bin_hex": "<its bytes in lower-case hex>"} (see to_json belo
 """
 import json
 import os
+import struct
 
 import msgpack
 
@@ -23,7 +24,7 @@ TYPES = {"HELLO": 0x01, "WELCOME": 0x02, "HEARTBEAT": 0x03, "DISCONNECT": 0x04,
          "TASK_START": 0x20, "TASK_CLOSE": 0x21, "LEARN": 0x22, "NO_DATA": 0x23,
          "TASK_ABORT": 0x24,
          "STARTED": 0x30, "DATA": 0x31, "INFO": 0x32, "GET_DATA": 0x33, "LEARN_INFO": 0x34,
-         "RESULT": 0x35, "TASK_FAILED": 0x36}
+         "RESULT": 0x35, "TASK_FAILED": 0x36, "POLICY": 0x37}
 
 
 def header(type_id, version=1, sig=b"RL"):
@@ -121,6 +122,8 @@ BATCH = [
 # class (0x00, 0x7f-0xff) appears, so hex and bin handling are both exercised.
 PAYLOAD = bytes([0x04, 0x22, 0x4D, 0x18, 0x64, 0x40, 0xA7, 0x00]) + bytes(
     (i * 37 + 11) & 0xFF for i in range(40))
+# Five float64 policy weights, little-endian, as the demo's linear policy writes them.
+POLICY_PARAMS = struct.pack("<5d", 0.125, -0.5, 1.75, 2.5, 0.0)
 
 VALID += [
     valid("submit_collector_all_options", "SUBMIT",
@@ -234,6 +237,32 @@ VALID += [
           {"task_id": COLLECTOR_TASK, "attempt": 2,
            "reason": "collector handler raised RuntimeError: env 3 step failed"},
           "the worker's handler failed"),
+    # policies (SPEC §13)
+    valid("policy_inline", "POLICY",
+          {"policy_id": "cartpole", "version": 7, "params": POLICY_PARAMS},
+          'version 7 with its parameters inline (five float64, little-endian); in "fields" as {"$bin_hex": ...}'),
+    valid("policy_by_reference", "POLICY",
+          {"policy_id": "dqn.main", "version": 1200,
+           "ref": "/mnt/exp/cartpole_dqn/policy/iteration_1200.pth"},
+          "a checkpoint the workers load themselves"),
+    valid("submit_with_policy", "SUBMIT",
+          {"task_id": COLLECTOR_TASK, "kind": "collector", "task_info": COLLECTOR_INFO,
+           "requirements": {}, "policy_id": "cartpole"},
+          "each attempt starts with the latest version of policy cartpole"),
+    valid("task_start_with_policy", "TASK_START",
+          {"task_id": COLLECTOR_TASK, "attempt": 1, "kind": "collector",
+           "task_info": COLLECTOR_INFO, "policy_id": "cartpole", "policy_version": 7,
+           "policy_params": POLICY_PARAMS},
+          "the latest version the broker held when the attempt started"),
+    valid("task_start_learner_policy_ref", "TASK_START",
+          {"task_id": LEARNER_TASK, "attempt": 2, "kind": "learner", "task_info": LEARNER_INFO,
+           "policy_id": "dqn.main", "policy_version": 1200,
+           "policy_ref": "/mnt/exp/cartpole_dqn/policy/iteration_1200.pth"},
+          "a restarted learner resumes from the checkpoint its first attempt published"),
+    valid("data_with_policy_version", "DATA",
+          {"task_id": COLLECTOR_TASK, "attempt": 1, "data_id": "data_c0_000043",
+           "buffer_id": BUFFER, "meta": META_41, "policy_version": 7},
+          "collected with version 7 of the task's policy"),
 ]
 
 
@@ -322,6 +351,19 @@ INVALID += [
                  {"task_id": LEARNER_TASK, "attempt": 1, "request_id": 18, "buffer_id": BUFFER,
                   "cur_learner_iter": 1200},
                  "GET_DATA without batch_size"),
+    invalid_task("policy_ref_and_params", "POLICY",
+                 {"policy_id": "cartpole", "version": 8, "ref": "/tmp/p8",
+                  "params": POLICY_PARAMS},
+                 "a version is a reference or inline params, not both"),
+    invalid_task("policy_empty", "POLICY", {"policy_id": "cartpole", "version": 8},
+                 "a version is a reference or inline params: neither is not a policy"),
+    invalid_task("policy_version_zero", "POLICY",
+                 {"policy_id": "cartpole", "version": 0, "params": POLICY_PARAMS},
+                 "versions count from 1"),
+    invalid_task("task_start_policy_without_version", "TASK_START",
+                 {"task_id": COLLECTOR_TASK, "attempt": 1, "kind": "collector",
+                  "task_info": {}, "policy_id": "cartpole", "policy_params": POLICY_PARAMS},
+                 "the policy fields of TASK_START travel together"),
 ]
 
 
@@ -369,6 +411,10 @@ EVENTS = [
           {**envelope(11), "task_id": LEARNER_TASK, "kind": "learner", "attempt": 0,
            "worker_id": "", "detail": "experiment stopped by the operator"},
           "cancelled before any attempt: attempt 0 and no worker"),
+    event("policy_published", "policy.cartpole",
+          {**envelope(12), "policy_id": "cartpole", "version": 7, "publisher": "learner-0",
+           "size": 40},
+          "the broker now holds version 7; the parameters themselves are not published"),
 ]
 
 

@@ -31,6 +31,9 @@ void config::validate() const {
   for (const auto ms : {start_timeout_ms, step_timeout_ms, close_timeout_ms, task_timeout_ms})
     require(ms >= 1 && ms <= 86'400'000, "task timeouts must be 1..86400000 ms");
   require(stream_ring >= 16, "stream ring must hold at least 16 events");
+  require(policy_max_ids >= 1, "the broker must hold at least one policy");
+  require(policy_max_bytes <= limits.max_bin,
+          "inline policy params cannot exceed the decoder's bin limit");
 }
 
 std::string normalize_endpoint(std::string endpoint) {

@@ -48,6 +48,12 @@ struct config {
   std::size_t stream_ring = 65'536;
   std::size_t stream_ring_bytes = std::size_t{64} * 1024 * 1024;
 
+  // ---- policies (SPEC §13) ----
+  /// Most policy ids the broker keeps a latest version of.
+  std::size_t policy_max_ids = 64;
+  /// Largest inline params of one version (a reference has no such bound).
+  std::size_t policy_max_bytes = std::size_t{512} * 1024;
+
   /// Throws std::invalid_argument naming the first setting that is out of range.
   void validate() const;
 };

@@ -43,7 +43,8 @@ codec::blob reason_body(std::string_view reason, std::uint32_t attempt) {
 
 }  // namespace
 
-task_manager::task_manager(const config& cfg, task_sink& sink) : cfg_(cfg), sink_(sink) {}
+task_manager::task_manager(const config& cfg, task_sink& sink)
+    : cfg_(cfg), sink_(sink), policies_(cfg.policy_max_ids, cfg.policy_max_bytes) {}
 
 void task_manager::peer_joined(const std::string& id, rlbus::role role, const rlbus::resources& res,
                                std::uint64_t serial, util::time_point now) {
@@ -112,9 +113,23 @@ std::optional<refusal> task_manager::handle(const std::string& from, rlbus::role
     return from_coordinator
                ? on_data_reply(from, std::move(*r))
                : refuse(codec::error_code::unknown_type, "only coordinators answer data requests");
+  if (auto* p = std::get_if<codec::policy>(&m))
+    return role == rlbus::role::learner
+               ? on_policy(from, std::move(*p))
+               : refuse(codec::error_code::unknown_type, "only learners publish policies");
   if (from_coordinator)
     return refuse(codec::error_code::unknown_type, "a coordinator does not run tasks");
   return on_worker_message(from, std::move(m), now);
+}
+
+// ---- learner side ------------------------------------------------------------------------
+
+std::optional<refusal> task_manager::on_policy(const std::string& from, codec::policy&& p) {
+  codec::policy_status status{p.policy_id, p.version, from, p.params ? p.params->size() : 0};
+  if (auto refused = policies_.publish(from, std::move(p))) return refused;
+  spdlog::debug("policy {} version {} from {}", status.policy_id, status.version, from);
+  sink_.publish(fmt::format("policy.{}", status.policy_id), std::move(status));
+  return std::nullopt;
 }
 
 // ---- coordinator side ------------------------------------------------------------------
@@ -145,6 +160,7 @@ std::optional<refusal> task_manager::on_submit(const std::string& from, codec::s
   t.kind = s.kind;
   t.task_info = std::move(s.task_info);
   t.requirements = std::move(s.requirements);
+  t.policy_id = std::move(s.policy_id);
   t.start_timeout = ms(s.start_timeout_ms, cfg_.start_timeout_ms);
   t.step_timeout = ms(s.step_timeout_ms, cfg_.step_timeout_ms);
   t.close_timeout = ms(s.close_timeout_ms, cfg_.close_timeout_ms);
@@ -290,9 +306,10 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
     if (t.st != state::running || t.kind != rlbus::role::collector)
       return wrong("DATA belongs to a running collector task");
     progress();
-    codec::map_writer body(d->payload ? 4 : 3);
+    codec::map_writer body(3 + (d->payload ? 1 : 0) + (d->policy_version ? 1 : 0));
     body.str("data_id", d->data_id).str("buffer_id", d->buffer_id).raw("meta", d->meta);
     if (d->payload) body.bin("payload", *d->payload);
+    if (d->policy_version) body.uint("policy_version", *d->policy_version);
     emit(t, "data", body.done(), d->data_id);
   } else if (auto* i = std::get_if<codec::info>(&m)) {
     if (t.st != state::running || t.kind != rlbus::role::collector)
@@ -370,8 +387,20 @@ void task_manager::start_attempt(task& t, worker_info& w, const std::string& wor
   t.attempt_end = now + t.task_timeout;
   set_deadline(t, now + t.start_timeout);
   spdlog::debug("task {} attempt {} -> {}", t.id, t.attempt, worker_id);
-  emit(t, "assigned", codec::empty_map_blob, worker_id);
-  sink_.send_to(worker_id, codec::task_start{t.id, t.attempt, t.kind, t.task_info});
+  codec::task_start start{t.id, t.attempt, t.kind, t.task_info};
+  const stored_policy* p = t.policy_id ? policies_.latest(*t.policy_id) : nullptr;
+  if (p != nullptr) {
+    start.policy_id = t.policy_id;
+    start.policy_version = p->version;
+    start.policy_ref = p->ref;
+    start.policy_params = p->params;
+  }
+  // The coordinator learns which version each attempt runs, so it can measure policy lag.
+  emit(t, "assigned",
+       p != nullptr ? codec::map_writer(1).uint("policy_version", p->version).done()
+                    : codec::empty_map_blob,
+       worker_id);
+  sink_.send_to(worker_id, start);
 }
 
 void task_manager::set_deadline(task& t, util::time_point due) {

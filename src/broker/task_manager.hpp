@@ -25,6 +25,8 @@
 #include <vector>
 
 #include "broker/config.hpp"
+#include "broker/policy_store.hpp"
+#include "broker/refusal.hpp"
 #include "codec/messages.hpp"
 #include "util/clock.hpp"
 
@@ -38,15 +40,6 @@ class task_sink {
   virtual bool send_to(std::string_view peer_id, const codec::message& m) = 0;
   /// Publishes an event on the PUB.
   virtual void publish(std::string_view topic, decltype(codec::event::body) body) = 0;
-};
-
-/// A refused message: the broker answers ERROR with this and counts a fault.
-struct refusal {
-  codec::error_code code;
-  std::string reason;
-  /// The message only lost a race (the task moved on before it arrived): answered, counted,
-  /// but no strike against the sender (SPEC §12.5.5).
-  bool late = false;
 };
 
 struct task_counts {
@@ -85,6 +78,7 @@ class task_manager {
     rlbus::role kind = rlbus::role::collector;
     codec::blob task_info;
     rlbus::resources requirements;
+    std::optional<std::string> policy_id;
     std::chrono::milliseconds start_timeout{}, step_timeout{}, close_timeout{}, task_timeout{};
     std::uint32_t max_attempts = 1;
     std::uint32_t attempt = 0;  // the current (or last) attempt; 0 before the first
@@ -126,6 +120,8 @@ class task_manager {
   std::optional<refusal> on_cancel(const std::string& from, const codec::cancel& c,
                                    util::time_point now);
   std::optional<refusal> on_data_reply(const std::string& from, codec::data_reply&& r);
+  // learner side
+  std::optional<refusal> on_policy(const std::string& from, codec::policy&& p);
   // worker side
   std::optional<refusal> on_worker_message(const std::string& from, codec::message&& m,
                                            util::time_point now);
@@ -148,6 +144,7 @@ class task_manager {
   std::unordered_map<std::string, worker_info> workers_;
   std::map<std::uint64_t, std::string> free_[2];  // per kind (collector, learner): serial -> id
   std::unordered_map<std::string, stream> streams_;
+  policy_store policies_;
   std::priority_queue<check, std::vector<check>, std::greater<>> checks_;
   task_counts counts_;
 };

@@ -83,31 +83,42 @@ bool task_handle::aborted() const {
   return owner_.aborted;
 }
 
+bool task_handle::live() const {
+  std::lock_guard lock(owner_.mu);
+  return owner_.live(*this);
+}
+
 bool task_handle::emit_data(std::string data_id, std::string buffer_id, std::string meta_msgpack,
                             std::optional<std::string> payload) {
-  {
-    std::lock_guard lock(owner_.mu);
-    if (!owner_.live(*this)) return false;
-  }
-  return owner_.post(codec::data_ready{id_, attempt_, std::move(data_id), std::move(buffer_id),
-                                       std::move(meta_msgpack), std::move(payload)});
+  if (!live()) return false;
+  codec::data_ready d{id_,
+                      attempt_,
+                      std::move(data_id),
+                      std::move(buffer_id),
+                      std::move(meta_msgpack),
+                      std::move(payload)};
+  if (policy_) d.policy_version = policy_->version;
+  return owner_.post(std::move(d));
 }
 
 bool task_handle::emit_info(std::string info_msgpack) {
-  {
-    std::lock_guard lock(owner_.mu);
-    if (!owner_.live(*this)) return false;
-  }
-  return owner_.post(codec::info{id_, attempt_, std::move(info_msgpack)});
+  return live() && owner_.post(codec::info{id_, attempt_, std::move(info_msgpack)});
 }
 
 bool task_handle::emit_learn_info(std::string buffer_id, std::string info_msgpack) {
-  {
-    std::lock_guard lock(owner_.mu);
-    if (!owner_.live(*this)) return false;
-  }
-  return owner_.post(
-      codec::learn_info{id_, attempt_, std::move(buffer_id), std::move(info_msgpack)});
+  return live() && owner_.post(codec::learn_info{id_, attempt_, std::move(buffer_id),
+                                                 std::move(info_msgpack)});
+}
+
+bool task_handle::publish_policy(std::string policy_id, std::uint64_t version, std::string params) {
+  return live() &&
+         owner_.post(codec::policy{std::move(policy_id), version, std::nullopt, std::move(params)});
+}
+
+bool task_handle::publish_policy_ref(std::string policy_id, std::uint64_t version,
+                                     std::string ref) {
+  return live() &&
+         owner_.post(codec::policy{std::move(policy_id), version, std::move(ref), std::nullopt});
 }
 
 std::optional<std::string> task_handle::get_data(std::string buffer_id, std::uint32_t batch_size,
@@ -246,7 +257,12 @@ struct worker::impl {
         if (tasks.stopping) return;
         start = tasks.task;
       }
-      task_handle h(tasks, start->task_id, start->attempt, start->task_info);
+      std::optional<rlbus::policy> p;
+      if (start->policy_id && start->policy_version)
+        p = rlbus::policy{*start->policy_id, *start->policy_version, start->policy_ref,
+                          start->policy_params};
+      task_handle h(tasks, start->task_id, start->attempt, std::move(start->task_info),
+                    std::move(p));
       std::optional<std::string> failure;
       try {
         handlers.run(h);

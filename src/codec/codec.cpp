@@ -179,6 +179,13 @@ struct event_encoder {
     pack_kv(pk, "worker_id", b.worker_id);
     pack_kv(pk, "detail", b.detail);
   }
+  void operator()(const policy_status& b) const {
+    envelope(4);
+    pack_kv(pk, "policy_id", b.policy_id);
+    pack_kv(pk, "version", b.version);
+    pack_kv(pk, "publisher", b.publisher);
+    pack_kv(pk, "size", b.size);
+  }
 };
 
 bool ends_with(std::string_view s, std::string_view suffix) {
@@ -262,6 +269,13 @@ result<event> decode_event(std::string_view topic, std::string_view body,
     r.str("worker_id", b.worker_id, max_id_length);
     r.str("detail", b.detail, max_reason_length);
     e.body = std::move(b);
+  } else if (topic.rfind("policy.", 0) == 0) {
+    policy_status b;
+    r.peer_id("policy_id", b.policy_id);
+    r.uint("version", b.version, 1, u64_max);
+    r.peer_id("publisher", b.publisher);
+    r.uint("size", b.size, 0, u64_max);
+    e.body = std::move(b);
   }
   if (r.fault()) return *r.fault();
   return e;
@@ -338,6 +352,8 @@ std::optional<std::string_view> type_name(std::uint8_t id) noexcept {
       return "RESULT";
     case msg_type::task_failed:
       return "TASK_FAILED";
+    case msg_type::policy:
+      return "POLICY";
     case msg_type::event:
       return "EVENT";
   }
@@ -378,6 +394,10 @@ std::string_view code_name(std::uint16_t code) noexcept {
       return "DUPLICATE_TASK";
     case error_code::queue_full:
       return "QUEUE_FULL";
+    case error_code::stale_policy:
+      return "STALE_POLICY";
+    case error_code::policy_limit:
+      return "POLICY_LIMIT";
     case error_code::busy:
       return "BUSY";
   }

@@ -59,7 +59,7 @@ using message =
     std::variant<hello, welcome, heartbeat, disconnect, error,               // session (§4)
                  submit, submitted, finish, cancel, data_reply, task_event,  // coordinator (§12)
                  task_start, task_close, learn, no_data, task_abort,         // to workers
-                 started, data_ready, info, get_data, learn_info, task_result, task_failed>;
+                 started, data_ready, info, get_data, learn_info, task_result, task_failed, policy>;
 
 /// The type id each message struct travels under.
 constexpr msg_type type_of(const hello&) noexcept {
@@ -144,6 +144,16 @@ struct task_status {
   bool operator==(const task_status&) const = default;
 };
 
+/// Body of policy.<policy_id>: the broker now holds this version (the parameters themselves
+/// are never published; a collector gets them in TASK_START).
+struct policy_status {
+  std::string policy_id;
+  std::uint64_t version = 0;
+  std::string publisher;   // the learner that published it
+  std::uint64_t size = 0;  // bytes of inline params, 0 for a reference
+  bool operator==(const policy_status&) const = default;
+};
+
 /// An event as published: the envelope every event has, and a topic-specific body.
 /// A topic this build does not know decodes with `std::monostate` as its body.
 struct event {
@@ -151,7 +161,8 @@ struct event {
   std::uint64_t seq = 0;
   std::uint64_t epoch = 0;
   std::uint64_t ts_ms = 0;
-  std::variant<std::monostate, peer_joined, peer_gone, broker_status, broker_stopping, task_status>
+  std::variant<std::monostate, peer_joined, peer_gone, broker_status, broker_stopping, task_status,
+               policy_status>
       body;
   bool operator==(const event&) const = default;
 };

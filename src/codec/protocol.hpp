@@ -46,6 +46,8 @@ enum class msg_type : std::uint8_t {
   learn_info = 0x34,
   result = 0x35,
   task_failed = 0x36,
+  // learner -> broker (§13)
+  policy = 0x37,
   event = 0x60,
 };
 
@@ -70,6 +72,8 @@ enum class error_code : std::uint16_t {
   wrong_state = 408,       // the task is not in a state where this message makes sense
   duplicate_task = 411,    // SUBMIT with the id of a live task
   queue_full = 412,        // SUBMIT past the broker's queue bound
+  stale_policy = 426,      // POLICY with a version not above the one the broker holds
+  policy_limit = 427,      // POLICY over the broker's size or policy-count limit
   busy = 503,              // broker full (max peers) or shutting down
 };
 

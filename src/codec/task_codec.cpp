@@ -50,6 +50,12 @@ struct writer {
     pk.pack(k);
     pack_resources(pk, out, v);
   }
+  void operator()(std::string_view k, const std::optional<std::string>& v, rule::id /*r*/) {
+    if (v) pk.pack(k).pack(*v);
+  }
+  void operator()(std::string_view k, const std::optional<std::string>& v, rule::text /*r*/) {
+    if (v) pk.pack(k).pack(*v);
+  }
   void operator()(std::string_view k, const std::optional<std::string>& v, rule::bin /*r*/) {
     if (!v) return;
     pk.pack(k);
@@ -76,6 +82,14 @@ struct reader {
     r.blob(k, v, true, s == rule::shape::map, s != rule::shape::map);
   }
   void operator()(std::string_view k, rlbus::resources& v) { r.resources(k, v); }
+  void operator()(std::string_view k, std::optional<std::string>& v, rule::id /*r*/) {
+    if (!r.has(k)) return;
+    r.peer_id(k, v.emplace());
+  }
+  void operator()(std::string_view k, std::optional<std::string>& v, rule::text t) {
+    if (!r.has(k)) return;
+    r.str(k, v.emplace(), t.max);
+  }
   void operator()(std::string_view k, std::optional<std::string>& v, rule::bin b) {
     if (!r.has(k)) return;
     std::string bytes;
@@ -89,6 +103,10 @@ result<message> read_as(field_reader& r) {
   T m;
   T::fields(m, reader{r});
   if (r.fault()) return *r.fault();
+  // Rules that tie fields together (a message declares them in `check`).
+  if constexpr (requires { T::check(m); }) {
+    if (auto why = T::check(m)) return decode_error{error_code::bad_field, std::string(*why)};
+  }
   return message{std::move(m)};
 }
 
@@ -132,6 +150,8 @@ result<message> read_task(std::uint8_t type, field_reader& r) {
       return read_as<task_result>(r);
     case msg_type::task_failed:
       return read_as<task_failed>(r);
+    case msg_type::policy:
+      return read_as<policy>(r);
     default:
       break;
   }
@@ -165,6 +185,7 @@ RLBUS_INSTANTIATE(get_data)
 RLBUS_INSTANTIATE(learn_info)
 RLBUS_INSTANTIATE(task_result)
 RLBUS_INSTANTIATE(task_failed)
+RLBUS_INSTANTIATE(policy)
 #undef RLBUS_INSTANTIATE
 
 }  // namespace rlbus::codec::detail
@@ -191,6 +212,7 @@ bool is_task_type(std::uint8_t type) noexcept {
     case msg_type::learn_info:
     case msg_type::result:
     case msg_type::task_failed:
+    case msg_type::policy:
       return true;
     default:
       return false;

@@ -36,7 +36,9 @@ inline constexpr range attempt{1, 1000};
 inline constexpr range u32{0, 0xFFFF'FFFF};
 inline constexpr range u64{0, ~std::uint64_t{0}};
 inline constexpr range timeout_ms{1, 86'400'000};
+inline constexpr range version{1, ~std::uint64_t{0}};
 inline constexpr text reason{max_reason_length};
+inline constexpr text policy_ref{max_reason_length};
 }  // namespace rule
 
 #define RLBUS_TASK_MESSAGE(name_, id_)            \
@@ -51,6 +53,7 @@ struct submit {
   rlbus::resources requirements;
   std::optional<std::uint32_t> start_timeout_ms, step_timeout_ms, close_timeout_ms, task_timeout_ms,
       max_attempts;
+  std::optional<std::string> policy_id;  // hand the latest version of this policy at start (§13)
   RLBUS_TASK_MESSAGE(submit, submit)
   template <class S, class F>
   static void fields(S& s, F&& f) {
@@ -63,6 +66,7 @@ struct submit {
     f("close_timeout_ms", s.close_timeout_ms, rule::timeout_ms);
     f("task_timeout_ms", s.task_timeout_ms, rule::timeout_ms);
     f("max_attempts", s.max_attempts, rule::attempt);
+    f("policy_id", s.policy_id, rule::id{});
   }
 };
 
@@ -142,12 +146,17 @@ struct task_event {
   }
 };
 
-/// TASK_START (broker -> worker): begin attempt `attempt` of a task.
+/// TASK_START (broker -> worker): begin attempt `attempt` of a task, with the latest version
+/// of the task's policy when its SUBMIT named one and the broker holds a version (§13).
 struct task_start {
   std::string task_id;
   std::uint32_t attempt = 1;
   rlbus::role kind = rlbus::role::collector;
   blob task_info = empty_map_blob;
+  std::optional<std::string> policy_id;
+  std::optional<std::uint64_t> policy_version;
+  std::optional<std::string> policy_ref;
+  std::optional<std::string> policy_params;
   RLBUS_TASK_MESSAGE(task_start, task_start)
   template <class S, class F>
   static void fields(S& s, F&& f) {
@@ -155,6 +164,19 @@ struct task_start {
     f("attempt", s.attempt, rule::attempt);
     f("kind", s.kind);
     f("task_info", s.task_info, rule::shape::map);
+    f("policy_id", s.policy_id, rule::id{});
+    f("policy_version", s.policy_version, rule::version);
+    f("policy_ref", s.policy_ref, rule::policy_ref);
+    f("policy_params", s.policy_params, rule::bin{~std::size_t{0}});
+  }
+  /// The policy fields travel together: an id, a version and exactly one of ref / params.
+  static std::optional<std::string_view> check(const task_start& s) {
+    if (!s.policy_id && !s.policy_version && !s.policy_ref && !s.policy_params) return std::nullopt;
+    if (!s.policy_id || !s.policy_version)
+      return "'policy_id' and 'policy_version' come together, with 'policy_ref' or 'policy_params'";
+    if (s.policy_ref.has_value() == s.policy_params.has_value())
+      return "exactly one of 'policy_ref' and 'policy_params'";
+    return std::nullopt;
   }
 };
 
@@ -236,6 +258,7 @@ struct data_ready {
   std::string buffer_id;
   blob meta = empty_map_blob;
   std::optional<std::string> payload;
+  std::optional<std::uint64_t> policy_version;  // of the policy the data was collected with
   RLBUS_TASK_MESSAGE(data_ready, data)
   template <class S, class F>
   static void fields(S& s, F&& f) {
@@ -245,6 +268,7 @@ struct data_ready {
     f("buffer_id", s.buffer_id, rule::text{256});
     f("meta", s.meta, rule::shape::map);
     f("payload", s.payload, rule::bin{~std::size_t{0}});
+    f("policy_version", s.policy_version, rule::version);
   }
 };
 
@@ -324,6 +348,27 @@ struct task_failed {
     f("task_id", s.task_id, rule::id{});
     f("attempt", s.attempt, rule::attempt);
     f("reason", s.reason, rule::reason);
+  }
+};
+
+/// POLICY (learner -> broker): version `version` of policy `policy_id`, as a reference the
+/// workers resolve themselves (a path, a URL) or as inline parameters (§13).
+struct policy {
+  std::string policy_id;
+  std::uint64_t version = 1;
+  std::optional<std::string> ref;
+  std::optional<std::string> params;
+  RLBUS_TASK_MESSAGE(policy, policy)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("policy_id", s.policy_id, rule::id{});
+    f("version", s.version, rule::version);
+    f("ref", s.ref, rule::policy_ref);
+    f("params", s.params, rule::bin{~std::size_t{0}});
+  }
+  static std::optional<std::string_view> check(const policy& p) {
+    if (p.ref.has_value() == p.params.has_value()) return "exactly one of 'ref' and 'params'";
+    return std::nullopt;
   }
 };
 

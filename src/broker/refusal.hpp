@@ -1,0 +1,19 @@
+// What a broker component answers when it refuses a peer's message.
+#pragma once
+
+#include <string>
+
+#include "codec/protocol.hpp"
+
+namespace rlbus::broker {
+
+/// A refused message: the broker answers ERROR with this and counts a fault.
+struct refusal {
+  codec::error_code code;
+  std::string reason;
+  /// The message only lost a race (the task moved on before it arrived): answered, counted,
+  /// but no strike against the sender (SPEC §12.5.5).
+  bool late = false;
+};
+
+}  // namespace rlbus::broker
