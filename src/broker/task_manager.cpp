@@ -128,7 +128,8 @@ std::optional<refusal> task_manager::on_policy(const std::string& from, codec::p
   codec::policy_status status{p.policy_id, p.version, from, p.params ? p.params->size() : 0};
   if (auto refused = policies_.publish(from, std::move(p))) return refused;
   spdlog::debug("policy {} version {} from {}", status.policy_id, status.version, from);
-  sink_.publish(fmt::format("policy.{}", status.policy_id), std::move(status));
+  const auto topic = "policy." + status.policy_id;
+  sink_.publish(topic, std::move(status));
   return std::nullopt;
 }
 

@@ -178,3 +178,97 @@ TEST_CASE("an attempt that fails is reported and the task re-run", "[coordinator
   CHECK(requeued == 1);
   CHECK(runs == 2);
 }
+
+namespace {
+
+// The uint under `key` in the msgpack map `m`, or nullopt.
+std::optional<std::uint64_t> uint_field(const std::string& m, std::string_view key) {
+  const auto oh = msgpack::unpack(m.data(), m.size());
+  const auto& o = oh.get();
+  if (o.type != msgpack::type::MAP) return std::nullopt;
+  for (std::uint32_t i = 0; i < o.via.map.size; ++i)
+    if (o.via.map.ptr[i].key.as<std::string_view>() == key &&
+        o.via.map.ptr[i].val.type == msgpack::type::POSITIVE_INTEGER)
+      return o.via.map.ptr[i].val.via.u64;
+  return std::nullopt;
+}
+
+}  // namespace
+
+TEST_CASE("a learner's new policy reaches collectors through the broker", "[coordinator]") {
+  broker::server_thread b(test_config());
+  const auto ep = b.get().router_endpoint();
+
+  // The learner publishes version 1, waits for a batch collected with it, then publishes
+  // version 2 and says it is done.
+  task_handlers learner;
+  learner.run = [](task_handle& t) {
+    REQUIRE(t.publish_policy("pi", 1, "params-1"));
+    t.emit_learn_info("b", flag_map("learner_done", false));
+    while (!t.stop_requested()) {
+      if (!t.get_data("b", 1, 1, 5000ms)) continue;
+      REQUIRE(t.publish_policy("pi", 2, "params-2"));
+      t.emit_learn_info("b", flag_map("learner_done", true));
+      break;
+    }
+  };
+  // Collectors report the params they were started with as the data id.
+  task_handlers collector;
+  collector.run = [](task_handle& t) {
+    const auto& p = t.policy();
+    t.emit_data(p ? *p->params : "none", "b", flag_map("eval_flag", false));
+    t.emit_info(flag_map("collector_done", true));
+    while (!t.stop_requested()) std::this_thread::sleep_for(1ms);
+  };
+
+  std::mutex mu;
+  std::vector<std::pair<std::string, std::optional<std::uint64_t>>> data;  // data id, version
+  std::atomic<int> infos{0};
+  std::atomic<bool> learner_done{false};
+  coordinator_callbacks cb;
+  cb.deal_with_collector_send_data = [&](const std::string&, const std::string&,
+                                         const std::string& data_id, const std::string& d) {
+    std::lock_guard lock(mu);
+    data.emplace_back(data_id, uint_field(d, "policy_version"));
+  };
+  cb.deal_with_learner_get_data = [&](const std::string&, const std::string&, std::uint32_t,
+                                      std::uint64_t) -> std::optional<std::string> {
+    std::lock_guard lock(mu);
+    if (data.size() < 2) return std::nullopt;  // wait for the item collected with version 1
+    return flag_map("batch", true);
+  };
+  cb.deal_with_learner_send_info = [&](const std::string&, const std::string&, const std::string&) {
+    ++infos;
+  };
+  cb.deal_with_learner_finish_task = [&](const std::string&, const std::string&) {
+    learner_done = true;
+  };
+  coordinator_options co;
+  co.endpoint = ep;
+  coordinator coord(co, cb);
+  worker l(wopts(ep, "learner-0", role::learner), learner);
+  worker c(wopts(ep, "collector-0", role::collector), collector);
+  REQUIRE(coord.wait_for(connection_state::ready, 5s));
+
+  // A collector task before any version exists runs without a policy.
+  auto first = spec("before", role::collector);
+  first.policy_id = "pi";
+  REQUIRE(coord.submit(first)->accepted);
+  REQUIRE(wait_until([&] { return coord.open_tasks() == 0; }, 10s));
+  REQUIRE(coord.submit(spec("learner", role::learner))->accepted);
+  REQUIRE(wait_until([&] { return infos.load() == 1; }, 10s));
+  auto second = spec("v1", role::collector);
+  second.policy_id = "pi";
+  REQUIRE(coord.submit(second)->accepted);
+  REQUIRE(wait_until([&] { return learner_done.load(); }, 10s));
+  auto third = spec("v2", role::collector);
+  third.policy_id = "pi";
+  REQUIRE(coord.submit(third)->accepted);
+  REQUIRE(wait_until([&] { return coord.open_tasks() == 0; }, 10s));
+
+  std::lock_guard lock(mu);
+  REQUIRE(data.size() == 3);
+  CHECK(data[0] == std::pair<std::string, std::optional<std::uint64_t>>{"none", std::nullopt});
+  CHECK(data[1] == std::pair<std::string, std::optional<std::uint64_t>>{"params-1", 1});
+  CHECK(data[2] == std::pair<std::string, std::optional<std::uint64_t>>{"params-2", 2});
+}
