@@ -11,8 +11,9 @@ namespace rlbus::broker {
 struct refusal {
   codec::error_code code;
   std::string reason;
-  /// The message only lost a race (the task moved on before it arrived): answered, counted,
-  /// but no strike against the sender (SPEC §12.5.5).
+  /// The message only lost a race (its task moved on before it arrived, SPEC §12.5.5, or
+  /// another learner published a newer version, §13.3.3): answered and counted, but no
+  /// strike against the sender.
   bool late = false;
 };
 

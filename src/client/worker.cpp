@@ -173,7 +173,9 @@ struct worker::impl {
         [this](connection_state st, std::uint64_t t, const std::string& detail) {
           std::lock_guard lock(mu);
           if (st == connection_state::ready && state != st) ++welcomes;
-          if (st != connection_state::ready && !detail.empty()) last_error = detail;
+          // Any refusal is kept, but not the note that comes with a welcome.
+          const bool welcomed = st == connection_state::ready && state != st;
+          if (!welcomed && !detail.empty()) last_error = detail;
           state = st;
           token = t;
           changed.notify_all();

@@ -208,6 +208,7 @@ TEST_CASE("a learner's new policy reaches collectors through the broker", "[coor
     while (!t.stop_requested()) {
       if (!t.get_data("b", 1, 1, 5000ms)) continue;
       REQUIRE(t.publish_policy("pi", 2, "params-2"));
+      t.publish_policy("pi", 1, "params-1-again");  // stale: refused, the learner is told
       t.emit_learn_info("b", flag_map("learner_done", true));
       break;
     }
@@ -266,6 +267,7 @@ TEST_CASE("a learner's new policy reaches collectors through the broker", "[coor
   REQUIRE(coord.submit(third)->accepted);
   REQUIRE(wait_until([&] { return coord.open_tasks() == 0; }, 10s));
 
+  CHECK_THAT(l.last_error(), Catch::Contains("STALE_POLICY"));
   std::lock_guard lock(mu);
   REQUIRE(data.size() == 3);
   CHECK(data[0] == std::pair<std::string, std::optional<std::uint64_t>>{"none", std::nullopt});
