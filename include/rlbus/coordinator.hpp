@@ -80,6 +80,22 @@ struct coordinator_callbacks {
   std::function<void(const std::string& task_id, std::uint32_t attempt, const std::string& reason)>
       on_task_requeued;
   std::function<void(const std::string& task_id, const std::string& reason)> on_task_failed;
+  /// Beyond the seed: the task was cancelled, by cancel() or by the broker (a broker that
+  /// shuts down cancels what it will not run, SPEC §11).
+  std::function<void(const std::string& task_id, const std::string& reason)> on_task_cancelled;
+
+  /// The seed's capacity callbacks: one call per collector that joined the broker or whose
+  /// session ended (SPEC §12.10). They track the broker's count: when this coordinator
+  /// (re)connects, it is told the current count and these are called for the difference, so
+  /// +1 per increase and -1 per decrease always adds up to collectors().
+  std::function<void()> deal_with_increase_collector;
+  std::function<void()> deal_with_decrease_collector;
+  /// Beyond the seed: every capacity report, for both kinds of worker. `change` is "increase"
+  /// or "decrease" (naming `worker_id`) or "snapshot" (the count as this coordinator
+  /// connects, no worker); `count` is the number of live workers of `kind` after it.
+  std::function<void(rlbus::role kind, const std::string& change, const std::string& worker_id,
+                     std::uint64_t count)>
+      on_capacity;
 };
 
 class coordinator {
@@ -104,6 +120,10 @@ class coordinator {
   [[nodiscard]] std::size_t open_tasks() const;
   /// Events of this coordinator's stream that never arrived (seq jumps), 0 when none.
   [[nodiscard]] std::uint64_t stream_gaps() const;
+  /// Live collectors and learners on the broker, as of the last capacity callback (0 before
+  /// the first report arrives).
+  [[nodiscard]] std::uint64_t collectors() const;
+  [[nodiscard]] std::uint64_t learners() const;
 
   /// Says DISCONNECT, stops both threads. Idempotent. The broker then cancels open tasks.
   void stop();

@@ -2,6 +2,7 @@
 #include "broker/config.hpp"
 
 #include <stdexcept>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -28,12 +29,20 @@ void config::validate() const {
   require(max_faults >= 1, "max faults must be at least 1");
   require(max_queue >= 1, "max queue must be at least 1");
   require(max_attempts >= 1 && max_attempts <= 1000, "max attempts must be 1..1000");
-  for (const auto ms : {start_timeout_ms, step_timeout_ms, close_timeout_ms, task_timeout_ms})
-    require(ms >= 1 && ms <= 86'400'000, "task timeouts must be 1..86400000 ms");
+  const std::pair<std::uint32_t, std::string_view> timeouts[] = {{start_timeout_ms, "start"},
+                                                                 {step_timeout_ms, "step"},
+                                                                 {close_timeout_ms, "close"},
+                                                                 {task_timeout_ms, "task"}};
+  for (const auto& [ms, name] : timeouts)
+    require(ms >= 1 && ms <= 86'400'000,
+            fmt::format("{} timeout must be 1..86400000 ms (one day)", name));
   require(stream_ring >= 16, "stream ring must hold at least 16 events");
   require(policy_max_ids >= 1, "the broker must hold at least one policy");
   require(policy_max_bytes <= limits.max_bin,
           "inline policy params cannot exceed the decoder's bin limit");
+  require(stream_ring_bytes >= 1024, "stream ring bytes must be at least 1024");
+  require(no_data_retry_ms <= 86'400'000, "no-data retry must be at most 86400000 ms");
+  require(drain_ms <= 86'400'000, "drain must be at most 86400000 ms");
 }
 
 std::string normalize_endpoint(std::string endpoint) {

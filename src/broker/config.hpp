@@ -30,6 +30,9 @@ struct config {
   std::uint32_t max_faults = 16;
   /// How long shutdown waits for its last messages (DISCONNECTs) to leave.
   std::uint32_t shutdown_linger_ms = 1000;
+  /// On the first stop request the broker drains (SPEC §11): no new sessions or tasks, but
+  /// running tasks may end on their own for this long before they are aborted. 0 stops at once.
+  std::uint32_t drain_ms = 10'000;
   /// Limits for every msgpack body the broker decodes.
   codec::decode_limits limits{};
 

@@ -1,6 +1,7 @@
 // The broker loop. Read top to bottom it is the life of a connection: run() polls, drains
 // the ROUTER, on_frames() checks framing and state, on_hello()/on_disconnect() make and end
-// sessions, expiry runs from the peer table's deadline heap, shutdown() says goodbye.
+// sessions, expiry runs from the peer table's deadline heap, begin_drain() closes the doors
+// and shutdown() aborts what is left and says goodbye.
 #include "broker/server.hpp"
 
 #include <algorithm>
@@ -32,6 +33,10 @@ std::string_view topic_for(rlbus::role r, std::string_view what) {
   return coord ? codec::topic::coordinator_lost : codec::topic::worker_lost;
 }
 
+std::size_t slot(rlbus::role r) {
+  return r == rlbus::role::learner ? 1 : 0;
+}
+
 std::string resources_text(const rlbus::resources& res) {
   std::string out;
   for (const auto& [k, v] : res) out += fmt::format("{}{}={}", out.empty() ? "" : " ", k, v);
@@ -59,7 +64,7 @@ server::server(zmq::context_t& ctx, config cfg)
 server::~server() = default;
 
 void server::request_stop() noexcept {
-  stop_requested_.store(true, std::memory_order_relaxed);
+  stop_requests_.fetch_add(1, std::memory_order_relaxed);
   wake_.notify();
 }
 
@@ -80,6 +85,9 @@ stats server::snapshot() const {
   s.tasks_failed = c.tasks_failed.load();
   s.tasks_requeued = c.tasks_requeued.load();
   s.stale_messages = c.stale.load();
+  s.collectors = c.collectors.load();
+  s.learners = c.learners.load();
+  s.draining = c.draining.load();
   return s;
 }
 
@@ -93,6 +101,9 @@ void server::store_counters() {
   c.tasks_failed.store(t.failed, std::memory_order_relaxed);
   c.tasks_requeued.store(t.requeued, std::memory_order_relaxed);
   c.stale.store(t.stale, std::memory_order_relaxed);
+  c.collectors.store(live_workers_[0], std::memory_order_relaxed);
+  c.learners.store(live_workers_[1], std::memory_order_relaxed);
+  c.draining.store(draining_, std::memory_order_relaxed);
 }
 
 void server::run() {
@@ -102,11 +113,24 @@ void server::run() {
   next_status_ = started_;
   std::array<zmq::pollitem_t, 2> items{
       {{router_.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, wake_.read_fd(), ZMQ_POLLIN, 0}}};
-  while (!stop_requested_.load(std::memory_order_relaxed)) {
+  std::string why_stopped;
+  while (true) {
     auto now = util::clock::now();
+    const auto stops = stop_requests_.load(std::memory_order_relaxed);
+    if (stops > 0 && !draining_) begin_drain(now);
+    if (stops > 1) {
+      why_stopped = "broker shutting down: stopped again before its running tasks ended";
+      break;
+    }
+    if (draining_ && tasks_.live() == 0) break;
+    if (draining_ && now >= drain_end_) {
+      why_stopped = fmt::format("broker shutting down: its drain of {} ms ran out", cfg_.drain_ms);
+      break;
+    }
     auto deadline = next_status_;
     if (auto check = peers_.next_check()) deadline = std::min(deadline, *check);
     if (auto due = tasks_.next_deadline()) deadline = std::min(deadline, *due);
+    if (draining_) deadline = std::min(deadline, drain_end_);
     util::poll(items.data(), items.size(), util::poll_timeout_ms(now, deadline));
     if ((items[1].revents & ZMQ_POLLIN) != 0) wake_.drain();
     now = util::clock::now();
@@ -121,7 +145,7 @@ void server::run() {
     store_counters();
     if (now >= next_status_) publish_status(now);
   }
-  shutdown();
+  shutdown(why_stopped);
 }
 
 void server::drain_router(util::time_point now) {
@@ -210,8 +234,11 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
 
 void server::on_hello(const std::string& routing_id, peer* current, codec::hello&& h,
                       util::time_point now) {
-  if (stop_requested_.load(std::memory_order_relaxed))
-    return refuse_hello(routing_id, codec::error_code::busy, "broker is shutting down");
+  // Draining (SPEC §8.3 rule 2): sessions that exist go on, new ones are refused.
+  if ((draining_ || stop_requests_.load(std::memory_order_relaxed) > 0) && current == nullptr &&
+      peers_.by_id(h.id) == nullptr)
+    return refuse_hello(routing_id, codec::error_code::busy,
+                        "broker is shutting down: it accepts no new sessions");
   const auto hb = std::clamp(h.heartbeat_ms, cfg_.heartbeat_min_ms, cfg_.heartbeat_max_ms);
   const auto welcome_for = [&](const peer& p, bool resumed) {
     return codec::welcome{p.session,     epoch_,           p.heartbeat_ms,
@@ -262,6 +289,8 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
     (void)send(routing_id, welcome_for(*live, true));
     publish(topic_for(live->role, "joined"),
             codec::peer_joined{live->id, live->role, live->serial, live->resources, true});
+    // Changes sent while the old connection was cut were lost: the counts again (§12.10.4).
+    if (live->role == rlbus::role::coordinator) send_snapshot(*live);
     return;
   }
 
@@ -288,6 +317,12 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
   (void)send(routing_id, welcome_for(added, false));
   publish(topic_for(added.role, "joined"),
           codec::peer_joined{added.id, added.role, added.serial, added.resources, false});
+  if (added.role == rlbus::role::coordinator) {
+    coordinators_.insert(added.id);
+    send_snapshot(added);
+  } else {
+    capacity_changed(added, true);  // before the new worker can be given a task
+  }
   tasks_.peer_joined(added.id, added.role, added.resources, added.serial, now);
 }
 
@@ -365,6 +400,29 @@ bool server::send(std::string_view routing_id, const codec::message& m) {
 // session is forgotten. The caller erases the peer afterwards.
 void server::session_over(const peer& p, util::time_point now) {
   tasks_.peer_gone(p.id, p.role, now);
+  if (p.role == rlbus::role::coordinator) {
+    coordinators_.erase(p.id);
+  } else {
+    capacity_changed(p, false);
+  }
+}
+
+void server::capacity_changed(const peer& worker, bool increase) {
+  auto& count = live_workers_[slot(worker.role)];
+  count = increase ? count + 1 : count - 1;
+  const auto change =
+      increase ? codec::capacity_change::increase : codec::capacity_change::decrease;
+  const codec::capacity m{worker.role, change, worker.id, count};
+  for (const auto& id : coordinators_) (void)send_to(id, m);
+  publish(worker.role == rlbus::role::learner ? codec::topic::capacity_learner
+                                              : codec::topic::capacity_collector,
+          codec::capacity_status{worker.role, change, worker.id, count});
+}
+
+void server::send_snapshot(const peer& coordinator) {
+  for (const auto kind : {rlbus::role::collector, rlbus::role::learner})
+    (void)send(coordinator.routing_id, codec::capacity{kind, codec::capacity_change::snapshot, "",
+                                                       live_workers_[slot(kind)]});
 }
 
 bool server::send_to(std::string_view peer_id, const codec::message& m) {
@@ -384,9 +442,32 @@ void server::publish_status(util::time_point now) {
   next_status_ = now + std::chrono::milliseconds(cfg_.status_interval_ms);
 }
 
-void server::shutdown() {
+// The first stop request: the broker says how long it will wait, closes its doors (HELLO of
+// a new session and SUBMIT are refused with 503 from now on) and cancels the tasks that have
+// not started; running tasks go on, with their workers and coordinators, until they end.
+void server::begin_drain(util::time_point now) {
+  draining_ = true;
+  drain_end_ = now + std::chrono::milliseconds(cfg_.drain_ms);
+  const auto counts = tasks_.counts();
+  if (cfg_.drain_ms == 0) {
+    spdlog::info("stopping at once (no drain): {} running tasks aborted, {} queued cancelled",
+                 counts.running, counts.queued);
+  } else {
+    spdlog::info(
+        "stopping: draining for at most {} ms ({} tasks running, {} queued tasks cancelled); "
+        "signal again to stop at once",
+        cfg_.drain_ms, counts.running, counts.queued);
+  }
+  publish(codec::topic::broker_stopping, codec::broker_stopping{cfg_.drain_ms});
+  tasks_.close_queue("broker shutting down: queued tasks are not started");
+  store_counters();
+}
+
+void server::shutdown(const std::string& reason) {
+  if (const auto aborted = tasks_.abort_all(reason); aborted > 0)
+    spdlog::warn("aborted {} tasks still running: {}", aborted, reason);
+  store_counters();
   spdlog::info("shutting down: telling {} peers", peers_.size());
-  publish(codec::topic::broker_stopping, codec::broker_stopping{0});
   peers_.for_each([this](const peer& p) {
     (void)send(p.routing_id, codec::disconnect{static_cast<std::uint16_t>(codec::error_code::busy),
                                                "broker shutting down"});

@@ -6,6 +6,11 @@
 // message refreshes the session's liveness -> DISCONNECT or expiry ends it, with an event.
 // Faults from peers never throw: they are answered with ERROR and counted.
 //
+// Stopping (SPEC §11) is a drain, then a stop: the first request_stop() closes the broker to
+// new sessions and tasks and lets running tasks end on their own for up to drain_ms; when
+// they have all ended, the drain runs out or request_stop() comes again, what is left is
+// aborted, every peer is told DISCONNECT 503 and run() returns.
+//
 // Threads: construct anywhere (binding happens in the constructor, so endpoints are known
 // at once); run() on exactly one thread, which then owns both sockets; request_stop() and
 // stats() from any thread.
@@ -14,6 +19,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -45,6 +51,9 @@ struct stats {
   std::uint64_t tasks_failed = 0;    // failed for good (max attempts)
   std::uint64_t tasks_requeued = 0;  // attempts that ended and went back to the queue
   std::uint64_t stale_messages = 0;  // worker messages of an attempt that had ended
+  std::uint64_t collectors = 0;      // live collector sessions
+  std::uint64_t learners = 0;        // live learner sessions
+  bool draining = false;             // a stop was requested; waiting for running tasks
 };
 
 class server : private task_sink {
@@ -61,9 +70,10 @@ class server : private task_sink {
   [[nodiscard]] std::string events_endpoint() const { return events_endpoint_; }
   [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
 
-  /// Serves until request_stop(), then says DISCONNECT to every peer and closes the sockets.
+  /// Serves until stopped (see above), then says DISCONNECT to every peer and returns.
   void run();
-  /// Asks run() to finish. Thread-safe and async-signal-safe.
+  /// The first call starts the drain; a second one ends it at once. Thread-safe and
+  /// async-signal-safe (a signal handler calls it once per signal).
   void request_stop() noexcept;
   /// Thread-safe snapshot of the counters.
   [[nodiscard]] stats snapshot() const;
@@ -72,7 +82,8 @@ class server : private task_sink {
   struct counters {
     std::atomic<std::uint64_t> peers{0}, messages_in{0}, messages_out{0}, faults{0}, unroutable{0},
         refused_hellos{0}, expired{0}, events{0}, tasks_queued{0}, tasks_running{0},
-        tasks_finished{0}, tasks_failed{0}, tasks_requeued{0}, stale{0};
+        tasks_finished{0}, tasks_failed{0}, tasks_requeued{0}, stale{0}, collectors{0}, learners{0};
+    std::atomic<bool> draining{false};
   };
 
   // task_sink: how the task manager reaches peers and subscribers.
@@ -93,7 +104,11 @@ class server : private task_sink {
   void end_session(const peer& p, codec::error_code code, std::string reason, bool lost);
   bool send(std::string_view routing_id, const codec::message& m);
   void publish_status(util::time_point now);
-  void shutdown();
+  /// Sends CAPACITY to every coordinator and publishes capacity.<kind> (SPEC §12.10).
+  void capacity_changed(const peer& worker, bool increase);
+  void send_snapshot(const peer& coordinator);
+  void begin_drain(util::time_point now);
+  void shutdown(const std::string& reason);
 
   config cfg_;
   std::uint64_t epoch_;
@@ -102,7 +117,9 @@ class server : private task_sink {
   std::string router_endpoint_;
   std::string events_endpoint_;
   util::wake_pipe wake_;
-  std::atomic<bool> stop_requested_{false};
+  std::atomic<unsigned> stop_requests_{0};
+  bool draining_ = false;
+  util::time_point drain_end_{};
   peer_table peers_;
   task_manager tasks_;
   counters counters_;
@@ -110,6 +127,8 @@ class server : private task_sink {
   util::time_point next_status_;
   msgpack::sbuffer out_;
   std::uint64_t last_serial_ = 0;
+  std::uint64_t live_workers_[2] = {0, 0};  // collectors, learners (SPEC §12.10.1)
+  std::set<std::string> coordinators_;      // ids of live coordinator sessions
 };
 
 /// Runs a server on a thread of its own: started by the constructor, stopped and joined by

@@ -146,6 +146,11 @@ std::optional<refusal> task_manager::on_submit(const std::string& from, codec::s
   };
   if (s.kind == rlbus::role::coordinator)
     return refuse(codec::error_code::bad_field, "field 'kind': collector or learner");
+  if (closed_)
+    return answer(false, codec::error_code::busy,
+                  "the broker is shutting down and accepts no new tasks; submit again to the "
+                  "next broker",
+                  0);
   if (tasks_.count(s.task_id) != 0)
     return answer(false, codec::error_code::duplicate_task,
                   fmt::format("task '{}' is already live", s.task_id), 0);
@@ -353,6 +358,7 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
 // ---- assignment, deadlines, attempts ---------------------------------------------------
 
 void task_manager::try_assign(util::time_point now) {
+  if (closed_) return;  // draining: nothing new starts
   for (auto q = queue_.begin(); q != queue_.end();) {
     if (free_[0].empty() && free_[1].empty()) return;
     auto& t = tasks_.at(q->second);
@@ -433,6 +439,7 @@ void task_manager::end_attempt(task& t, const std::string& reason) {
     t.st = state::queued;
     queue_.emplace(t.order, t.id);  // its original place: ahead of later submissions
     ++counts_.requeued;
+    if (closed_) cancel(t, *closed_);  // draining: it will not be assigned again
   } else {
     spdlog::warn("task {} failed after {} attempts: {}", t.id, t.attempt, reason);
     ++counts_.failed;
@@ -469,6 +476,34 @@ void task_manager::on_timers(util::time_point now) {
     freed = true;
   }
   if (freed) try_assign(now);
+}
+
+void task_manager::close_queue(const std::string& reason) {
+  if (closed_) return;
+  closed_ = reason;
+  std::vector<std::string> queued;
+  for (const auto& [order, id] : queue_) queued.push_back(id);
+  for (const auto& id : queued) cancel(tasks_.at(id), reason);
+}
+
+std::size_t task_manager::abort_all(const std::string& reason) {
+  // In submission order, so each coordinator's stream reads like its submissions.
+  std::map<std::uint64_t, std::string> live;
+  for (const auto& [id, t] : tasks_) live.emplace(t.order, id);
+  for (const auto& [order, id] : live) cancel(tasks_.at(id), reason);
+  return live.size();
+}
+
+// Ends a task as cancelled by the broker (not by its owner): its holder, if any, is told
+// TASK_ABORT and freed; the owner gets `cancelled` naming `reason`.
+void task_manager::cancel(task& t, const std::string& reason) {
+  if (!t.worker.empty()) {
+    sink_.send_to(t.worker, codec::task_abort{t.id, t.attempt, reason});
+    free_worker(t.worker);
+  }
+  emit(t, "cancelled", reason_body(reason, t.attempt), reason);
+  ++counts_.cancelled;
+  erase_task(t.id);
 }
 
 std::optional<util::time_point> task_manager::next_deadline() const {

@@ -64,6 +64,16 @@ class task_manager {
   std::optional<refusal> handle(const std::string& from, rlbus::role role, codec::message&& m,
                                 util::time_point now);
 
+  /// The broker is draining (SPEC §11.2): from now on SUBMIT is refused with BUSY, nothing
+  /// is assigned, and every queued task, now or when an attempt ends later, is cancelled with
+  /// `reason`. Running tasks go on. Idempotent.
+  void close_queue(const std::string& reason);
+  /// The drain is over (SPEC §11.3): every live task is aborted (TASK_ABORT to its holder)
+  /// and cancelled with `reason`. Returns how many there were.
+  std::size_t abort_all(const std::string& reason);
+  /// Tasks not yet finished, failed or cancelled (queued or on a worker).
+  [[nodiscard]] std::size_t live() const noexcept { return tasks_.size(); }
+
   /// Ends attempts whose step deadline has passed.
   void on_timers(util::time_point now);
   [[nodiscard]] std::optional<util::time_point> next_deadline() const;
@@ -134,6 +144,7 @@ class task_manager {
   void free_worker(const std::string& worker_id);
   void end_attempt(task& t, const std::string& reason);
   void erase_task(const std::string& id);
+  void cancel(task& t, const std::string& reason);
   void emit(task& t, std::string_view event, codec::blob body, std::string_view detail = {});
 
   const config& cfg_;
@@ -147,6 +158,7 @@ class task_manager {
   policy_store policies_;
   std::priority_queue<check, std::vector<check>, std::greater<>> checks_;
   task_counts counts_;
+  std::optional<std::string> closed_;  // the queue is closed (draining), with this reason
 };
 
 }  // namespace rlbus::broker

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <variant>
 
 #include <spdlog/spdlog.h>
 #include <zmq.hpp>
@@ -23,6 +24,10 @@
 namespace rlbus {
 
 namespace {
+
+// A broker could report any count; reconciling calls the seed's callbacks once per worker of
+// difference, so a wild number must not keep the callback thread busy for ever.
+constexpr std::uint64_t max_reconcile = 1'000'000;
 
 // Reads fields of a msgpack map body (from the broker: decoded under limits anyway).
 class body_fields {
@@ -129,7 +134,9 @@ struct coordinator::impl {
     } else if (auto* e = std::get_if<codec::task_event>(&m)) {
       if (last_seq != 0 && e->seq > last_seq + 1) gaps += e->seq - last_seq - 1;
       if (e->seq > last_seq) last_seq = e->seq;
-      events.push_back(std::move(*e));
+      events.emplace_back(std::move(*e));
+    } else if (auto* c = std::get_if<codec::capacity>(&m)) {
+      events.emplace_back(std::move(*c));  // in order with the task events around it
     }
     changed.notify_all();
   }
@@ -137,14 +144,23 @@ struct coordinator::impl {
   // ---- callback thread ----
   void callback_loop() {
     while (true) {
-      codec::task_event e;
+      inbound next;
       {
         std::unique_lock lock(mu);
         changed.wait(lock, [&] { return cb_stop || !events.empty(); });
         if (cb_stop) return;
-        e = std::move(events.front());
+        next = std::move(events.front());
         events.pop_front();
       }
+      if (auto* c = std::get_if<codec::capacity>(&next)) {
+        try {
+          on_capacity(*c);
+        } catch (const std::exception& ex) {
+          spdlog::error("coordinator {}: capacity callback threw: {}", opts.id, ex.what());
+        }
+        continue;
+      }
+      const auto& e = std::get<codec::task_event>(next);
       try {
         dispatch(e);
       } catch (const std::exception& ex) {
@@ -206,8 +222,37 @@ struct coordinator::impl {
       if (cb.on_task_failed) cb.on_task_failed(e.task_id, body_fields(e.body).str("reason"));
     } else if (e.event == "cancelled") {
       close_task(e.task_id);
+      if (cb.on_task_cancelled) cb.on_task_cancelled(e.task_id, body_fields(e.body).str("reason"));
     }
     // assigned, started: progress only
+  }
+
+  // The broker's count is the truth (§12.10): the seed's callbacks are called once per worker
+  // of difference from the count known here, so a lost report or a reconnection with its
+  // snapshot still leaves the user's own tally right. The count steps with each call.
+  void on_capacity(const codec::capacity& c) {
+    if (c.kind == role::coordinator) return;
+    const bool collector = c.kind == role::collector;
+    const auto step = [&](bool up) {
+      {
+        std::lock_guard lock(mu);
+        auto& n = collector ? collectors : learners;
+        n = up ? n + 1 : n - 1;
+      }
+      const auto& fn =
+          up ? callbacks.deal_with_increase_collector : callbacks.deal_with_decrease_collector;
+      if (collector && fn) fn();
+    };
+    std::uint64_t known = 0;
+    {
+      std::lock_guard lock(mu);
+      known = collector ? collectors : learners;
+    }
+    const auto target = std::min(c.count, known + max_reconcile);
+    for (auto n = known; n < target; ++n) step(true);
+    for (auto n = known; n > target; --n) step(false);
+    if (callbacks.on_capacity)
+      callbacks.on_capacity(c.kind, std::string(codec::to_string(c.change)), c.worker_id, c.count);
   }
 
   void stop() {
@@ -230,7 +275,8 @@ struct coordinator::impl {
   mutable std::mutex mu;
   mutable std::condition_variable changed;
   std::deque<codec::message> outbox;
-  std::deque<codec::task_event> events;
+  using inbound = std::variant<codec::task_event, codec::capacity>;
+  std::deque<inbound> events;  // for the callback thread, in arrival order
   std::map<std::string, codec::submitted> acks;
   std::map<std::string, role> submitting;  // SUBMIT sent, SUBMITTED not yet here
   std::map<std::string, role> open;
@@ -238,6 +284,8 @@ struct coordinator::impl {
   std::string last_error;
   std::uint64_t last_seq = 0;
   std::uint64_t gaps = 0;
+  std::uint64_t collectors = 0;  // as of the last capacity callback
+  std::uint64_t learners = 0;
   bool cb_stop = false;
   std::atomic<bool> io_stop{false};
   std::thread io_thread;
@@ -292,6 +340,16 @@ std::size_t coordinator::open_tasks() const {
 std::uint64_t coordinator::stream_gaps() const {
   std::lock_guard lock(impl_->mu);
   return impl_->gaps;
+}
+
+std::uint64_t coordinator::collectors() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->collectors;
+}
+
+std::uint64_t coordinator::learners() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->learners;
 }
 
 void coordinator::stop() {

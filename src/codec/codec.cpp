@@ -171,6 +171,13 @@ struct event_encoder {
     envelope(1);
     pack_kv(pk, "drain_ms", b.drain_ms);
   }
+  void operator()(const capacity_status& b) const {
+    envelope(4);
+    pack_kv(pk, "kind", b.kind);
+    pk.pack("change").pack(to_string(b.change));
+    pack_kv(pk, "worker_id", b.worker_id);
+    pack_kv(pk, "count", b.count);
+  }
   void operator()(const task_status& b) const {
     envelope(5);
     pack_kv(pk, "task_id", b.task_id);
@@ -261,6 +268,20 @@ result<event> decode_event(std::string_view topic, std::string_view body,
     broker_stopping b;
     r.uint("drain_ms", b.drain_ms, 0, u64_max);
     e.body = b;
+  } else if (topic.rfind("capacity.", 0) == 0) {
+    capacity_status b;
+    r.role("kind", b.kind);
+    // Snapshots go to coordinators only (SPEC §12.10.4): an event is a change.
+    r.word(
+        "change", b.change,
+        [](std::string_view text) {
+          auto c = parse_capacity_change(text);
+          return c == capacity_change::snapshot ? std::nullopt : c;
+        },
+        "increase or decrease");
+    r.peer_id("worker_id", b.worker_id);
+    r.uint("count", b.count, 0, u64_max);
+    e.body = std::move(b);
   } else if (topic.rfind("task.", 0) == 0) {
     task_status b;
     r.peer_id("task_id", b.task_id);
@@ -328,6 +349,8 @@ std::optional<std::string_view> type_name(std::uint8_t id) noexcept {
       return "DATA_REPLY";
     case msg_type::task_event:
       return "TASK_EVENT";
+    case msg_type::capacity:
+      return "CAPACITY";
     case msg_type::task_start:
       return "TASK_START";
     case msg_type::task_close:

@@ -112,6 +112,20 @@ class field_reader {
     }
   }
 
+  /// A str of at most 32 bytes that `parse` turns into a value (an enum spelled as words);
+  /// anything else is refused, naming the `expected` words.
+  template <class T, class Parse>
+  void word(std::string_view key, T& out, Parse&& parse, std::string_view expected) {
+    std::string text;
+    str(key, text, 32);
+    if (fault_) return;
+    if (auto v = parse(text)) {
+      out = *v;
+    } else {
+      fail(key, fmt::format("unknown value '{}' ({})", text, expected));
+    }
+  }
+
   void peer_id(std::string_view key, std::string& out) {
     str(key, out, max_id_length);
     if (!fault_ && !valid_peer_id(out))

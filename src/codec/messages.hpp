@@ -58,6 +58,7 @@ struct error {
 using message =
     std::variant<hello, welcome, heartbeat, disconnect, error,               // session (§4)
                  submit, submitted, finish, cancel, data_reply, task_event,  // coordinator (§12)
+                 capacity,                                                   // (§12.10)
                  task_start, task_close, learn, no_data, task_abort,         // to workers
                  started, data_ready, info, get_data, learn_info, task_result, task_failed, policy>;
 
@@ -96,6 +97,8 @@ inline constexpr std::string_view coordinator_left = "coordinator.left";
 inline constexpr std::string_view coordinator_lost = "coordinator.lost";
 inline constexpr std::string_view broker_heartbeat = "broker.heartbeat";
 inline constexpr std::string_view broker_stopping = "broker.stopping";
+inline constexpr std::string_view capacity_collector = "capacity.collector";
+inline constexpr std::string_view capacity_learner = "capacity.learner";
 }  // namespace topic
 
 /// Body of *.joined. `serial` numbers sessions within one broker epoch (1, 2, ...); it is
@@ -154,6 +157,17 @@ struct policy_status {
   bool operator==(const policy_status&) const = default;
 };
 
+/// Body of capacity.collector and capacity.learner: the number of live workers of `kind`
+/// changed to `count` because `worker_id` joined (increase) or its session ended (decrease).
+/// The PUB copy of the CAPACITY every coordinator gets (SPEC §12.10).
+struct capacity_status {
+  rlbus::role kind = rlbus::role::collector;
+  capacity_change change = capacity_change::increase;
+  std::string worker_id;
+  std::uint64_t count = 0;
+  bool operator==(const capacity_status&) const = default;
+};
+
 /// An event as published: the envelope every event has, and a topic-specific body.
 /// A topic this build does not know decodes with `std::monostate` as its body.
 struct event {
@@ -162,7 +176,7 @@ struct event {
   std::uint64_t epoch = 0;
   std::uint64_t ts_ms = 0;
   std::variant<std::monostate, peer_joined, peer_gone, broker_status, broker_stopping, task_status,
-               policy_status>
+               policy_status, capacity_status>
       body;
   bool operator==(const event&) const = default;
 };

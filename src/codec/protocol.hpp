@@ -32,6 +32,7 @@ enum class msg_type : std::uint8_t {
   cancel = 0x13,
   data_reply = 0x14,
   task_event = 0x15,
+  capacity = 0x16,
   // broker -> worker
   task_start = 0x20,
   task_close = 0x21,

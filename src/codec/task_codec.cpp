@@ -34,6 +34,7 @@ struct writer {
   }
   void operator()(std::string_view k, const rlbus::role& v) { pk.pack(k).pack(to_string(v)); }
   void operator()(std::string_view k, const bool& v) { pk.pack(k).pack(v); }
+  void operator()(std::string_view k, const capacity_change& v) { pk.pack(k).pack(to_string(v)); }
   template <class U>
   void operator()(std::string_view k, const U& v, rule::range /*r*/) {
     pk.pack(k).pack(static_cast<std::uint64_t>(v));
@@ -70,6 +71,9 @@ struct reader {
   void operator()(std::string_view k, std::string& v, rule::text t) { r.str(k, v, t.max); }
   void operator()(std::string_view k, rlbus::role& v) { r.role(k, v); }
   void operator()(std::string_view k, bool& v) { r.boolean(k, v); }
+  void operator()(std::string_view k, capacity_change& v) {
+    r.word(k, v, parse_capacity_change, "increase, decrease or snapshot");
+  }
   template <class U>
   void operator()(std::string_view k, U& v, rule::range g) {
     r.uint(k, v, g.lo, g.hi);
@@ -126,6 +130,8 @@ result<message> read_task(std::uint8_t type, field_reader& r) {
       return read_as<data_reply>(r);
     case msg_type::task_event:
       return read_as<task_event>(r);
+    case msg_type::capacity:
+      return read_as<capacity>(r);
     case msg_type::task_start:
       return read_as<task_start>(r);
     case msg_type::task_close:
@@ -173,6 +179,7 @@ RLBUS_INSTANTIATE(finish)
 RLBUS_INSTANTIATE(cancel)
 RLBUS_INSTANTIATE(data_reply)
 RLBUS_INSTANTIATE(task_event)
+RLBUS_INSTANTIATE(capacity)
 RLBUS_INSTANTIATE(task_start)
 RLBUS_INSTANTIATE(task_close)
 RLBUS_INSTANTIATE(learn)
@@ -192,6 +199,25 @@ RLBUS_INSTANTIATE(policy)
 
 namespace rlbus::codec {
 
+std::string_view to_string(capacity_change c) noexcept {
+  switch (c) {
+    case capacity_change::increase:
+      return "increase";
+    case capacity_change::decrease:
+      return "decrease";
+    case capacity_change::snapshot:
+      return "snapshot";
+  }
+  return "unknown";
+}
+
+std::optional<capacity_change> parse_capacity_change(std::string_view text) noexcept {
+  if (text == "increase") return capacity_change::increase;
+  if (text == "decrease") return capacity_change::decrease;
+  if (text == "snapshot") return capacity_change::snapshot;
+  return std::nullopt;
+}
+
 bool is_task_type(std::uint8_t type) noexcept {
   switch (static_cast<msg_type>(type)) {
     case msg_type::submit:
@@ -200,6 +226,7 @@ bool is_task_type(std::uint8_t type) noexcept {
     case msg_type::cancel:
     case msg_type::data_reply:
     case msg_type::task_event:
+    case msg_type::capacity:
     case msg_type::task_start:
     case msg_type::task_close:
     case msg_type::learn:

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "codec/protocol.hpp"
 #include "rlbus/types.hpp"
@@ -143,6 +144,33 @@ struct task_event {
     f("event", s.event, rule::text{32});
     f("worker_id", s.worker_id, rule::text{max_id_length});
     f("body", s.body, rule::shape::any);
+  }
+};
+
+/// What a CAPACITY reports (SPEC §12.10): a worker joined, a worker's session ended, or the
+/// current count as a coordinator's session begins.
+enum class capacity_change { increase, decrease, snapshot };
+
+/// The wire spelling ("increase", "decrease", "snapshot").
+std::string_view to_string(capacity_change c) noexcept;
+/// Parses a wire spelling; nullopt for anything else (case-sensitive).
+std::optional<capacity_change> parse_capacity_change(std::string_view text) noexcept;
+
+/// CAPACITY (broker -> coordinator): the number of live workers of `kind` is now `count`,
+/// because `worker_id` joined (increase) or its session ended (decrease); a snapshot, sent
+/// right after WELCOME, names no worker (SPEC §12.10).
+struct capacity {
+  rlbus::role kind = rlbus::role::collector;
+  capacity_change change = capacity_change::increase;
+  std::string worker_id;
+  std::uint64_t count = 0;
+  RLBUS_TASK_MESSAGE(capacity, capacity)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("kind", s.kind);
+    f("change", s.change);
+    f("worker_id", s.worker_id, rule::text{max_id_length});
+    f("count", s.count, rule::u64);
   }
 };
 

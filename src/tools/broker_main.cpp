@@ -1,6 +1,7 @@
 // rlbus-broker: the broker binary. Flags -> config, signals -> request_stop(), errors at
 // start-up -> a clear message and a non-zero exit code (2: usage or config, 1: cannot bind).
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -31,6 +32,7 @@ void install_signal_handlers() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  constexpr std::uint32_t day_ms = 86'400'000;  // the longest time any setting may name
   rlbus::broker::config cfg;
   std::string log_level = "info";
 
@@ -38,7 +40,10 @@ int main(int argc, char** argv) {
       "rlbus-broker: message bus for distributed reinforcement learning.\n"
       "Workers (collectors, learners) and coordinators connect to the ROUTER endpoint;\n"
       "events (workers joined/lost, broker heartbeat) are published on the events endpoint.\n"
-      "Stops cleanly on SIGINT/SIGTERM: every peer is told DISCONNECT, exit status 0."};
+      "Stops on SIGINT/SIGTERM with a drain: no new sessions or tasks, queued tasks are\n"
+      "cancelled, running tasks get up to --drain-ms to end on their own (a second signal\n"
+      "stops at once); then what is left is aborted, every peer is told DISCONNECT, exit 0.\n"
+      "Times are in milliseconds."};
   app.get_formatter()->column_width(34);
   app.add_option("--router", cfg.router_endpoint,
                  "ROUTER endpoint for peers (tcp://HOST:PORT, ipc://PATH; port 0 or * = any free)")
@@ -68,6 +73,59 @@ int main(int argc, char** argv) {
   app.add_option("--shutdown-linger", cfg.shutdown_linger_ms,
                  "ms to let final DISCONNECTs leave at shutdown")
       ->capture_default_str();
+  app.add_option("--drain-ms", cfg.drain_ms,
+                 "on the first SIGINT/SIGTERM, ms that running tasks get to end on their own "
+                 "before they are aborted (0 = stop at once)")
+      ->capture_default_str()
+      ->check(CLI::Range(0U, day_ms));
+
+  // Task defaults (SPEC §12.7): a SUBMIT that names its own timeouts or attempts wins.
+  const auto tasks = "Tasks";
+  app.add_option("--max-queue", cfg.max_queue,
+                 "most tasks waiting for a worker; a SUBMIT past it is refused (412 QUEUE_FULL)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{100'000'000}))
+      ->group(tasks);
+  app.add_option("--start-timeout", cfg.start_timeout_ms,
+                 "ms a worker has to answer TASK_START with STARTED")
+      ->capture_default_str()
+      ->check(CLI::Range(1U, day_ms))
+      ->group(tasks);
+  app.add_option("--step-timeout", cfg.step_timeout_ms,
+                 "longest ms a running task may go without progress from its worker")
+      ->capture_default_str()
+      ->check(CLI::Range(1U, day_ms))
+      ->group(tasks);
+  app.add_option("--close-timeout", cfg.close_timeout_ms,
+                 "ms a worker has to answer TASK_CLOSE with its RESULT")
+      ->capture_default_str()
+      ->check(CLI::Range(1U, day_ms))
+      ->group(tasks);
+  app.add_option("--task-timeout", cfg.task_timeout_ms,
+                 "longest ms one attempt of a task may take, start to result")
+      ->capture_default_str()
+      ->check(CLI::Range(1U, day_ms))
+      ->group(tasks);
+  app.add_option("--max-attempts", cfg.max_attempts,
+                 "attempts a task gets before it fails (a lost worker or a timeout ends one)")
+      ->capture_default_str()
+      ->check(CLI::Range(1U, 1000U))
+      ->group(tasks);
+  app.add_option("--no-data-retry", cfg.no_data_retry_ms,
+                 "ms a learner is told to wait (NO_DATA) before asking its coordinator again")
+      ->capture_default_str()
+      ->check(CLI::Range(0U, day_ms))
+      ->group(tasks);
+  app.add_option("--stream-ring", cfg.stream_ring,
+                 "task events kept per coordinator for replay (at least 16)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{16}, std::size_t{100'000'000}))
+      ->group(tasks);
+  app.add_option("--stream-ring-bytes", cfg.stream_ring_bytes,
+                 "bytes of task event bodies kept per coordinator for replay (at least 1024)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1024}, std::size_t{1} << 40U))
+      ->group(tasks);
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));

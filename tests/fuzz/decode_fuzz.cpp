@@ -6,6 +6,7 @@
 //   build-fuzz/tests/rlbus-fuzz-decode build-fuzz/corpus -max_total_time=600 -rss_limit_mb=512
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <string_view>
 
 #include "codec/codec.hpp"
@@ -16,9 +17,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (data[0] < 0x80) {
     (void)rlbus::codec::decode_body(data[0], body);
   } else {
-    static constexpr std::string_view topics[] = {"worker.joined", "worker.lost", "coordinator.left",
-                                                  "broker.heartbeat", "broker.stopping", "x.y"};
-    (void)rlbus::codec::decode_event(topics[data[0] % 6], body);
+    static constexpr std::string_view topics[] = {
+        "worker.joined",   "worker.lost", "coordinator.left",   "broker.heartbeat",
+        "broker.stopping", "x.y",         "capacity.collector", "task.c.assigned"};
+    (void)rlbus::codec::decode_event(topics[data[0] % std::size(topics)], body);
   }
   (void)rlbus::codec::parse_header(body);
   return 0;

@@ -2,8 +2,11 @@
 // a worker, and a clean exit 0 on SIGTERM/SIGINT that tells peers DISCONNECT.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "rlbus/worker.hpp"
 #include "support/child.hpp"
@@ -43,10 +46,34 @@ endpoints started(child& c) {
 TEST_CASE("--help documents every flag", "[binary]") {
   const auto [status, out] = run_to_end(broker_bin(), {"--help"});
   CHECK(status == 0);
-  for (const char* flag : {"--router", "--events", "--liveness", "--heartbeat-min",
-                           "--heartbeat-max", "--status-interval", "--max-message", "--max-peers",
-                           "--max-faults", "--shutdown-linger", "--log-level"})
+  for (const char* flag :
+       {"--router",           "--events",          "--liveness",      "--heartbeat-min",
+        "--heartbeat-max",    "--status-interval", "--max-message",   "--max-peers",
+        "--max-faults",       "--shutdown-linger", "--drain-ms",      "--log-level",
+        "--max-queue",        "--start-timeout",   "--step-timeout",  "--close-timeout",
+        "--task-timeout",     "--max-attempts",    "--no-data-retry", "--stream-ring",
+        "--stream-ring-bytes"})
     CHECK_THAT(out, Catch::Contains(flag));
+  // Each task default is documented with its value.
+  for (const char* value : {"10000", "60000", "30000", "3600000", "65536", "67108864"})
+    CHECK_THAT(out, Catch::Contains(value));
+  CHECK_THAT(out, Catch::Contains("second signal"));
+}
+
+TEST_CASE("task settings out of range exit 2 naming the flag", "[binary]") {
+  const std::vector<std::vector<std::string>> bad{
+      {"--max-attempts", "0"},       {"--max-attempts", "1001"},
+      {"--step-timeout", "0"},       {"--task-timeout", "86400001"},
+      {"--drain-ms", "86400001"},    {"--drain-ms", "-1"},
+      {"--max-queue", "0"},          {"--stream-ring", "15"},
+      {"--stream-ring-bytes", "10"}, {"--no-data-retry", "86400001"},
+      {"--start-timeout", "soon"}};
+  for (const auto& args : bad) {
+    INFO(args[0] << " " << args[1]);
+    const auto [status, out] = run_to_end(broker_bin(), args);
+    CHECK(status == 2);
+    CHECK_THAT(out, Catch::Contains(args[0]));
+  }
 }
 
 TEST_CASE("bad flags and settings exit 2 with a message", "[binary]") {
@@ -105,6 +132,112 @@ TEST_CASE("SIGINT stops the broker binary with exit status 0", "[binary]") {
   started(broker);
   broker.signal(SIGINT);
   const auto status = broker.wait(10s);
+  REQUIRE(status);
+  CHECK(*status == 0);
+}
+
+namespace {
+
+/// A raw peer introduced with a heartbeat long enough not to expire during the test.
+void join_as(raw_peer& p, const std::string& id, role r) {
+  p.send(codec::hello{r, id, 30'000, {}, {}});
+  REQUIRE(p.recv_a<codec::welcome>());
+}
+
+/// SUBMITs a collector task that the free `worker` takes, and starts it there.
+void run_on(raw_peer& coord, raw_peer& worker, const std::string& task_id) {
+  codec::submit s;
+  s.task_id = task_id;
+  coord.send(s);
+  const auto ack = coord.recv_a<codec::submitted>();
+  REQUIRE(ack);
+  REQUIRE(ack->accepted);
+  const auto start = worker.recv_a<codec::task_start>();
+  REQUIRE(start);
+  REQUIRE(start->task_id == task_id);
+  worker.send(codec::started{task_id, start->attempt});
+  CHECK(until_event(coord, "started").task_id == task_id);
+}
+
+}  // namespace
+
+// SPEC §11: on SIGTERM the binary drains. One task finishes during the drain and its
+// coordinator sees it finish; the other never ends and is aborted when the drain runs out;
+// then every peer is told DISCONNECT 503 and the process exits 0.
+TEST_CASE("SIGTERM drains: a running task may finish, a stuck one is aborted, exit 0", "[binary]") {
+  constexpr auto drain = 1500ms;
+  child broker(broker_bin(), {"--router", "tcp://127.0.0.1:0", "--events", "tcp://127.0.0.1:0",
+                              "--drain-ms", std::to_string(drain.count())});
+  const auto ep = started(broker);
+  zmq::context_t ctx;
+  raw_peer coord(ctx, ep.router), fast(ctx, ep.router), stuck(ctx, ep.router);
+  join_as(coord, "coord", role::coordinator);
+  join_as(fast, "fast", role::collector);
+  join_as(stuck, "stuck", role::collector);
+  run_on(coord, fast, "finishes");
+  run_on(coord, stuck, "never-ends");
+
+  const auto signalled = std::chrono::steady_clock::now();
+  broker.signal(SIGTERM);
+  REQUIRE(broker.wait_for_line("stopping: draining for at most 1500 ms", 5s));
+  // Closed to new work ...
+  raw_peer late(ctx, ep.router);
+  late.send(codec::hello{role::collector, "late", 30'000, {}, {}});
+  const auto refused = late.recv_a<codec::error>();
+  REQUIRE(refused);
+  CHECK(refused->code == 503);
+  codec::submit more;
+  more.task_id = "more";
+  coord.send(more);
+  const auto busy = coord.recv_a<codec::submitted>();
+  REQUIRE(busy);
+  CHECK_FALSE(busy->accepted);
+  CHECK(busy->code == 503);
+  // ... but the running task goes on to its end.
+  fast.send(codec::info{"finishes", 1, flag_map("collector_done", true)});
+  CHECK(until_event(coord, "info").task_id == "finishes");
+  coord.send(codec::finish{"finishes"});
+  REQUIRE(fast.recv_a<codec::task_close>());
+  fast.send(codec::task_result{"finishes", 1, flag_map("collector_done", true)});
+  CHECK(until_event(coord, "finished").task_id == "finishes");
+
+  // The other one is aborted when the drain runs out.
+  const auto abort = stuck.recv_a<codec::task_abort>(drain + 5s);
+  REQUIRE(abort);
+  CHECK(abort->task_id == "never-ends");
+  CHECK_THAT(abort->reason, Catch::Contains("drain of 1500 ms ran out"));
+  CHECK(until_event(coord, "cancelled").task_id == "never-ends");
+  for (auto* p : {&coord, &fast, &stuck}) {
+    const auto d = p->recv_a<codec::disconnect>();
+    REQUIRE(d);
+    CHECK(d->code == 503);
+  }
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      signalled + drain + 5s - std::chrono::steady_clock::now());
+  const auto status = broker.wait(std::max(left, 1ms));
+  INFO(broker.output());
+  REQUIRE(status);  // within the drain and a margin
+  CHECK(*status == 0);
+  CHECK_THAT(broker.output(), Catch::Contains("aborted 1 tasks still running"));
+}
+
+TEST_CASE("a second SIGINT during the drain stops the binary at once", "[binary]") {
+  child broker(broker_bin(), {"--router", "tcp://127.0.0.1:0", "--events", "tcp://127.0.0.1:0",
+                              "--drain-ms", "600000"});
+  const auto ep = started(broker);
+  zmq::context_t ctx;
+  raw_peer coord(ctx, ep.router), w(ctx, ep.router);
+  join_as(coord, "coord", role::coordinator);
+  join_as(w, "w", role::collector);
+  run_on(coord, w, "long");
+  broker.signal(SIGINT);
+  REQUIRE(broker.wait_for_line("stopping: draining", 5s));
+  broker.signal(SIGINT);
+  const auto abort = w.recv_a<codec::task_abort>(5s);
+  REQUIRE(abort);
+  CHECK_THAT(abort->reason, Catch::Contains("stopped again"));
+  const auto status = broker.wait(10s);
+  INFO(broker.output());
   REQUIRE(status);
   CHECK(*status == 0);
 }

@@ -2,9 +2,13 @@
 // DI-engine's own coordinator test scenario with the seed's callback names.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "rlbus/coordinator.hpp"
 #include "rlbus/worker.hpp"
@@ -273,4 +277,70 @@ TEST_CASE("a learner's new policy reaches collectors through the broker", "[coor
   CHECK(data[0] == std::pair<std::string, std::optional<std::uint64_t>>{"none", std::nullopt});
   CHECK(data[1] == std::pair<std::string, std::optional<std::uint64_t>>{"params-1", 1});
   CHECK(data[2] == std::pair<std::string, std::optional<std::uint64_t>>{"params-2", 2});
+}
+
+// SPEC §12.10.7: the seed's deal_with_increase_collector / deal_with_decrease_collector, called
+// once per collector that joins or goes, so a coordinator's own tally matches the broker's.
+TEST_CASE("the seed's capacity callbacks count collectors joining, leaving and dying",
+          "[coordinator]") {
+  broker::server_thread b(test_config());
+  const auto ep = b.get().router_endpoint();
+  worker early(wopts(ep, "collector-early", role::collector), stub_collector());
+  REQUIRE(early.wait_for(connection_state::ready, 5s));
+
+  std::atomic<int> tally{0};  // what a DI-engine coordinator keeps with the seed's callbacks
+  std::atomic<int> increases{0}, decreases{0};
+  std::mutex mu;
+  std::vector<std::string> reports;
+  coordinator_callbacks cb;
+  cb.deal_with_increase_collector = [&] {
+    ++tally;
+    ++increases;
+  };
+  cb.deal_with_decrease_collector = [&] {
+    --tally;
+    ++decreases;
+  };
+  cb.on_capacity = [&](role kind, const std::string& change, const std::string& worker_id,
+                       std::uint64_t count) {
+    std::lock_guard lock(mu);
+    reports.push_back(std::string(to_string(kind)) + " " + change + " " + worker_id + " " +
+                      std::to_string(count));
+  };
+  coordinator_options co;
+  co.endpoint = ep;
+  co.heartbeat = 100ms;
+  coordinator coord(co, cb);
+  // A collector that was there first is counted from the snapshot.
+  REQUIRE(wait_until([&] { return coord.collectors() == 1 && tally == 1; }));
+
+  worker c1(wopts(ep, "collector-1", role::collector), stub_collector());
+  worker c2(wopts(ep, "collector-2", role::collector), stub_collector());
+  worker l0(wopts(ep, "learner-0", role::learner), stub_learner());
+  REQUIRE(wait_until([&] { return coord.collectors() == 3 && coord.learners() == 1; }));
+  CHECK(tally == 3);
+
+  // A collector that dies (silent, expired by the broker) and one that leaves.
+  zmq::context_t ctx;
+  auto killed = std::make_unique<raw_peer>(ctx, ep);
+  killed->introduce("collector-killed", role::collector, 100);
+  REQUIRE(wait_until([&] { return coord.collectors() == 4; }));
+  CHECK(tally == 4);
+  killed.reset();  // no DISCONNECT, no more heartbeats: the broker expires it
+  REQUIRE(wait_until([&] { return coord.collectors() == 3; }));
+  CHECK(tally == 3);
+  c2.stop();
+  REQUIRE(wait_until([&] { return coord.collectors() == 2; }));
+  CHECK(tally == 2);
+  CHECK(increases == 4);
+  CHECK(decreases == 2);
+  CHECK(coord.learners() == 1);  // learners are reported, but not to the collector callbacks
+
+  std::lock_guard lock(mu);
+  REQUIRE(reports.size() == 8);
+  CHECK(reports.front() == "collector snapshot  1");
+  CHECK(std::count(reports.begin(), reports.end(), "learner increase learner-0 1") == 1);
+  CHECK(std::count(reports.begin(), reports.end(), "collector increase collector-killed 4") == 1);
+  CHECK(reports[reports.size() - 2] == "collector decrease collector-killed 3");
+  CHECK(reports.back() == "collector decrease collector-2 2");
 }

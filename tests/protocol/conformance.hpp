@@ -206,14 +206,8 @@ inline auto about(std::string id) {
 /// The next message's raw frames ([header][body]) within `timeout`; empty if none came.
 inline std::vector<std::string> recv_frames(raw_peer& p,
                                             std::chrono::milliseconds timeout = 3000ms) {
-  zmq::pollitem_t item{p.socket().handle(), 0, ZMQ_POLLIN, 0};
   std::vector<std::string> frames;
-  if (zmq::poll(&item, 1, timeout) == 0) return frames;
-  zmq::message_t frame;
-  do {
-    (void)p.socket().recv(frame, zmq::recv_flags::none);
-    frames.push_back(frame.to_string());
-  } while (frame.more());
+  for (const auto& f : p.recv_message(timeout)) frames.push_back(f.to_string());
   return frames;
 }
 

@@ -716,10 +716,12 @@ TEST_CASE("SPEC 5.5: everything the broker sends is in the canonical form", "[sp
       check_canonical(item.body, with({"id", "role", "serial", "code", "reason"}));
     } else if (item.topic == "broker.heartbeat") {
       check_canonical(item.body, with({"peers", "uptime_ms"}));
+    } else if (item.topic.rfind("capacity.", 0) == 0) {
+      check_canonical(item.body, with({"kind", "change", "worker_id", "count"}));
     } else {
       CHECK(item.topic == "broker.stopping");
       check_canonical(item.body, with({"drain_ms"}));
     }
   }
-  CHECK(topics.size() == 7);  // every topic of §7.4 but coordinator.left
+  CHECK(topics.size() == 9);  // every topic of §7.4 but coordinator.left and task.*
 }

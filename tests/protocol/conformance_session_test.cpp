@@ -81,13 +81,14 @@ TEST_CASE("SPEC 7.3: seq counts every event from 1, the start-up heartbeat", "[s
   std::vector<std::unique_ptr<raw_peer>> probes;
   std::optional<codec::event> first;
   // Until the subscription is live, joined events go unseen: keep adding peers until one shows.
+  // Coordinators, whose joining is one event (a worker's is two: joined and capacity, §12.10).
   for (int i = 0; !first && i < 50; ++i) {
     probes.push_back(std::make_unique<raw_peer>(ctx, b.get().router_endpoint()));
-    probes.back()->introduce("probe-" + std::to_string(i));
+    probes.back()->introduce("probe-" + std::to_string(i), role::coordinator);
     first = raw.next(200ms);
   }
   REQUIRE(first);
-  REQUIRE(first->topic == "worker.joined");
+  REQUIRE(first->topic == "coordinator.joined");
   const auto id = event_peer_id(*first);
   REQUIRE(id.rfind("probe-", 0) == 0);
   const auto index = std::stoull(id.substr(6));
@@ -181,8 +182,8 @@ TEST_CASE_METHOD(fixture, "SPEC 8.2: messages before HELLO get ERROR 403 and lea
   next_error(p, error_code::not_ready, ref(type_error));
   p.send_frames({header(1, type_event), "\x80"});
   next_error(p, error_code::not_ready, ref(type_event));
-  p.send_frames({header(1, 0x16), "\x80"});  // unassigned within the task range
-  next_error(p, error_code::unknown_type, ref(0x16));
+  p.send_frames({header(1, 0x17), "\x80"});  // unassigned within the task range
+  next_error(p, error_code::unknown_type, ref(0x17));
   p.send_frames({header(1, type_unassigned), "\x80"});
   next_error(p, error_code::unknown_type, ref(type_unassigned));
   CHECK(broker.get().snapshot().peers == 0);

@@ -64,9 +64,17 @@ class raw_peer {
   codec::welcome introduce(const std::string& id, rlbus::role r = rlbus::role::collector,
                            std::uint32_t heartbeat_ms = 1000);
   zmq::socket_t& socket() { return sock_; }
+  /// A coordinator gets CAPACITY (SPEC §12.10) whenever a worker joins or goes and as its
+  /// session begins; tests of anything else would have to step over them, so a raw_peer drops
+  /// them unless a test asks to see them.
+  void keep_capacity(bool keep = true) { keep_capacity_ = keep; }
+  /// All frames of the next message within `timeout` (CAPACITY dropped unless kept); empty
+  /// if none came.
+  std::vector<zmq::message_t> recv_message(std::chrono::milliseconds timeout);
 
  private:
   zmq::socket_t sock_;
+  bool keep_capacity_ = false;
 };
 
 /// A SUB on the broker's PUB that collects decoded events.

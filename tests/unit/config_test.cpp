@@ -37,3 +37,24 @@ TEST_CASE("port 0 means any free port", "[unit][config]") {
   CHECK(broker::normalize_endpoint("tcp://127.0.0.1:70") == "tcp://127.0.0.1:70");
   CHECK(broker::normalize_endpoint("ipc:///tmp/x:0") == "ipc:///tmp/x:0");
 }
+
+TEST_CASE("the drain and the task defaults are checked, each by its name", "[unit][config]") {
+  broker::config cfg;
+  CHECK(cfg.drain_ms == 10'000);  // a stop waits for running tasks unless told otherwise
+  cfg.drain_ms = 0;
+  CHECK_NOTHROW(cfg.validate());  // 0: stop at once
+  cfg.drain_ms = 86'400'001;
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("drain"));
+  cfg = {};
+  cfg.step_timeout_ms = 0;
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("step timeout"));
+  cfg = {};
+  cfg.close_timeout_ms = 86'400'001;
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("close timeout"));
+  cfg = {};
+  cfg.stream_ring_bytes = 100;
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("stream ring bytes"));
+  cfg = {};
+  cfg.max_attempts = 1001;
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("max attempts"));
+}

@@ -395,3 +395,30 @@ TEST_CASE_METHOD(fixture, "re-announced resources count for the next assignment"
   tm->peer_resources("w", {{"gpu", 1}}, now);
   CHECK(sink.take<codec::task_start>("w").task_id == "needs-gpu");
 }
+
+TEST_CASE_METHOD(fixture, "a closed queue takes no tasks, cancels waiting ones and aborts the rest",
+                 "[unit][tasks]") {
+  join("c0", role::collector);
+  submit("coord", "running", role::collector);
+  sink.take<codec::task_start>("c0");
+  sink.event("coord", "assigned");
+  CHECK(submit("coord", "waiting", role::collector).queued == 0);
+  tm->close_queue("closing");
+  const auto waiting = sink.event("coord", "cancelled");
+  CHECK(waiting.task_id == "waiting");
+  CHECK(tm->live() == 1);
+  const auto refused = submit("coord", "late", role::collector);
+  CHECK_FALSE(refused.accepted);
+  CHECK(refused.code == 503);
+  // A free worker gets nothing while closed.
+  join("c1", role::collector);
+  CHECK(sink.empty("c1"));
+  CHECK(tm->abort_all("over") == 1);
+  const auto abort = sink.take<codec::task_abort>("c0");
+  CHECK(abort.reason == "over");
+  const auto running = sink.event("coord", "cancelled");
+  CHECK(running.task_id == "running");
+  CHECK(running.worker_id == "c0");
+  CHECK(tm->live() == 0);
+  CHECK(tm->counts().cancelled == 2);
+}
