@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Sets everything up, then runs the broker with its built-in defaults (router on
-# tcp://127.0.0.1:7235, events on tcp://127.0.0.1:7236). Extra arguments go to the broker;
-# see `build/src/rlbus-broker --help`. Ctrl-C stops it cleanly.
+# Sets everything up, then runs the demo with its defaults: the broker (tcp://127.0.0.1:7235),
+# a learner and three collectors as separate processes training cart-pole until it is
+# solved. Extra arguments go to the demo; see `build/src/rlbus-demo --help`. Ctrl-C stops
+# everything cleanly. The broker alone: build/src/rlbus-broker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec build/src/rlbus-broker "$@"
+exec build/src/rlbus-demo run "$@"

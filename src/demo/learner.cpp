@@ -35,16 +35,8 @@ learner::learner(learner_config cfg) : config_(std::move(cfg)) {
 }
 
 void learner::begin_version() {
-  work_ = {};
-  work_.policy_version = version_;
-  work_.params = params_;
-  work_.sigma = config_.sigma;
-  // Even and odd streams of the run seed, so noise and start states never share a seed.
-  work_.noise_seed = derive_seed(config_.seed, 2 * version_);
-  work_.env_seed = derive_seed(config_.seed, 2 * version_ + 1);
-  work_.first_direction = 0;
-  work_.direction_count = config_.directions;
-  work_.max_steps = config_.max_steps;
+  work_ = version_work(config_.seed, version_, params_, config_.sigma, config_.directions,
+                       config_.max_steps);
   returns_plus_.assign(config_.directions, std::nullopt);
   returns_minus_.assign(config_.directions, std::nullopt);
   batch_steps_ = 0;
@@ -125,6 +117,21 @@ void learner::update() {
   last_ = stats;
   ++version_;
   begin_version();
+}
+
+work_item version_work(std::uint64_t run_seed, std::uint64_t version, std::vector<float> params,
+                       float sigma, std::uint32_t directions, std::uint32_t max_steps) {
+  work_item w;
+  w.policy_version = version;
+  w.params = std::move(params);
+  w.sigma = sigma;
+  // Even and odd streams of the run seed, so noise and start states never share a seed.
+  w.noise_seed = derive_seed(run_seed, 2 * version);
+  w.env_seed = derive_seed(run_seed, 2 * version + 1);
+  w.first_direction = 0;
+  w.direction_count = directions;
+  w.max_steps = max_steps;
+  return w;
 }
 
 std::vector<work_item> split_work(const work_item& item, std::uint32_t parts) {

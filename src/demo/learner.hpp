@@ -89,6 +89,12 @@ class learner {
   std::uint64_t total_steps_ = 0;
 };
 
+/// The whole work item of `version` in a run seeded with `run_seed`: its noise and start-state
+/// seeds derive from (run_seed, version) alone, so whoever knows the run's settings and holds
+/// a version's parameters (a collector handed a policy) rebuilds exactly what the learner drew.
+work_item version_work(std::uint64_t run_seed, std::uint64_t version, std::vector<float> params,
+                       float sigma, std::uint32_t directions, std::uint32_t max_steps);
+
 /// Cuts `item` into at most `parts` (>= 1) items over disjoint, contiguous direction ranges
 /// that together cover it, sizes differing by at most one; one per collector.
 std::vector<work_item> split_work(const work_item& item, std::uint32_t parts);

@@ -1,0 +1,38 @@
+// How a new policy version travels from the learner to the collectors, one small function
+// per side and nothing else anywhere: switching transports is a change to this file only.
+//
+// Today the policy rides the task messages the SDK already has: the learner puts it in its
+// learn info, the coordinator keeps the latest and attaches it to every collector task's
+// task_info, and the collector reads it from there. Every byte crosses the broker.
+//
+// With the SDK's policy fan-out the learner calls publish_policy(policy_id, version, bytes),
+// the coordinator names policy_id in the task_spec (and needs only the version), and the
+// collector reads task_handle::policy(): the latest version the broker holds at task start.
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+#include "demo/wire.hpp"
+#include "rlbus/coordinator.hpp"
+#include "rlbus/worker.hpp"
+
+namespace rlbus::demo {
+
+/// The policy's name on the bus (for fan-out).
+inline constexpr std::string_view policy_id = "cartpole-linear";
+
+/// Learner: makes `release` the version collectors get from now on. `report` is the learn
+/// info about to be sent for it.
+void announce_policy(rlbus::task_handle& t, learn_report& report, policy_release release);
+
+/// Coordinator: the release a learn report announced (nullopt if it announced none).
+std::optional<policy_release> announced_policy(const learn_report& report);
+
+/// Coordinator: makes the collector task about to be submitted run `release`.
+void attach_policy(rlbus::task_spec& spec, collector_task& task, const policy_release& release);
+
+/// Collector: the policy its task runs (nullopt: the task carries none, a coordinator bug).
+std::optional<policy_release> task_policy(const rlbus::task_handle& t, const collector_task& task);
+
+}  // namespace rlbus::demo

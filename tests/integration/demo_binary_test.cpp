@@ -1,0 +1,118 @@
+// Integration: `rlbus-demo run` as a user runs it: the real broker, learner and collector
+// processes over tcp train cart-pole to its solved threshold, survive a collector killed in
+// the middle of a task, stop everything on Ctrl-C, and say so clearly when the port is taken.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <regex>
+#include <vector>
+
+#include "support/child.hpp"
+#include "support/support.hpp"
+
+using namespace rlbus::test;
+
+namespace {
+
+std::string env_path(const char* name) {
+  const char* p = std::getenv(name);
+  REQUIRE(p != nullptr);
+  return p;
+}
+
+std::string demo_bin() {
+  return env_path("RLBUS_DEMO_BIN");
+}
+
+// The number on the summary line that starts with `label` (-1 if there is none).
+long summary_number(const std::string& out, const std::string& label) {
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex(label + R"(:\s+(\d+))"))) return -1;
+  return std::stol(m[1]);
+}
+
+// The pids the launcher lists at start ("  collector-1  pid 1234").
+std::vector<int> child_pids(const std::string& out) {
+  std::vector<int> pids;
+  const std::regex line(R"(\n  (broker|learner-\d+|collector-\d+)\s+pid (\d+))");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), line); it != std::sregex_iterator();
+       ++it)
+    pids.push_back(std::stoi((*it)[2]));
+  return pids;
+}
+
+bool gone(int pid) {
+  return ::kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+}  // namespace
+
+TEST_CASE("the demo solves cart-pole through the bus although a collector is killed mid-task",
+          "[demo-binary]") {
+  // Episodes twice as slow as the default, so that on a loaded machine too the kill lands
+  // well before the collector could finish its task (it has 3 of 4 directions to go).
+  child demo(demo_bin(), {"run", "--port", "0", "--kill-collector-at", "2", "--episode-cost-ms",
+                          "40", "--broker", env_path("RLBUS_BROKER_BIN"), "--time-limit", "60"});
+  const auto status = demo.wait(40s);
+  const auto& out = demo.output();
+  INFO(out);
+  REQUIRE(status);
+  CHECK(*status == 0);
+  CHECK_THAT(out, Catch::Contains("result:          solved"));
+  CHECK_THAT(out, Catch::Contains("chaos: SIGKILL collector-"));
+  CHECK_THAT(out, Catch::Contains("re-queued"));
+  CHECK(summary_number(out, "requeued tasks") >= 1);
+  CHECK(summary_number(out, "failed tasks") == 0);
+  CHECK(summary_number(out, "iterations") >= 2);
+  // One progress line per iteration, from the initial policy on.
+  CHECK_THAT(out, Catch::Contains("iter   0  policy v0"));
+  CHECK_THAT(out, Catch::Contains("iter   2  policy v2"));
+  for (const int pid : child_pids(out)) CHECK(wait_until([&] { return gone(pid); }, 5s));
+}
+
+TEST_CASE("Ctrl-C stops the demo and every process it started", "[demo-binary]") {
+  // Slow collectors, so the run is surely still going when the signal comes.
+  child demo(demo_bin(),
+             {"--port", "0", "--episode-cost-ms", "200", "--broker", env_path("RLBUS_BROKER_BIN")});
+  REQUIRE(demo.wait_for_line("iter   0", 20s));
+  const auto pids = child_pids(demo.output());
+  CHECK(pids.size() == 5);  // broker, learner, 3 collectors
+  demo.signal(SIGINT);
+  const auto status = demo.wait(15s);
+  INFO(demo.output());
+  REQUIRE(status);
+  CHECK(*status == 130);
+  CHECK_THAT(demo.output(), Catch::Contains("interrupted"));
+  CHECK_THAT(demo.output(), Catch::Contains("result:          not solved"));
+  for (const int pid : pids) CHECK(wait_until([&] { return gone(pid); }, 5s));
+}
+
+TEST_CASE("a port in use is a clear error, not a hang", "[demo-binary]") {
+  zmq::context_t ctx;
+  zmq::socket_t squatter(ctx, zmq::socket_type::router);
+  squatter.bind("tcp://127.0.0.1:*");
+  const auto taken = squatter.get(zmq::sockopt::last_endpoint);
+  const auto port = taken.substr(taken.rfind(':') + 1);
+  const auto [status, out] =
+      run_to_end(demo_bin(), {"run", "--port", port, "--broker", env_path("RLBUS_BROKER_BIN")});
+  INFO(out);
+  CHECK(status == 3);
+  CHECK_THAT(out, Catch::Contains("the broker did not start"));
+  CHECK_THAT(out, Catch::Contains("--port"));
+}
+
+TEST_CASE("the demo's flags are documented and bad ones refused", "[demo-binary]") {
+  auto [status, out] = run_to_end(demo_bin(), {"--help"});
+  CHECK(status == 0);
+  for (const char* flag : {"--port", "--collectors", "--seed", "--max-iterations", "--time-limit",
+                           "--kill-collector-at", "--respawn", "--broker"})
+    CHECK_THAT(out, Catch::Contains(flag));
+  std::tie(status, out) = run_to_end(demo_bin(), {"run", "--no-such-flag"});
+  CHECK(status == 2);
+  std::tie(status, out) = run_to_end(demo_bin(), {"--broker", "/nonexistent/rlbus-broker"});
+  CHECK(status == 3);
+  CHECK_THAT(out, Catch::Contains("/nonexistent/rlbus-broker"));
+}
