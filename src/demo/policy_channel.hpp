@@ -1,13 +1,10 @@
 // How a new policy version travels from the learner to the collectors, one small function
-// per side and nothing else anywhere: switching transports is a change to this file only.
+// per side and nothing else anywhere.
 //
-// Today the policy rides the task messages the SDK already has: the learner puts it in its
-// learn info, the coordinator keeps the latest and attaches it to every collector task's
-// task_info, and the collector reads it from there. Every byte crosses the broker.
-//
-// With the SDK's policy fan-out the learner calls publish_policy(policy_id, version, bytes),
-// the coordinator names policy_id in the task_spec (and needs only the version), and the
-// collector reads task_handle::policy(): the latest version the broker holds at task start.
+// It uses the broker's policy fan-out (SPEC §13): the learner calls publish_policy before it
+// sends the learn info that announces the version, the coordinator names the policy in each
+// collector task's task_spec, and a collector reads task_handle::policy(), the latest version
+// the broker held when its task started. Data items carry that version (the SDK tags them).
 #pragma once
 
 #include <optional>

@@ -147,29 +147,6 @@ std::optional<msgpack::object_handle> unpack(std::string_view bytes) {
   }
 }
 
-// A policy, when attached, is one nested map {version, params} under "policy".
-void write_policy(writer& w, const policy_release& p) {
-  auto& pk = w.packer();
-  pk.pack("policy");
-  pk.pack_map(2);
-  pk.pack("version");
-  pk.pack_uint64(p.version);
-  pk.pack("params");
-  pk.pack_bin(static_cast<std::uint32_t>(p.params.size()));
-  pk.pack_bin_body(p.params.data(), static_cast<std::uint32_t>(p.params.size()));
-}
-// Absent: nullopt with `r` still ok; present but malformed: `r` fails.
-std::optional<policy_release> read_policy(reader& r) {
-  const auto* o = r.find("policy");
-  if (o == nullptr) return std::nullopt;
-  reader inner(*o);
-  policy_release p;
-  p.version = inner.u64("version");
-  p.params = inner.bin("params");
-  if (!inner.ok()) r.invalidate();
-  return p;
-}
-
 template <class T, class F>
 std::optional<T> decode_map(std::string_view bytes, F&& read) {
   const auto h = unpack(bytes);
@@ -191,14 +168,13 @@ std::int8_t row_sign(const msgpack::object& o) {
 }  // namespace
 
 std::string encode(const collector_task& t) {
-  writer w(6 + (t.policy ? 1 : 0));
+  writer w(6);
   w.u64("seed", t.seed)
       .f64("sigma", t.sigma)
       .u64("max_steps", t.max_steps)
       .u64("first_direction", t.first_direction)
       .u64("direction_count", t.direction_count)
       .u64("episode_cost_ms", t.episode_cost_ms);
-  if (t.policy) write_policy(w, *t.policy);
   return w.done();
 }
 
@@ -211,7 +187,6 @@ std::optional<collector_task> decode_collector_task(std::string_view bytes) {
     t.first_direction = r.u32("first_direction");
     t.direction_count = r.u32("direction_count");
     t.episode_cost_ms = r.u32("episode_cost_ms");
-    t.policy = read_policy(r);
     return t;
   });
 }
@@ -327,7 +302,7 @@ std::optional<result_batch> decode_result_batch(std::string_view bytes) {
 }
 
 std::string encode(const learn_report& l) {
-  writer w(11 + (l.policy ? 1 : 0));
+  writer w(11);
   w.u64("iteration", l.iteration)
       .u64("policy_version", l.policy_version)
       .f64("batch_mean", l.batch_mean)
@@ -339,7 +314,6 @@ std::string encode(const learn_report& l) {
       .u64("episodes", l.episodes)
       .u64("eval_total", l.eval_total)
       .flag("learner_done", l.learner_done);
-  if (l.policy) write_policy(w, *l.policy);
   return w.done();
 }
 
@@ -357,7 +331,6 @@ std::optional<learn_report> decode_learn_report(std::string_view bytes) {
     l.episodes = r.u64("episodes");
     l.eval_total = r.u64("eval_total");
     l.learner_done = r.flag("learner_done");
-    l.policy = read_policy(r);
     return l;
   });
 }

@@ -32,8 +32,7 @@ struct collector_task {
   std::uint32_t max_steps = cartpole::max_episode_steps;
   std::uint32_t first_direction = 0;
   std::uint32_t direction_count = 0;
-  std::uint32_t episode_cost_ms = 0;     // simulated environment cost per episode
-  std::optional<policy_release> policy;  // attached by policy_channel (today's transport)
+  std::uint32_t episode_cost_ms = 0;  // simulated environment cost per episode
   bool operator==(const collector_task&) const = default;
 };
 
@@ -74,10 +73,9 @@ struct learn_report {
   double eval_min = 0;
   double eval_max = 0;
   std::uint32_t eval_episodes = 0;
-  std::uint64_t episodes = 0;            // learning episodes accepted so far (collectors')
-  std::uint64_t eval_total = 0;          // evaluation episodes run so far
-  bool learner_done = false;             // the new policy meets the solved threshold
-  std::optional<policy_release> policy;  // attached by policy_channel (today's transport)
+  std::uint64_t episodes = 0;    // learning episodes accepted so far (collectors')
+  std::uint64_t eval_total = 0;  // evaluation episodes run so far
+  bool learner_done = false;     // the new policy meets the solved threshold
   bool operator==(const learn_report&) const = default;
 };
 

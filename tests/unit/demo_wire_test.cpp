@@ -1,28 +1,16 @@
-// The demo's messages on the bus: every one survives its msgpack form exactly, the policy
-// travels with a task only when attached, and bytes from a peer that are not the message
-// are refused as values (never a throw or a crash).
+// The demo's messages on the bus: every one survives its msgpack form exactly, and bytes from a
+// peer that are not the message are refused as values (never a throw or a crash).
 #include <catch2/catch.hpp>
 
 #include <msgpack.hpp>
 #include <string>
 
-#include "demo/policy.hpp"
 #include "demo/wire.hpp"
 
 using namespace rlbus::demo;
 
-namespace {
-
-policy_release release() {
-  return {7, params_to_bytes(std::vector<float>{0.5F, -1.25F, 3.0F, 0.0F, -0.0F})};
-}
-
-}  // namespace
-
 TEST_CASE("demo messages survive their msgpack form", "[unit][demo]") {
-  collector_task c{42, 0.1F, 500, 8, 4, 10, std::nullopt};
-  CHECK(decode_collector_task(encode(c)) == c);
-  c.policy = release();
+  const collector_task c{42, 0.1F, 500, 8, 4, 10};
   CHECK(decode_collector_task(encode(c)) == c);
 
   const learner_task l{1, 32, 8, 0.1F, 0.03F, 500, 100};
@@ -48,8 +36,6 @@ TEST_CASE("demo messages survive their msgpack form", "[unit][demo]") {
   r.eval_total = 500;
   r.learner_done = true;
   CHECK(decode_learn_report(encode(r)) == r);
-  r.policy = release();
-  CHECK(decode_learn_report(encode(r)) == r);
 }
 
 TEST_CASE("a direction result is found inside a coordinator's data event", "[unit][demo]") {
@@ -71,7 +57,7 @@ TEST_CASE("a direction result is found inside a coordinator's data event", "[uni
 }
 
 TEST_CASE("bytes that are not a demo message are refused as values", "[unit][demo]") {
-  const auto task = encode(collector_task{1, 0.1F, 500, 0, 4, 0, release()});
+  const auto task = encode(collector_task{1, 0.1F, 500, 0, 4, 0});
   CHECK_FALSE(decode_collector_task(""));
   CHECK_FALSE(decode_collector_task(std::string("\x80", 1)));           // {}: fields missing
   CHECK_FALSE(decode_collector_task(std::string("\x93\x01\x02\x03")));  // an array
