@@ -31,6 +31,9 @@ void config::validate() const {
   for (const auto ms : {start_timeout_ms, step_timeout_ms, close_timeout_ms, task_timeout_ms})
     require(ms >= 1 && ms <= 86'400'000, "task timeouts must be 1..86400000 ms");
   require(stream_ring >= 16, "stream ring must hold at least 16 events");
+  // The held events of a full window must fit the ring with room to spare.
+  require(stream_window >= 1 && stream_window <= stream_ring / 2,
+          "stream window must be 1..half the stream ring");
 }
 
 std::string normalize_endpoint(std::string endpoint) {

@@ -80,6 +80,9 @@ stats server::snapshot() const {
   s.tasks_failed = c.tasks_failed.load();
   s.tasks_requeued = c.tasks_requeued.load();
   s.stale_messages = c.stale.load();
+  s.stream_replays = c.replays.load();
+  s.stream_resent = c.resent.load();
+  s.stream_lost = c.lost.load();
   return s;
 }
 
@@ -93,6 +96,9 @@ void server::store_counters() {
   c.tasks_failed.store(t.failed, std::memory_order_relaxed);
   c.tasks_requeued.store(t.requeued, std::memory_order_relaxed);
   c.stale.store(t.stale, std::memory_order_relaxed);
+  c.replays.store(t.replays, std::memory_order_relaxed);
+  c.resent.store(t.resent, std::memory_order_relaxed);
+  c.lost.store(t.lost, std::memory_order_relaxed);
 }
 
 void server::run() {
@@ -184,7 +190,9 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
   }
   auto& msg = decoded.value();
   if (codec::is_task_type(header->type)) {
-    if (auto refused = tasks_.handle(p->id, p->role, std::move(msg), now)) {
+    auto refused = tasks_.handle(p->id, p->role, std::move(msg), now);
+    store_counters();  // a snapshot taken once a peer has heard of a step includes it
+    if (refused) {
       // A late message about a task that moved on is normal after a re-assignment, a cancel
       // or a close: refused and counted, but no strike against the peer (SPEC §12.5.5).
       return fault(routing_id, p, refused->code, std::move(refused->reason), header->type,

@@ -45,6 +45,9 @@ struct stats {
   std::uint64_t tasks_failed = 0;    // failed for good (max attempts)
   std::uint64_t tasks_requeued = 0;  // attempts that ended and went back to the queue
   std::uint64_t stale_messages = 0;  // worker messages of an attempt that had ended
+  std::uint64_t stream_replays = 0;  // REPLAYs served (SPEC §12.9)
+  std::uint64_t stream_resent = 0;   // TASK_EVENTs sent again (replays)
+  std::uint64_t stream_lost = 0;     // events reported gone with STREAM_GAP
 };
 
 class server : private task_sink {
@@ -72,7 +75,8 @@ class server : private task_sink {
   struct counters {
     std::atomic<std::uint64_t> peers{0}, messages_in{0}, messages_out{0}, faults{0}, unroutable{0},
         refused_hellos{0}, expired{0}, events{0}, tasks_queued{0}, tasks_running{0},
-        tasks_finished{0}, tasks_failed{0}, tasks_requeued{0}, stale{0};
+        tasks_finished{0}, tasks_failed{0}, tasks_requeued{0}, stale{0}, replays{0}, resent{0},
+        lost{0};
   };
 
   // task_sink: how the task manager reaches peers and subscribers.

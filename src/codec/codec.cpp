@@ -338,6 +338,14 @@ std::optional<std::string_view> type_name(std::uint8_t id) noexcept {
       return "RESULT";
     case msg_type::task_failed:
       return "TASK_FAILED";
+    case msg_type::replay:
+      return "REPLAY";
+    case msg_type::ack:
+      return "ACK";
+    case msg_type::stream_gap:
+      return "STREAM_GAP";
+    case msg_type::data_credit:
+      return "DATA_CREDIT";
     case msg_type::event:
       return "EVENT";
   }
@@ -378,6 +386,10 @@ std::string_view code_name(std::uint16_t code) noexcept {
       return "DUPLICATE_TASK";
     case error_code::queue_full:
       return "QUEUE_FULL";
+    case error_code::bad_seq:
+      return "BAD_SEQ";
+    case error_code::no_credit:
+      return "NO_CREDIT";
     case error_code::busy:
       return "BUSY";
   }

@@ -59,7 +59,8 @@ using message =
     std::variant<hello, welcome, heartbeat, disconnect, error,               // session (§4)
                  submit, submitted, finish, cancel, data_reply, task_event,  // coordinator (§12)
                  task_start, task_close, learn, no_data, task_abort,         // to workers
-                 started, data_ready, info, get_data, learn_info, task_result, task_failed>;
+                 started, data_ready, info, get_data, learn_info, task_result, task_failed, replay,
+                 ack, stream_gap, data_credit>;  // stream flow control (§12.9)
 
 /// The type id each message struct travels under.
 constexpr msg_type type_of(const hello&) noexcept {
