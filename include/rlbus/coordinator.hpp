@@ -3,6 +3,12 @@
 // about its own tasks, and answers them through callbacks named after the seed's
 // callback_fn keys, so porting a coordinator is mechanical.
 //
+// The stream is lossless while the broker holds it: the SDK acknowledges what its callbacks
+// have processed, so the broker keeps no more than its window in flight and holds the
+// coordinator's collectors back when it falls behind; a jump in seq or a new connection
+// makes it ask for a replay; duplicates are dropped; events the broker could not keep are
+// reported (on_stream_lost), never skipped in silence (SPEC §12.9).
+//
 // Threads: one I/O thread owns the socket; one callback thread runs every callback, in
 // stream order, one at a time. Public members are safe from any thread, but submit()
 // must not be called from inside a callback (it waits for the broker's answer).
@@ -96,6 +102,10 @@ struct coordinator_callbacks {
   std::function<void(rlbus::role kind, const std::string& change, const std::string& worker_id,
                      std::uint64_t count)>
       on_capacity;
+  /// Events `first`..`last` of the stream are lost for good: the broker no longer held them
+  /// when they were asked for again (the coordinator fell further behind than the broker's
+  /// ring). Called in stream order, in their place; counted in stream_gaps().
+  std::function<void(std::uint64_t first, std::uint64_t last)> on_stream_lost;
 };
 
 class coordinator {
@@ -118,12 +128,17 @@ class coordinator {
 
   /// Tasks submitted and not yet finished, failed or cancelled.
   [[nodiscard]] std::size_t open_tasks() const;
-  /// Events of this coordinator's stream that never arrived (seq jumps), 0 when none.
+  /// Events of this coordinator's stream that never arrived: those the broker reported lost
+  /// (on_stream_lost). A jump in seq that a replay filled is not a gap. 0 when none.
   [[nodiscard]] std::uint64_t stream_gaps() const;
   /// Live collectors and learners on the broker, as of the last capacity callback (0 before
   /// the first report arrives).
   [[nodiscard]] std::uint64_t collectors() const;
   [[nodiscard]] std::uint64_t learners() const;
+  /// REPLAYs asked of the broker: one per connection, and one per jump in seq.
+  [[nodiscard]] std::uint64_t stream_replays() const;
+  /// Events that arrived twice (a replay resends what may have arrived) and were dropped.
+  [[nodiscard]] std::uint64_t stream_duplicates() const;
 
   /// Says DISCONNECT, stops both threads. Idempotent. The broker then cancels open tasks.
   void stop();

@@ -70,6 +70,9 @@ class task_handle {
   [[nodiscard]] bool aborted() const;
 
   // Collector side. Each returns false when the task is over (nothing was sent).
+  /// When the broker applies data credit to this attempt (its coordinator acknowledges its
+  /// stream), emit_data waits while the credit is used up, until the coordinator catches
+  /// up: a slow coordinator slows its collectors down instead of losing their data.
   bool emit_data(std::string data_id, std::string buffer_id, std::string meta_msgpack,
                  std::optional<std::string> payload = std::nullopt);
   bool emit_info(std::string info_msgpack);
@@ -140,6 +143,8 @@ class worker {
   [[nodiscard]] std::uint64_t session() const;
   /// How many times the broker has welcomed this worker (1 + reconnects that succeeded).
   [[nodiscard]] std::uint64_t welcomes() const;
+  /// How many times emit_data had to wait for data credit (its coordinator was behind).
+  [[nodiscard]] std::uint64_t credit_waits() const;
   /// The last error or refusal the broker sent, "" if none.
   [[nodiscard]] std::string last_error() const;
   [[nodiscard]] const worker_options& options() const;

@@ -24,7 +24,9 @@ TYPES = {"HELLO": 0x01, "WELCOME": 0x02, "HEARTBEAT": 0x03, "DISCONNECT": 0x04,
          "TASK_START": 0x20, "TASK_CLOSE": 0x21, "LEARN": 0x22, "NO_DATA": 0x23,
          "TASK_ABORT": 0x24,
          "STARTED": 0x30, "DATA": 0x31, "INFO": 0x32, "GET_DATA": 0x33, "LEARN_INFO": 0x34,
-         "RESULT": 0x35, "TASK_FAILED": 0x36, "POLICY": 0x37}
+         "RESULT": 0x35, "TASK_FAILED": 0x36, "POLICY": 0x37,
+         # stream flow control and replay (SPEC §12.9)
+         "REPLAY": 0x40, "ACK": 0x41, "STREAM_GAP": 0x42, "DATA_CREDIT": 0x48}
 
 
 def header(type_id, version=1, sig=b"RL"):
@@ -273,6 +275,20 @@ VALID += [
           {"task_id": COLLECTOR_TASK, "attempt": 1, "data_id": "data_c0_000043",
            "buffer_id": BUFFER, "meta": META_41, "policy_version": 7},
           "collected with version 7 of the task's policy"),
+    # stream flow control and replay (SPEC §12.9)
+    valid("replay_after_reconnect", "REPLAY", {"from_seq": 1201},
+          "a coordinator back on a new connection: send again from 1201"),
+    valid("replay_first", "REPLAY", {"from_seq": 1},
+          "a new session's first message: nothing old, turn on the window"),
+    valid("ack", "ACK", {"seq": 1232}, "every event up to 1232 is processed"),
+    valid("ack_none", "ACK", {"seq": 0}, "nothing processed yet"),
+    valid("stream_gap", "STREAM_GAP", {"first": 3, "last": 70002},
+          "3..70002 left the ring before they were asked for; the stream goes on at 70003"),
+    valid("data_credit", "DATA_CREDIT", {"task_id": COLLECTOR_TASK, "attempt": 1, "limit": 256},
+          "the attempt may send DATA until it has sent 256 in all"),
+    valid("data_credit_none_yet", "DATA_CREDIT",
+          {"task_id": COLLECTOR_TASK, "attempt": 2, "limit": 0},
+          "before TASK_START: the attempt is credited but has no credit yet"),
 ]
 
 
@@ -380,6 +396,16 @@ INVALID += [
                  {"task_id": COLLECTOR_TASK, "attempt": 1, "kind": "collector",
                   "task_info": {}, "policy_id": "cartpole", "policy_params": POLICY_PARAMS},
                  "the policy fields of TASK_START travel together"),
+    invalid_task("replay_from_zero", "REPLAY", {"from_seq": 0}, "seqs count from 1"),
+    invalid_task("replay_from_negative", "REPLAY", {"from_seq": -1}, "from_seq is a uint"),
+    invalid_task("ack_no_seq", "ACK", {}, "ACK without seq"),
+    invalid_task("ack_seq_str", "ACK", {"seq": "12"}, "seq is a uint, not a str"),
+    invalid_task("stream_gap_first_zero", "STREAM_GAP", {"first": 0, "last": 4},
+                 "seqs count from 1"),
+    invalid_task("data_credit_attempt_zero", "DATA_CREDIT",
+                 {"task_id": COLLECTOR_TASK, "attempt": 0, "limit": 8}, "attempts count from 1"),
+    invalid_task("data_credit_no_limit", "DATA_CREDIT",
+                 {"task_id": COLLECTOR_TASK, "attempt": 1}, "DATA_CREDIT without limit"),
 ]
 
 

@@ -50,6 +50,9 @@ struct config {
   /// Task events kept per coordinator for replay, bounded in count and in bytes.
   std::size_t stream_ring = 65'536;
   std::size_t stream_ring_bytes = std::size_t{64} * 1024 * 1024;
+  /// Most unacknowledged TASK_EVENTs in flight to a coordinator that acknowledges (SPEC
+  /// §12.9.7); also what its collectors' data credit is cut from (§12.9.9).
+  std::size_t stream_window = 1024;
 
   // ---- policies (SPEC §13) ----
   /// Most policy ids the broker keeps a latest version of.

@@ -88,6 +88,9 @@ stats server::snapshot() const {
   s.collectors = c.collectors.load();
   s.learners = c.learners.load();
   s.draining = c.draining.load();
+  s.stream_replays = c.replays.load();
+  s.stream_resent = c.resent.load();
+  s.stream_lost = c.lost.load();
   return s;
 }
 
@@ -104,6 +107,9 @@ void server::store_counters() {
   c.collectors.store(live_workers_[0], std::memory_order_relaxed);
   c.learners.store(live_workers_[1], std::memory_order_relaxed);
   c.draining.store(draining_, std::memory_order_relaxed);
+  c.replays.store(t.replays, std::memory_order_relaxed);
+  c.resent.store(t.resent, std::memory_order_relaxed);
+  c.lost.store(t.lost, std::memory_order_relaxed);
 }
 
 void server::run() {
@@ -208,7 +214,9 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
   }
   auto& msg = decoded.value();
   if (codec::is_task_type(header->type)) {
-    if (auto refused = tasks_.handle(p->id, p->role, std::move(msg), now)) {
+    auto refused = tasks_.handle(p->id, p->role, std::move(msg), now);
+    store_counters();  // a snapshot taken once a peer has heard of a step includes it
+    if (refused) {
       // A late message about a task that moved on is normal after a re-assignment, a cancel
       // or a close: refused and counted, but no strike against the peer (SPEC §12.5.5).
       return fault(routing_id, p, refused->code, std::move(refused->reason), header->type,

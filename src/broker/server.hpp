@@ -54,6 +54,9 @@ struct stats {
   std::uint64_t collectors = 0;      // live collector sessions
   std::uint64_t learners = 0;        // live learner sessions
   bool draining = false;             // a stop was requested; waiting for running tasks
+  std::uint64_t stream_replays = 0;  // REPLAYs served (SPEC §12.9)
+  std::uint64_t stream_resent = 0;   // TASK_EVENTs sent again (replays)
+  std::uint64_t stream_lost = 0;     // events reported gone with STREAM_GAP
 };
 
 class server : private task_sink {
@@ -82,7 +85,8 @@ class server : private task_sink {
   struct counters {
     std::atomic<std::uint64_t> peers{0}, messages_in{0}, messages_out{0}, faults{0}, unroutable{0},
         refused_hellos{0}, expired{0}, events{0}, tasks_queued{0}, tasks_running{0},
-        tasks_finished{0}, tasks_failed{0}, tasks_requeued{0}, stale{0}, collectors{0}, learners{0};
+        tasks_finished{0}, tasks_failed{0}, tasks_requeued{0}, stale{0}, collectors{0}, learners{0},
+        replays{0}, resent{0}, lost{0};
     std::atomic<bool> draining{false};
   };
 

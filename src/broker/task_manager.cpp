@@ -64,6 +64,7 @@ void task_manager::peer_resources(const std::string& id, const rlbus::resources&
 
 void task_manager::peer_gone(const std::string& id, rlbus::role role, util::time_point now) {
   if (role == rlbus::role::coordinator) {
+    streams_.erase(id);  // first: the tasks below go without handing out credit
     std::vector<std::string> owned;
     for (const auto& [task_id, t] : tasks_)
       if (t.owner == id) owned.push_back(task_id);
@@ -76,7 +77,6 @@ void task_manager::peer_gone(const std::string& id, rlbus::role role, util::time
       ++counts_.cancelled;
       erase_task(task_id);
     }
-    streams_.erase(id);
     if (!owned.empty()) {
       spdlog::warn("coordinator {} gone: cancelled its {} tasks", id, owned.size());
       try_assign(now);
@@ -97,6 +97,20 @@ void task_manager::peer_gone(const std::string& id, rlbus::role role, util::time
 std::optional<refusal> task_manager::handle(const std::string& from, rlbus::role role,
                                             codec::message&& m, util::time_point now) {
   const bool from_coordinator = role == rlbus::role::coordinator;
+  if (std::holds_alternative<codec::submitted>(m) || std::holds_alternative<codec::task_event>(m) ||
+      std::holds_alternative<codec::stream_gap>(m) || std::holds_alternative<codec::data_credit>(m))
+    return refuse(
+        codec::error_code::unknown_type,
+        fmt::format("{} is sent by the broker, never to it",
+                    codec::type_name(static_cast<std::uint8_t>(codec::type_of(m))).value_or("?")));
+  if (const auto* r = std::get_if<codec::replay>(&m))
+    return from_coordinator ? on_replay(from, *r)
+                            : refuse(codec::error_code::unknown_type,
+                                     "only coordinators have a stream to replay");
+  if (const auto* a = std::get_if<codec::ack>(&m))
+    return from_coordinator ? on_ack(from, *a)
+                            : refuse(codec::error_code::unknown_type,
+                                     "only coordinators have a stream to acknowledge");
   if (auto* s = std::get_if<codec::submit>(&m))
     return from_coordinator
                ? on_submit(from, std::move(*s), now)
@@ -311,12 +325,19 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
   } else if (auto* d = std::get_if<codec::data_ready>(&m)) {
     if (t.st != state::running || t.kind != rlbus::role::collector)
       return wrong("DATA belongs to a running collector task");
+    if (t.credited && t.data_accepted >= t.data_limit)
+      return refuse(codec::error_code::no_credit,
+                    fmt::format("task '{}': attempt {} was granted {} DATA and sent them all; wait "
+                                "for DATA_CREDIT",
+                                t.id, t.attempt, t.data_limit));
+    ++t.data_accepted;
     progress();
     codec::map_writer body(3 + (d->payload ? 1 : 0) + (d->policy_version ? 1 : 0));
     body.str("data_id", d->data_id).str("buffer_id", d->buffer_id).raw("meta", d->meta);
     if (d->payload) body.bin("payload", *d->payload);
     if (d->policy_version) body.uint("policy_version", *d->policy_version);
     emit(t, "data", body.done(), d->data_id);
+    if (t.credited) grant(streams_[t.owner], nullptr);  // its credit may need topping up
   } else if (auto* i = std::get_if<codec::info>(&m)) {
     if (t.st != state::running || t.kind != rlbus::role::collector)
       return wrong("INFO belongs to a running collector task");
@@ -407,6 +428,16 @@ void task_manager::start_attempt(task& t, worker_info& w, const std::string& wor
        p != nullptr ? codec::map_writer(1).uint("policy_version", p->version).done()
                     : codec::empty_map_blob,
        worker_id);
+  // A collector of a windowed stream learns its credit before its task, so its first DATA
+  // already knows the limit (§12.9.9).
+  auto& s = streams_[t.owner];
+  if (t.kind == rlbus::role::collector && s.windowed) {
+    t.credited = true;
+    t.data_accepted = 0;
+    t.data_limit = 0;
+    s.credited.insert(t.id);
+    grant(s, &t);
+  }
   sink_.send_to(worker_id, start);
 }
 
@@ -428,6 +459,7 @@ void task_manager::free_worker(const std::string& worker_id) {
 // The attempt is over (its worker, if any, already freed or gone): re-queue or fail. The
 // event still names the worker the attempt ran on.
 void task_manager::end_attempt(task& t, const std::string& reason) {
+  uncredit(t);
   t.request_id.reset();
   ++t.generation;  // no deadline while queued
   t.scheduled.reset();
@@ -457,6 +489,14 @@ void task_manager::on_timers(util::time_point now) {
     if (it == tasks_.end() || it->second.generation != c.generation) continue;
     task& t = it->second;
     if (t.deadline > now) {  // progress since: look again at the real deadline
+      t.scheduled = t.deadline;
+      checks_.push({t.deadline, t.id, t.generation});
+      continue;
+    }
+    if (t.st == state::running && t.credited && t.data_accepted >= t.data_limit &&
+        t.deadline < t.attempt_end) {
+      // Its collector waits for credit: held back by the coordinator's window, not silent.
+      t.deadline = std::min(now + t.step_timeout, t.attempt_end);
       t.scheduled = t.deadline;
       checks_.push({t.deadline, t.id, t.generation});
       continue;
@@ -514,6 +554,7 @@ std::optional<util::time_point> task_manager::next_deadline() const {
 void task_manager::erase_task(const std::string& id) {
   const auto it = tasks_.find(id);
   if (it == tasks_.end()) return;
+  uncredit(it->second);
   queue_.erase(it->second.order);
   tasks_.erase(it);
 }
@@ -522,16 +563,152 @@ void task_manager::emit(task& t, std::string_view event, codec::blob body,
                         std::string_view detail) {
   auto& s = streams_[t.owner];
   codec::task_event e{++s.seq, t.id, t.attempt, std::string(event), t.worker, std::move(body)};
-  sink_.send_to(t.owner, e);
+  if (!s.windowed) {  // v1: sent as made; an undeliverable one leaves a gap (§12.8.2)
+    sink_.send_to(t.owner, e);
+    s.next = s.seq + 1;
+    s.sent_max = s.seq;
+  }
+  if (event == "data") s.max_data_bytes = std::max(s.max_data_bytes, e.body.size());
   // The ring is bounded in events and in bytes (payloads can be large).
   s.ring_bytes += e.body.size();
   s.ring.push_back(std::move(e));
   while (s.ring.size() > cfg_.stream_ring || s.ring_bytes > cfg_.stream_ring_bytes) {
-    s.ring_bytes -= s.ring.front().body.size();
+    const auto size = s.ring.front().body.size();
+    if (s.ring.front().seq <= s.acked) s.acked_bytes -= size;
+    s.ring_bytes -= size;
     s.ring.pop_front();
   }
+  pump(t.owner, s);
   sink_.publish(fmt::format("task.{}.{}", t.owner, event),
                 codec::task_status{t.id, t.kind, t.attempt, t.worker, clip(std::string(detail))});
+}
+
+// ---- replay and flow control (§12.9) ---------------------------------------------------
+
+void task_manager::stream::set_acked(std::uint64_t seq) {
+  // acked_bytes stays the bytes of the ring's events at or below `acked`.
+  const auto count_upto = [&](std::uint64_t v) -> std::size_t {
+    if (ring.empty() || v < ring.front().seq) return 0;
+    return static_cast<std::size_t>(std::min<std::uint64_t>(v - ring.front().seq + 1, ring.size()));
+  };
+  const auto from = count_upto(acked);
+  const auto to = count_upto(seq);
+  for (auto i = from; i < to; ++i) acked_bytes += ring[i].body.size();
+  for (auto i = to; i < from; ++i) acked_bytes -= ring[i].body.size();
+  acked = seq;
+}
+
+std::optional<refusal> task_manager::on_replay(const std::string& from, const codec::replay& r) {
+  auto& s = streams_[from];
+  if (r.from_seq > s.seq + 1)
+    return refuse(codec::error_code::bad_seq,
+                  fmt::format("REPLAY from {}: your stream's last event is {}, so from_seq is "
+                              "1..{}",
+                              r.from_seq, s.seq, s.seq + 1));
+  ++counts_.replays;
+  // "Everything before from_seq is processed, nothing from it on": the stream restarts there.
+  s.windowed = true;
+  s.set_acked(r.from_seq - 1);
+  s.next = r.from_seq;
+  pump(from, s);
+  grant(s, nullptr);
+  return std::nullopt;
+}
+
+std::optional<refusal> task_manager::on_ack(const std::string& from, const codec::ack& a) {
+  auto& s = streams_[from];
+  if (a.seq > s.seq)
+    return refuse(codec::error_code::bad_seq,
+                  fmt::format("ACK of {}: your stream's last event is {}", a.seq, s.seq));
+  s.windowed = true;
+  if (a.seq > s.acked) s.set_acked(a.seq);  // an older ACK tells nothing new
+  if (s.next <= s.acked) s.next = s.acked + 1;
+  pump(from, s);
+  grant(s, nullptr);
+  return std::nullopt;
+}
+
+// Sends held events while the window has room: at most stream-window per call, so one
+// REPLAY or ACK never makes a burst larger than the window. Events the ring no longer holds
+// are reported with STREAM_GAP, never skipped in silence.
+void task_manager::pump(const std::string& owner, stream& s) {
+  if (!s.windowed) return;
+  const auto window = static_cast<std::uint64_t>(cfg_.stream_window);
+  const auto limit = [&] {
+    return s.acked > ~std::uint64_t{0} - window ? ~std::uint64_t{0} : s.acked + window;
+  };
+  while (s.next <= s.seq && s.next <= limit()) {
+    const auto front = s.ring.empty() ? s.seq + 1 : s.ring.front().seq;
+    if (s.next < front) {
+      if (!sink_.send_to(owner, codec::stream_gap{s.next, front - 1})) return;
+      spdlog::warn("coordinator {}: events {}..{} of its stream are gone from the ring", owner,
+                   s.next, front - 1);
+      counts_.lost += front - s.next;
+      s.next = front;
+      // Nothing to process in them: they count as acknowledged, out of the window's way.
+      if (s.acked < front - 1) s.set_acked(front - 1);
+      continue;
+    }
+    // Not sent (the connection is gone or full): held, sent again on the next ACK or REPLAY.
+    if (!sink_.send_to(owner, s.ring[s.next - front])) return;
+    if (s.next <= s.sent_max)
+      ++counts_.resent;
+    else
+      s.sent_max = s.next;
+    ++s.next;
+  }
+}
+
+// Tops up the data credit of the stream's collector attempts out of the window's room: the
+// unacknowledged events plus all credit not yet used stay within stream-window, and their
+// bytes (a unit of credit costing the largest data event so far) within half the ring's byte
+// bound. A chunk is the window shared by twice the credited attempts; an attempt is topped up
+// once it has used half its chunk. `announce` gets DATA_CREDIT even when nothing changed.
+void task_manager::grant(stream& s, const task* announce) {
+  if (!s.windowed || s.credited.empty()) return;
+  const auto window = static_cast<std::uint64_t>(cfg_.stream_window);
+  std::uint64_t outstanding = 0;
+  for (const auto& id : s.credited) {
+    const auto& t = tasks_.at(id);
+    outstanding += t.data_limit - t.data_accepted;
+  }
+  const std::uint64_t backlog = s.seq - s.acked;
+  const std::uint64_t chunk = std::max<std::uint64_t>(1, window / (2 * s.credited.size()));
+  const std::size_t byte_budget = cfg_.stream_ring_bytes / 2;
+  for (const auto& id : s.credited) {
+    auto& t = tasks_.at(id);
+    const auto left = t.data_limit - t.data_accepted;
+    std::uint64_t add = 0;
+    if (left * 2 <= chunk) {
+      std::uint64_t room = backlog + outstanding < window ? window - backlog - outstanding : 0;
+      const auto unacked = s.unacked_bytes();
+      if (unacked >= byte_budget) {
+        room = 0;
+      } else if (s.max_data_bytes > 0) {
+        const std::uint64_t fit = (byte_budget - unacked) / s.max_data_bytes;
+        room = std::min(room, fit > outstanding ? fit - outstanding : 0);
+      }
+      add = std::min(chunk - left, room);
+    }
+    if (add > 0) {
+      t.data_limit += add;
+      outstanding += add;
+    }
+    if (add > 0 || &t == announce)
+      sink_.send_to(t.worker, codec::data_credit{t.id, t.attempt, t.data_limit});
+  }
+}
+
+// The attempt ends: its unused credit goes back to the window, for the stream's others.
+void task_manager::uncredit(task& t) {
+  if (!t.credited) return;
+  t.credited = false;
+  t.data_accepted = 0;
+  t.data_limit = 0;
+  const auto it = streams_.find(t.owner);
+  if (it == streams_.end()) return;
+  it->second.credited.erase(t.id);
+  grant(it->second, nullptr);
 }
 
 task_counts task_manager::counts() const {

@@ -8,7 +8,11 @@
 // back cannot touch the task's new attempt.
 //
 // Each coordinator gets an ordered stream of TASK_EVENTs about its own tasks, numbered
-// by seq and kept in a bounded ring; lifecycle events are also published on the PUB.
+// by seq and kept in a bounded ring; lifecycle events are also published on the PUB. A
+// coordinator may ask for its stream again from any seq the ring still holds (REPLAY), and
+// once it acknowledges what it has processed (ACK) the broker keeps at most a window of
+// events in flight to it and hands its collectors data credit out of that window, so a slow
+// coordinator slows its collectors down instead of losing their data (SPEC §12.9).
 //
 // Single-threaded: the broker loop owns it. It talks to the world only through task_sink,
 // so tests can drive it with a fake clock and a fake sink.
@@ -20,6 +24,7 @@
 #include <map>
 #include <optional>
 #include <queue>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -45,6 +50,8 @@ class task_sink {
 struct task_counts {
   std::uint64_t queued = 0, running = 0, finished = 0, failed = 0, requeued = 0, cancelled = 0,
                 stale = 0;
+  // streams (§12.9): REPLAYs served, events sent again, events reported lost (STREAM_GAP)
+  std::uint64_t replays = 0, resent = 0, lost = 0;
 };
 
 class task_manager {
@@ -103,6 +110,11 @@ class task_manager {
     // a check that comes due early is re-pushed at the real deadline (as peer expiry does).
     std::optional<util::time_point> scheduled;
     std::uint32_t generation = 0;  // bumped when the schedule is dropped: older checks go stale
+    // Data credit (§12.9.9), for a collector attempt begun while its owner's stream was
+    // windowed: DATA is accepted while data_accepted < data_limit.
+    bool credited = false;
+    std::uint64_t data_accepted = 0;
+    std::uint64_t data_limit = 0;  // the running total granted in DATA_CREDIT
   };
   struct worker_info {
     rlbus::role role;
@@ -111,9 +123,22 @@ class task_manager {
     std::string task;  // "" = free
   };
   struct stream {
-    std::uint64_t seq = 0;
+    std::uint64_t seq = 0;  // the last event made: the head
     std::deque<codec::task_event> ring;
     std::size_t ring_bytes = 0;
+    // Flow control (§12.9), off until the coordinator's first ACK or REPLAY: until then
+    // every event is sent as it is made, as in v1.
+    bool windowed = false;
+    std::uint64_t acked = 0;      // the coordinator has processed every event up to here
+    std::uint64_t next = 1;       // the next event to send
+    std::uint64_t sent_max = 0;   // the highest seq ever sent: sending one at or below is a resend
+    std::size_t acked_bytes = 0;  // body bytes of the ring's events at or below `acked`
+    std::size_t max_data_bytes =
+        0;  // the largest `data` body so far: what a unit of credit may cost
+    std::set<std::string> credited;  // tasks whose current attempt holds data credit
+
+    void set_acked(std::uint64_t seq);
+    [[nodiscard]] std::size_t unacked_bytes() const { return ring_bytes - acked_bytes; }
   };
   struct check {
     util::time_point due;
@@ -130,6 +155,8 @@ class task_manager {
   std::optional<refusal> on_cancel(const std::string& from, const codec::cancel& c,
                                    util::time_point now);
   std::optional<refusal> on_data_reply(const std::string& from, codec::data_reply&& r);
+  std::optional<refusal> on_replay(const std::string& from, const codec::replay& r);
+  std::optional<refusal> on_ack(const std::string& from, const codec::ack& a);
   // learner side
   std::optional<refusal> on_policy(const std::string& from, codec::policy&& p);
   // worker side
@@ -146,6 +173,10 @@ class task_manager {
   void erase_task(const std::string& id);
   void cancel(task& t, const std::string& reason);
   void emit(task& t, std::string_view event, codec::blob body, std::string_view detail = {});
+  // flow control (§12.9)
+  void pump(const std::string& owner, stream& s);
+  void grant(stream& s, const task* announce);
+  void uncredit(task& t);
 
   const config& cfg_;
   task_sink& sink_;

@@ -67,6 +67,9 @@ class body_fields {
   std::optional<codec::detail::field_reader> reader_;
 };
 
+constexpr std::uint64_t ack_every = 32;    // processed events per ACK while more are queued
+constexpr std::size_t max_early = 65'536;  // events kept that arrived ahead of a gap
+
 }  // namespace
 
 struct coordinator::impl {
@@ -132,42 +135,162 @@ struct coordinator::impl {
       if (kind != submitting.end()) submitting.erase(kind);
       acks[ack->task_id] = std::move(*ack);
     } else if (auto* e = std::get_if<codec::task_event>(&m)) {
-      if (last_seq != 0 && e->seq > last_seq + 1) gaps += e->seq - last_seq - 1;
-      if (e->seq > last_seq) last_seq = e->seq;
-      events.emplace_back(std::move(*e));
+      on_event(std::move(*e));
+    } else if (const auto* g = std::get_if<codec::stream_gap>(&m)) {
+      on_gap(*g);
+    } else if (const auto* w = std::get_if<codec::welcome>(&m)) {
+      on_welcome(*w);
     } else if (auto* c = std::get_if<codec::capacity>(&m)) {
-      events.emplace_back(std::move(*c));  // in order with the task events around it
+      stream_item item;  // in order with the task events around it
+      item.capacity = std::move(*c);
+      item.generation = generation;
+      events.push_back(std::move(item));
     }
     changed.notify_all();
+  }
+
+  // ---- the stream (SPEC §12.9): I/O thread, `mu` held ----
+  // Events reach the callback thread in seq order, each once: a duplicate (a replay of what
+  // came already) is dropped, one that comes early (after a gap) waits in `early` while a
+  // REPLAY fetches what is missing, and what the broker no longer holds is reported lost.
+
+  void on_welcome(const codec::welcome& w) {
+    if (!w.resumed) {
+      // A new session has a new stream, from 1; what the old one still owed us is gone
+      // with it (the broker cancelled that session's tasks).
+      if (next_seq > 1)
+        spdlog::warn("coordinator {}: new session, the stream starts again at 1", opts.id);
+      ++generation;
+      next_seq = 1;
+      processed = 0;
+      since_ack = 0;
+      early.clear();
+      // ACKs and REPLAYs still queued name seqs of the old stream.
+      std::erase_if(outbox, [](const codec::message& q) {
+        return std::holds_alternative<codec::ack>(q) || std::holds_alternative<codec::replay>(q);
+      });
+    }
+    // First thing on every connection, before any SUBMIT: turn on the window and fetch what
+    // the broker sent after the last event we processed (on a resumption, what went down
+    // with the old connection).
+    ask_replay(processed + 1, true);
+  }
+
+  void ask_replay(std::uint64_t from, bool first = false) {
+    replay_asked = next_seq;
+    ++replays;
+    if (first) {
+      outbox.push_front(codec::replay{from});
+    } else {
+      outbox.push_back(codec::replay{from});
+    }
+    wake.notify();
+  }
+
+  void on_event(codec::task_event&& e) {
+    if (e.seq < next_seq) {
+      ++duplicates;
+    } else if (e.seq > next_seq) {
+      if (early.size() < max_early) early.emplace(e.seq, std::move(e));
+    } else {
+      deliver(std::move(e));
+    }
+    settle();
+  }
+
+  void on_gap(const codec::stream_gap& g) {
+    if (g.last < next_seq) return;  // about events we have already
+    if (g.first > next_seq) {
+      // Something before the gap went missing as well: ask again from there, and the
+      // broker reports the gap again in its place.
+      ask_replay(next_seq);
+      return;
+    }
+    spdlog::warn("coordinator {}: events {}..{} of the stream are lost", opts.id, next_seq, g.last);
+    stream_item lost;
+    lost.lost_first = next_seq;
+    lost.lost_last = g.last;
+    lost.generation = generation;
+    events.push_back(std::move(lost));
+    gaps += g.last - next_seq + 1;
+    next_seq = g.last + 1;
+    settle();
+  }
+
+  void deliver(codec::task_event&& e) {
+    ++next_seq;
+    stream_item item;
+    item.event = std::move(e);
+    item.generation = generation;
+    events.push_back(std::move(item));
+  }
+
+  // Hands on what `early` holds in order, and asks once per gap for what is missing.
+  void settle() {
+    while (!early.empty() && early.begin()->first <= next_seq) {
+      auto node = early.extract(early.begin());
+      if (node.key() == next_seq) {
+        deliver(std::move(node.mapped()));
+      } else {
+        ++duplicates;
+      }
+    }
+    if (replay_asked && next_seq > *replay_asked) replay_asked.reset();  // that gap is filled
+    if (!early.empty() && !replay_asked) ask_replay(next_seq);
   }
 
   // ---- callback thread ----
   void callback_loop() {
     while (true) {
-      inbound next;
+      stream_item item;
       {
         std::unique_lock lock(mu);
         changed.wait(lock, [&] { return cb_stop || !events.empty(); });
         if (cb_stop) return;
-        next = std::move(events.front());
+        item = std::move(events.front());
         events.pop_front();
       }
-      if (auto* c = std::get_if<codec::capacity>(&next)) {
+      if (item.capacity) {  // no seq: nothing to acknowledge
         try {
-          on_capacity(*c);
+          on_capacity(*item.capacity);
         } catch (const std::exception& ex) {
           spdlog::error("coordinator {}: capacity callback threw: {}", opts.id, ex.what());
         }
         continue;
       }
-      const auto& e = std::get<codec::task_event>(next);
+      const auto& e = item.event;
+      const bool lost = item.lost_last != 0;
       try {
-        dispatch(e);
+        if (lost) {
+          if (callbacks.on_stream_lost) callbacks.on_stream_lost(item.lost_first, item.lost_last);
+        } else {
+          dispatch(e);
+        }
       } catch (const std::exception& ex) {
-        spdlog::error("coordinator {}: callback for {} of task {} threw: {}", opts.id, e.event,
-                      e.task_id, ex.what());
+        spdlog::error("coordinator {}: callback for {} of task {} threw: {}", opts.id,
+                      lost ? "lost events" : e.event, e.task_id, ex.what());
+      }
+      processed_one(lost ? item.lost_last : e.seq, item.generation);
+    }
+  }
+
+  // Acknowledges processed events: every ack_every of them, and whenever the callback thread
+  // has caught up, so a window smaller than ack_every never stalls.
+  void processed_one(std::uint64_t seq, std::uint64_t gen) {
+    {
+      std::lock_guard lock(mu);
+      if (gen != generation) return;  // an event of a stream that has ended
+      processed = seq;
+      if (++since_ack < ack_every && !events.empty()) return;
+      since_ack = 0;
+      // An ACK still waiting to go out is only made newer: ACKs are cumulative.
+      if (!outbox.empty() && std::holds_alternative<codec::ack>(outbox.back())) {
+        std::get<codec::ack>(outbox.back()).seq = processed;
+      } else {
+        outbox.push_back(codec::ack{processed});
       }
     }
+    wake.notify();
   }
 
   std::optional<role> kind_of(const std::string& task_id) {
@@ -275,15 +398,29 @@ struct coordinator::impl {
   mutable std::mutex mu;
   mutable std::condition_variable changed;
   std::deque<codec::message> outbox;
-  using inbound = std::variant<codec::task_event, codec::capacity>;
-  std::deque<inbound> events;  // for the callback thread, in arrival order
+  // One item for the callback thread: a stream event, a range the broker lost, or a capacity
+  // report (which has no seq).
+  struct stream_item {
+    codec::task_event event;
+    std::uint64_t lost_first = 0, lost_last = 0;  // lost_last != 0: a lost range
+    std::optional<codec::capacity> capacity;      // set: a capacity report, not a stream step
+    std::uint64_t generation = 0;
+  };
+  std::deque<stream_item> events;  // in arrival order
   std::map<std::string, codec::submitted> acks;
   std::map<std::string, role> submitting;  // SUBMIT sent, SUBMITTED not yet here
   std::map<std::string, role> open;
   connection_state state = connection_state::connecting;
   std::string last_error;
-  std::uint64_t last_seq = 0;
-  std::uint64_t gaps = 0;
+  std::uint64_t next_seq = 1;                        // the next seq to hand to the callback thread
+  std::uint64_t processed = 0;                       // the last seq the callback thread finished
+  std::uint64_t since_ack = 0;                       // processed since the last ACK
+  std::uint64_t generation = 0;                      // +1 per new stream (a new session)
+  std::map<std::uint64_t, codec::task_event> early;  // arrived ahead of a gap
+  std::optional<std::uint64_t> replay_asked;         // next_seq when the pending REPLAY was asked
+  std::uint64_t gaps = 0;                            // events lost: they never arrived
+  std::uint64_t duplicates = 0;
+  std::uint64_t replays = 0;
   std::uint64_t collectors = 0;  // as of the last capacity callback
   std::uint64_t learners = 0;
   bool cb_stop = false;
@@ -350,6 +487,16 @@ std::uint64_t coordinator::collectors() const {
 std::uint64_t coordinator::learners() const {
   std::lock_guard lock(impl_->mu);
   return impl_->learners;
+}
+
+std::uint64_t coordinator::stream_replays() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->replays;
+}
+
+std::uint64_t coordinator::stream_duplicates() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->duplicates;
 }
 
 void coordinator::stop() {

@@ -144,6 +144,9 @@ void session::handle(codec::message&& m, util::time_point now) {
     next_heartbeat_ = now + heartbeat_;
     broker_deadline_ = now + broker_silence();
     set_state(connection_state::ready, w->resumed ? "session resumed" : "");
+    // The role above may need to know whether its session (and the broker state tied to it,
+    // such as a coordinator's stream) went on or began anew.
+    if (on_message_) on_message_(std::move(m));
   } else if (const auto* e = std::get_if<codec::error>(&m)) {
     const auto detail = fmt::format("{} {}: {}", e->code, codec::code_name(e->code), e->reason);
     const bool about_hello =

@@ -43,7 +43,8 @@ class session {
   using state_callback =
       std::function<void(connection_state, std::uint64_t token, const std::string& detail)>;
 
-  /// Called with every message that is not part of the session layer (task messages).
+  /// Called with every message that is not part of the session layer (task messages), and
+  /// with each WELCOME that makes the session ready (after the state callback).
   using message_callback = std::function<void(codec::message&&)>;
 
   session(zmq::context_t& ctx, session_options opts, state_callback on_state,

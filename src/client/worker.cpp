@@ -40,6 +40,7 @@ std::string_view to_string(connection_state s) noexcept {
 namespace {
 constexpr std::size_t max_outbox = 100'000;  // messages waiting for the I/O thread
 constexpr std::chrono::milliseconds max_no_data_backoff{200};
+constexpr std::size_t max_credit_entries = 16;  // attempts whose DATA_CREDIT is kept
 }  // namespace
 
 // Everything the handler thread and the I/O thread share; guarded by `mu`.
@@ -57,6 +58,11 @@ struct task_handle::owner {
   bool stopping = false;
   std::uint64_t next_request = 0;
   std::map<std::uint64_t, codec::message> replies;  // LEARN / NO_DATA by request id
+  // Data credit (SPEC §12.9.9): the DATA_CREDIT limits by attempt (one comes before its
+  // TASK_START), and the DATA the current attempt has sent. No limit: no credit applies.
+  std::map<std::pair<std::string, std::uint32_t>, std::uint64_t> credit;
+  std::uint64_t data_sent = 0;
+  std::uint64_t credit_waits = 0;
 
   bool post(codec::message m) {
     {
@@ -90,7 +96,24 @@ bool task_handle::live() const {
 
 bool task_handle::emit_data(std::string data_id, std::string buffer_id, std::string meta_msgpack,
                             std::optional<std::string> payload) {
-  if (!live()) return false;
+  {
+    // Past its credit the broker would refuse the DATA: wait for more, which comes as the
+    // coordinator works through its stream (the broker then keeps the step deadline open).
+    std::unique_lock lock(owner_.mu);
+    const auto key = std::make_pair(id_, attempt_);
+    const auto has_credit = [&] {
+      const auto it = owner_.credit.find(key);
+      return it == owner_.credit.end() || owner_.data_sent < it->second;
+    };
+    if (owner_.live(*this) && !has_credit()) {
+      ++owner_.credit_waits;
+      owner_.changed.wait(
+          lock, [&] { return !owner_.live(*this) || owner_.close_requested || has_credit(); });
+    }
+    // After TASK_CLOSE the broker takes no more DATA anyway.
+    if (!owner_.live(*this) || !has_credit()) return false;
+    ++owner_.data_sent;
+  }
   codec::data_ready d{id_,
                       attempt_,
                       std::move(data_id),
@@ -235,6 +258,16 @@ struct worker::impl {
       if (current(l->task_id, l->attempt)) tasks.replies.emplace(l->request_id, std::move(m));
     } else if (auto* n = std::get_if<codec::no_data>(&m)) {
       if (current(n->task_id, n->attempt)) tasks.replies.emplace(n->request_id, std::move(m));
+    } else if (const auto* dc = std::get_if<codec::data_credit>(&m)) {
+      auto& limit = tasks.credit[{dc->task_id, dc->attempt}];
+      limit = std::max(limit, dc->limit);  // a running total: an older one says nothing new
+      // Credit of attempts that never ran (refused as busy) must not pile up.
+      while (tasks.credit.size() > max_credit_entries) {
+        auto victim = tasks.credit.begin();
+        if (tasks.task && victim->first == std::make_pair(tasks.task->task_id, tasks.task->attempt))
+          ++victim;
+        tasks.credit.erase(victim);
+      }
     }
     tasks.changed.notify_all();
   }
@@ -243,6 +276,7 @@ struct worker::impl {
   void begin(codec::task_start&& start) {
     tasks.outbox.push_back(codec::started{start.task_id, start.attempt});
     tasks.task = std::move(start);
+    tasks.data_sent = 0;
     tasks.close_requested = false;
     tasks.aborted = false;
     tasks.replies.clear();
@@ -291,6 +325,7 @@ struct worker::impl {
         // Free the slot before the broker hears the outcome: it assigns the next task as
         // soon as it does.
         std::lock_guard lock(tasks.mu);
+        tasks.credit.erase({h.id(), h.attempt()});
         tasks.task.reset();
         tasks.replies.clear();
         if (tasks.next_task) {
@@ -367,6 +402,11 @@ std::uint64_t worker::session() const {
 std::uint64_t worker::welcomes() const {
   std::lock_guard lock(impl_->mu);
   return impl_->welcomes;
+}
+
+std::uint64_t worker::credit_waits() const {
+  std::lock_guard lock(impl_->tasks.mu);
+  return impl_->tasks.credit_waits;
 }
 
 std::string worker::last_error() const {

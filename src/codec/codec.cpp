@@ -377,6 +377,14 @@ std::optional<std::string_view> type_name(std::uint8_t id) noexcept {
       return "TASK_FAILED";
     case msg_type::policy:
       return "POLICY";
+    case msg_type::replay:
+      return "REPLAY";
+    case msg_type::ack:
+      return "ACK";
+    case msg_type::stream_gap:
+      return "STREAM_GAP";
+    case msg_type::data_credit:
+      return "DATA_CREDIT";
     case msg_type::event:
       return "EVENT";
   }
@@ -421,6 +429,10 @@ std::string_view code_name(std::uint16_t code) noexcept {
       return "STALE_POLICY";
     case error_code::policy_limit:
       return "POLICY_LIMIT";
+    case error_code::bad_seq:
+      return "BAD_SEQ";
+    case error_code::no_credit:
+      return "NO_CREDIT";
     case error_code::busy:
       return "BUSY";
   }

@@ -70,7 +70,7 @@ result<event> decode_event(std::string_view topic, std::string_view body,
 void encode_event(const event& e, msgpack::sbuffer& out);
 std::string encode_event(const event& e);
 
-/// True for the type ids of task messages (SPEC §12).
+/// True for the type ids of task messages and of stream flow control (SPEC §12, §12.9).
 bool is_task_type(std::uint8_t type) noexcept;
 
 /// True when `id` is a valid peer id: 1..128 bytes of [A-Za-z0-9._:@/-].

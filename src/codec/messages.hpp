@@ -60,7 +60,9 @@ using message =
                  submit, submitted, finish, cancel, data_reply, task_event,  // coordinator (§12)
                  capacity,                                                   // (§12.10)
                  task_start, task_close, learn, no_data, task_abort,         // to workers
-                 started, data_ready, info, get_data, learn_info, task_result, task_failed, policy>;
+                 started, data_ready, info, get_data, learn_info, task_result, task_failed,
+                 policy,                                 // (§13)
+                 replay, ack, stream_gap, data_credit>;  // stream flow control (§12.9)
 
 /// The type id each message struct travels under.
 constexpr msg_type type_of(const hello&) noexcept {

@@ -49,6 +49,11 @@ enum class msg_type : std::uint8_t {
   task_failed = 0x36,
   // learner -> broker (§13)
   policy = 0x37,
+  // stream flow control and replay (§12.9): coordinator <-> broker, then broker -> collector
+  replay = 0x40,
+  ack = 0x41,
+  stream_gap = 0x42,
+  data_credit = 0x48,
   event = 0x60,
 };
 
@@ -73,6 +78,8 @@ enum class error_code : std::uint16_t {
   wrong_state = 408,       // the task is not in a state where this message makes sense
   duplicate_task = 411,    // SUBMIT with the id of a live task
   queue_full = 412,        // SUBMIT past the broker's queue bound
+  bad_seq = 413,           // REPLAY or ACK names a seq past the head of the stream
+  no_credit = 414,         // DATA past the data credit the broker granted the attempt
   stale_policy = 426,      // POLICY with a version not above the one the broker holds
   policy_limit = 427,      // POLICY over the broker's size or policy-count limit
   busy = 503,              // broker full (max peers) or shutting down

@@ -158,6 +158,14 @@ result<message> read_task(std::uint8_t type, field_reader& r) {
       return read_as<task_failed>(r);
     case msg_type::policy:
       return read_as<policy>(r);
+    case msg_type::replay:
+      return read_as<replay>(r);
+    case msg_type::ack:
+      return read_as<ack>(r);
+    case msg_type::stream_gap:
+      return read_as<stream_gap>(r);
+    case msg_type::data_credit:
+      return read_as<data_credit>(r);
     default:
       break;
   }
@@ -193,6 +201,10 @@ RLBUS_INSTANTIATE(learn_info)
 RLBUS_INSTANTIATE(task_result)
 RLBUS_INSTANTIATE(task_failed)
 RLBUS_INSTANTIATE(policy)
+RLBUS_INSTANTIATE(replay)
+RLBUS_INSTANTIATE(ack)
+RLBUS_INSTANTIATE(stream_gap)
+RLBUS_INSTANTIATE(data_credit)
 #undef RLBUS_INSTANTIATE
 
 }  // namespace rlbus::codec::detail
@@ -240,6 +252,10 @@ bool is_task_type(std::uint8_t type) noexcept {
     case msg_type::result:
     case msg_type::task_failed:
     case msg_type::policy:
+    case msg_type::replay:
+    case msg_type::ack:
+    case msg_type::stream_gap:
+    case msg_type::data_credit:
       return true;
     default:
       return false;

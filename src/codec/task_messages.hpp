@@ -400,6 +400,58 @@ struct policy {
   }
 };
 
+// ---- stream flow control and replay (SPEC §12.9, type ids 0x40-0x4F) ----
+
+/// REPLAY (coordinator -> broker): send my stream again from `from_seq`. It also says the
+/// coordinator has processed every event before `from_seq`, and turns on the window.
+struct replay {
+  std::uint64_t from_seq = 1;
+  RLBUS_TASK_MESSAGE(replay, replay)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("from_seq", s.from_seq, rule::range{1, ~std::uint64_t{0}});
+  }
+};
+
+/// ACK (coordinator -> broker): every event of my stream up to `seq` is processed
+/// (cumulative; 0 = none yet). The first one turns on the window.
+struct ack {
+  std::uint64_t seq = 0;
+  RLBUS_TASK_MESSAGE(ack, ack)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("seq", s.seq, rule::u64);
+  }
+};
+
+/// STREAM_GAP (broker -> coordinator): events `first`..`last` of your stream are gone from
+/// the ring and will never come; the stream goes on at `last` + 1.
+struct stream_gap {
+  std::uint64_t first = 1;
+  std::uint64_t last = 1;
+  RLBUS_TASK_MESSAGE(stream_gap, stream_gap)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("first", s.first, rule::range{1, ~std::uint64_t{0}});
+    f("last", s.last, rule::range{1, ~std::uint64_t{0}});
+  }
+};
+
+/// DATA_CREDIT (broker -> collector): the attempt may send DATA until it has sent `limit`
+/// of them in all (a running total that only grows).
+struct data_credit {
+  std::string task_id;
+  std::uint32_t attempt = 1;
+  std::uint64_t limit = 0;
+  RLBUS_TASK_MESSAGE(data_credit, data_credit)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+    f("attempt", s.attempt, rule::attempt);
+    f("limit", s.limit, rule::u64);
+  }
+};
+
 #undef RLBUS_TASK_MESSAGE
 
 }  // namespace rlbus::codec

@@ -29,6 +29,13 @@ TEST_CASE("out-of-range settings are refused with the setting's name", "[unit][c
   cfg = {};
   cfg.max_message = 10;
   CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("max message"));
+  cfg = {};
+  cfg.stream_window = 0;
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("stream window"));
+  cfg = {};
+  cfg.stream_ring = 100;
+  cfg.stream_window = 51;  // the held events of a full window must fit the ring twice
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("stream window"));
 }
 
 TEST_CASE("port 0 means any free port", "[unit][config]") {

@@ -1,10 +1,12 @@
 // Task manager: assignment, queueing, both task kinds' flows, timeouts at every step,
-// attempts and fencing, lost workers, coordinator isolation. Driven with a fake clock and a
+// attempts and fencing, lost workers, coordinator isolation, and the coordinator's stream:
+// replay from the ring, lost events, the window and data credit. Driven with a fake clock and a
 // fake sink, so every timeout is exact and nothing depends on scheduling.
 #include <catch2/catch.hpp>
 
 #include <deque>
 #include <map>
+#include <set>
 
 #include "broker/task_manager.hpp"
 #include "codec/codec.hpp"
@@ -18,7 +20,9 @@ namespace {
 struct fake_sink : broker::task_sink {
   std::map<std::string, std::deque<codec::message>> inbox;  // per peer id
   std::vector<std::string> topics;
+  std::set<std::string> unreachable;  // peers whose connection is gone: sends fail
   bool send_to(std::string_view peer_id, const codec::message& m) override {
+    if (unreachable.count(std::string(peer_id)) != 0) return false;
     inbox[std::string(peer_id)].push_back(m);
     return true;
   }
@@ -421,4 +425,224 @@ TEST_CASE_METHOD(fixture, "a closed queue takes no tasks, cancels waiting ones a
   CHECK(running.worker_id == "c0");
   CHECK(tm->live() == 0);
   CHECK(tm->counts().cancelled == 2);
+}
+
+// ---- the coordinator's stream: replay, window, data credit (SPEC §12.9) ----------------
+
+namespace {
+
+/// Every message queued for `peer`, taken.
+std::vector<codec::message> drain(fake_sink& sink, const std::string& peer) {
+  auto& q = sink.inbox[peer];
+  std::vector<codec::message> out(std::make_move_iterator(q.begin()),
+                                  std::make_move_iterator(q.end()));
+  q.clear();
+  return out;
+}
+
+std::vector<std::uint64_t> seqs(const std::vector<codec::message>& ms) {
+  std::vector<std::uint64_t> out;
+  for (const auto& m : ms)
+    if (const auto* e = std::get_if<codec::task_event>(&m)) out.push_back(e->seq);
+  return out;
+}
+
+std::vector<std::uint64_t> range(std::uint64_t first, std::uint64_t last) {
+  std::vector<std::uint64_t> out;
+  for (auto s = first; s <= last; ++s) out.push_back(s);
+  return out;
+}
+
+codec::info info_of(std::uint32_t n) {
+  msgpack::sbuffer b;
+  msgpack::packer pk(b);
+  pk.pack_map(1).pack("n").pack(n);
+  return codec::info{"t", 1, std::string(b.data(), b.size())};
+}
+
+}  // namespace
+
+TEST_CASE_METHOD(fixture, "a REPLAY resends the ring's events byte for byte", "[unit][tasks]") {
+  join("w", role::collector);
+  submit("coord", "t", role::collector);
+  ok("w", role::collector, codec::started{"t", 1});
+  for (std::uint32_t i = 0; i < 8; ++i) ok("w", role::collector, info_of(i));
+  const auto first = drain(sink, "coord");  // SUBMITTED, then events 1..10 as made
+  REQUIRE(seqs(first) == range(1, 10));
+  ok("coord", role::coordinator, codec::replay{4});
+  const auto again = drain(sink, "coord");
+  REQUIRE(seqs(again) == range(4, 10));
+  for (const auto& m : again) {
+    const auto& e = std::get<codec::task_event>(m);
+    const auto original = std::find_if(first.begin(), first.end(), [&](const codec::message& o) {
+      const auto* oe = std::get_if<codec::task_event>(&o);
+      return oe != nullptr && oe->seq == e.seq;
+    });
+    REQUIRE(original != first.end());
+    CHECK(codec::encode_body(m) == codec::encode_body(*original));
+  }
+  CHECK(tm->counts().replays == 1);
+  CHECK(tm->counts().resent == 7);
+  // head + 1 asks for nothing old; past it is refused.
+  ok("coord", role::coordinator, codec::replay{11});
+  CHECK(sink.empty("coord"));
+  const auto bad = say("coord", role::coordinator, codec::replay{12});
+  REQUIRE(bad);
+  CHECK(bad->code == codec::error_code::bad_seq);
+  CHECK_FALSE(bad->late);
+}
+
+TEST_CASE_METHOD(fixture, "a REPLAY past the ring is told what was lost, then goes on",
+                 "[unit][tasks]") {
+  cfg.stream_ring = 16;
+  cfg.stream_window = 8;
+  join("w", role::collector);
+  submit("coord", "t", role::collector);
+  ok("w", role::collector, codec::started{"t", 1});
+  for (std::uint32_t i = 0; i < 28; ++i) ok("w", role::collector, info_of(i));  // seq 3..30
+  drain(sink, "coord");
+  ok("coord", role::coordinator, codec::replay{1});  // the ring holds 15..30
+  auto got = drain(sink, "coord");
+  REQUIRE_FALSE(got.empty());
+  const auto* gap = std::get_if<codec::stream_gap>(&got.front());
+  REQUIRE(gap != nullptr);
+  CHECK(gap->first == 1);
+  CHECK(gap->last == 14);
+  got.erase(got.begin());
+  // The lost events count as acknowledged: a whole window of held ones follows at once.
+  CHECK(seqs(got) == range(15, 22));
+  CHECK(tm->counts().lost == 14);
+  ok("coord", role::coordinator, codec::ack{22});
+  CHECK(seqs(drain(sink, "coord")) == range(23, 30));
+}
+
+TEST_CASE_METHOD(fixture, "a windowed stream holds events past the window until ACKs come",
+                 "[unit][tasks]") {
+  cfg.stream_window = 4;
+  join("w", role::collector);
+  submit("coord", "t", role::collector);  // begun while the stream is plain: no credit
+  ok("w", role::collector, codec::started{"t", 1});
+  CHECK(seqs(drain(sink, "coord")) == range(1, 2));
+  ok("coord", role::coordinator, codec::ack{2});
+  for (std::uint32_t i = 0; i < 10; ++i) ok("w", role::collector, info_of(i));  // seq 3..12
+  CHECK(seqs(drain(sink, "coord")) == range(3, 6));
+  ok("coord", role::coordinator, codec::ack{4});
+  CHECK(seqs(drain(sink, "coord")) == range(7, 8));
+  ok("coord", role::coordinator, codec::ack{3});  // older: says nothing new
+  CHECK(sink.empty("coord"));
+  // The connection goes: what cannot be sent is held, not dropped.
+  sink.unreachable.insert("coord");
+  ok("coord", role::coordinator, codec::ack{8});
+  sink.unreachable.clear();
+  CHECK(sink.empty("coord"));
+  ok("coord", role::coordinator, codec::ack{8});
+  CHECK(seqs(drain(sink, "coord")) == range(9, 12));
+  const auto bad = say("coord", role::coordinator, codec::ack{13});
+  REQUIRE(bad);
+  CHECK(bad->code == codec::error_code::bad_seq);
+  // Only coordinators have a stream; only the broker sends STREAM_GAP and DATA_CREDIT.
+  for (const codec::message& m : {codec::message{codec::replay{1}}, codec::message{codec::ack{0}},
+                                  codec::message{codec::data_credit{"t", 1, 5}}}) {
+    const auto r = say("w", role::collector, m);
+    REQUIRE(r);
+    CHECK(r->code == codec::error_code::unknown_type);
+  }
+  const auto r = say("coord", role::coordinator, codec::stream_gap{1, 2});
+  REQUIRE(r);
+  CHECK(r->code == codec::error_code::unknown_type);
+}
+
+TEST_CASE_METHOD(fixture, "a plain stream's collectors get no data credit", "[unit][tasks]") {
+  join("w", role::collector);
+  submit("coord", "t", role::collector);
+  CHECK(std::holds_alternative<codec::task_start>(drain(sink, "w").front()));
+  ok("w", role::collector, codec::started{"t", 1});
+  for (int i = 0; i < 3000; ++i)
+    ok("w", role::collector,
+       codec::data_ready{"t", 1, "d", "b", codec::empty_map_blob, std::nullopt});
+  CHECK(sink.empty("w"));
+}
+
+TEST_CASE_METHOD(fixture, "data credit keeps a collector within its coordinator's window",
+                 "[unit][tasks]") {
+  cfg.stream_window = 8;
+  join("w", role::collector);
+  ok("coord", role::coordinator, codec::replay{1});  // windowed from the start
+  submit("coord", "t", role::collector);
+  auto to_worker = drain(sink, "w");
+  REQUIRE(to_worker.size() == 2);  // DATA_CREDIT comes before TASK_START
+  const auto credit = std::get<codec::data_credit>(to_worker[0]);
+  CHECK(credit.task_id == "t");
+  CHECK(credit.attempt == 1);
+  CHECK(std::holds_alternative<codec::task_start>(to_worker[1]));
+  std::uint64_t limit = credit.limit;
+  ok("w", role::collector, codec::started{"t", 1});
+  const auto data = [](std::uint64_t i) {
+    return codec::data_ready{"t",         1, "d" + std::to_string(i), "b", codec::empty_map_blob,
+                             std::nullopt};
+  };
+  // Send until the credit runs out: the events made (assigned, started, data) never exceed
+  // the window while the coordinator acknowledges nothing.
+  std::uint64_t sent = 0;
+  while (true) {
+    for (const auto& m : drain(sink, "w")) limit = std::get<codec::data_credit>(m).limit;
+    const auto r = say("w", role::collector, data(sent));
+    if (r) {
+      CHECK(r->code == codec::error_code::no_credit);
+      CHECK_FALSE(r->late);
+      break;
+    }
+    ++sent;
+    REQUIRE(sent <= 8);
+  }
+  CHECK(sent == limit);
+  CHECK(2 + sent <= 8);
+  CHECK(seqs(drain(sink, "coord")).size() == 2 + sent);
+  // Held back is not silent: the step deadline does not end the attempt ...
+  advance(std::chrono::milliseconds(cfg.step_timeout_ms * 5));
+  CHECK(tm->counts().requeued == 0);
+  CHECK(sink.empty("w"));
+  // ... and as the coordinator catches up, more credit comes.
+  ok("coord", role::coordinator, codec::ack{2 + sent});
+  const auto more = drain(sink, "w");
+  REQUIRE(more.size() == 1);
+  CHECK(std::get<codec::data_credit>(more[0]).limit > limit);
+  ok("w", role::collector, data(sent));
+  CHECK(seqs(drain(sink, "coord")) == std::vector<std::uint64_t>{3 + sent});
+  // Used up again, the attempt is still bounded by the task timeout.
+  for (int i = 0; i < 20 && !say("w", role::collector, data(++sent)); ++i) {
+  }
+  drain(sink, "w");
+  for (int i = 0; i < 100 && sink.empty("w"); ++i)
+    advance(std::chrono::milliseconds(cfg.step_timeout_ms));
+  CHECK(sink.take<codec::task_abort>("w").reason == "task timeout");
+}
+
+TEST_CASE_METHOD(fixture, "credit is shared by a stream's collectors and returned when one ends",
+                 "[unit][tasks]") {
+  cfg.stream_window = 8;
+  join("w1", role::collector);
+  join("w2", role::collector);
+  ok("coord", role::coordinator, codec::ack{0});
+  submit("coord", "a", role::collector);
+  submit("coord", "b", role::collector);
+  const auto limit_of = [&](const std::string& w) {
+    std::uint64_t limit = 0;
+    for (const auto& m : drain(sink, w))
+      if (const auto* c = std::get_if<codec::data_credit>(&m)) limit = std::max(limit, c->limit);
+    return limit;
+  };
+  const auto a = limit_of("w1");
+  const auto b = limit_of("w2");
+  CHECK(a >= 1);
+  CHECK(b >= 1);
+  CHECK(2 + a + b <= 8);  // two assigned events plus the credit fit the window
+  // b is cancelled: its unused credit goes back, and a gets it once it has used its own.
+  ok("coord", role::coordinator, codec::cancel{"b", "enough"});
+  ok("w1", role::collector, codec::started{"a", 1});
+  for (std::uint64_t i = 0; i < a; ++i)
+    ok("w1", role::collector,
+       codec::data_ready{"a", 1, "d", "b", codec::empty_map_blob, std::nullopt});
+  ok("coord", role::coordinator, codec::ack{4 + a});  // assigned x2, cancelled, started, data
+  CHECK(limit_of("w1") > a);
 }
