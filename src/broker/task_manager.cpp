@@ -667,13 +667,16 @@ void task_manager::pump(const std::string& owner, stream& s) {
 void task_manager::grant(stream& s, const task* announce) {
   if (!s.windowed || s.credited.empty()) return;
   const auto window = static_cast<std::uint64_t>(cfg_.stream_window);
+  const std::uint64_t chunk = std::max<std::uint64_t>(1, window / (2 * s.credited.size()));
+  // Unused credit counts against the window up to each attempt's current chunk. An attempt
+  // granted a bigger chunk while it shared the window with fewer others cannot be asked to
+  // give it back; counting all of it would let a few idle attempts starve the rest for good.
   std::uint64_t outstanding = 0;
   for (const auto& id : s.credited) {
     const auto& t = tasks_.at(id);
-    outstanding += t.data_limit - t.data_accepted;
+    outstanding += std::min(t.data_limit - t.data_accepted, chunk);
   }
   const std::uint64_t backlog = s.seq - s.acked;
-  const std::uint64_t chunk = std::max<std::uint64_t>(1, window / (2 * s.credited.size()));
   const std::size_t byte_budget = cfg_.stream_ring_bytes / 2;
   for (const auto& id : s.credited) {
     auto& t = tasks_.at(id);

@@ -204,3 +204,43 @@ TEST_CASE("a slow coordinator holds its collectors back and loses nothing", "[st
   CHECK(s.stream_lost == 0);
   CHECK(s.tasks_finished == 2);
 }
+
+// Credit granted while few collectors shared the window cannot be taken back; it must not
+// starve the collectors that joined later (SPEC §12.9.10). Sixteen collectors, each sending
+// a short burst per round, every round delivered in full.
+TEST_CASE("collectors that join a busy stream get credit too", "[stream]") {
+  broker::server_thread b(test_config());
+  const auto ep = b.get().router_endpoint();
+  std::atomic<int> got{0};
+  coordinator_callbacks cb;
+  cb.deal_with_collector_send_data = [&](const std::string&, const std::string&, const std::string&,
+                                         const std::string&) { ++got; };
+  coordinator_options co;
+  co.endpoint = ep;
+  coordinator coord(co, cb);
+  REQUIRE(coord.wait_for(connection_state::ready, 5s));
+  std::atomic<int> go{0};
+  task_handlers h;
+  h.run = [&](task_handle& t) {
+    int done = 0;
+    while (!t.stop_requested()) {
+      if (go.load() > done) {
+        for (int i = 0; i < 13; ++i) t.emit_data("d", "b", flag_map("x", false));
+        ++done;
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+  };
+  std::vector<std::unique_ptr<worker>> ws;
+  for (int i = 0; i < 16; ++i)
+    ws.push_back(std::make_unique<worker>(collector_at(ep, "c" + std::to_string(i)), h));
+  for (auto& w : ws) REQUIRE(w->wait_for(connection_state::ready, 5s));
+  for (int i = 0; i < 16; ++i)
+    REQUIRE(coord.submit(collector_task("t" + std::to_string(i)))->accepted);
+  for (int round = 1; round <= 10; ++round) {
+    go = round;
+    const bool ok = wait_until([&] { return got.load() == 16 * 13 * round; }, 10s);
+    INFO("round " << round << ": " << got.load() << " items of " << 16 * 13 * round);
+    REQUIRE(ok);
+  }
+}

@@ -1,0 +1,155 @@
+// See process.hpp. fork() + execv() rather than posix_spawn(): only a forked child can ask
+// for PR_SET_PDEATHSIG and set its CPU affinity before it executes the program. Between fork
+// and exec the child calls async-signal-safe functions only (the bench has threads).
+#include "process.hpp"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace rlbus::bench {
+
+namespace {
+
+cpu_set_t to_set(const cpu_list& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (const int c : cpus) CPU_SET(c, &set);
+  return set;
+}
+
+}  // namespace
+
+cpu_list parse_cpus(const std::string& text) {
+  cpu_list out;
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    const auto dash = part.find('-');
+    try {
+      std::size_t used = 0;
+      const int lo = std::stoi(part.substr(0, dash), &used);
+      if (used != part.substr(0, dash).size()) throw std::invalid_argument(part);
+      const int hi = dash == std::string::npos ? lo : std::stoi(part.substr(dash + 1));
+      if (lo < 0 || hi < lo || hi >= CPU_SETSIZE) throw std::invalid_argument(part);
+      for (int c = lo; c <= hi; ++c) out.push_back(c);
+    } catch (const std::logic_error&) {
+      throw std::invalid_argument("bad CPU list '" + text + "' (use e.g. 0 or 0,1 or 0-1)");
+    }
+  }
+  if (out.empty()) throw std::invalid_argument("empty CPU list");
+  return out;
+}
+
+void pin_self(const cpu_list& cpus) {
+  const auto set = to_set(cpus);
+  if (::sched_setaffinity(0, sizeof set, &set) != 0)
+    throw std::runtime_error(std::string("sched_setaffinity: ") + std::strerror(errno));
+}
+
+std::string self_path() {
+  char buf[PATH_MAX];
+  const auto n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) throw std::runtime_error("cannot resolve /proc/self/exe");
+  return {buf, static_cast<std::size_t>(n)};
+}
+
+child_process::child_process(std::vector<std::string> argv, std::string log_path,
+                             const cpu_list& cpus)
+    : name_(argv.at(0)), log_path_(std::move(log_path)) {
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  const auto set = to_set(cpus);
+  const bool pin = !cpus.empty();
+  const int log_fd = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (log_fd < 0) throw std::runtime_error("cannot create " + log_path_);
+  const pid_t parent = ::getpid();
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    // The child: die with the bench, pin, redirect output, become the program.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // the bench died before prctl took effect
+    if (pin && ::sched_setaffinity(0, sizeof set, &set) != 0) ::_exit(126);
+    ::dup2(log_fd, 1);
+    ::dup2(log_fd, 2);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  ::close(log_fd);
+  if (pid_ < 0) throw std::runtime_error("fork failed: " + std::string(std::strerror(errno)));
+}
+
+child_process::~child_process() {
+  stop();
+}
+
+bool child_process::reap(int flags) {
+  if (done_) return true;
+  int st = 0;
+  const auto r = ::waitpid(pid_, &st, flags);
+  if (r != pid_) return false;
+  status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  done_ = true;
+  return true;
+}
+
+int child_process::stop() {
+  if (done_ || pid_ <= 0) return status_;
+  ::kill(pid_, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (!reap(WNOHANG)) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::kill(pid_, SIGKILL);
+      reap(0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return status_;
+}
+
+std::string child_process::log() const {
+  std::ifstream in(log_path_);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string child_process::wait_for_line(const std::string& needle,
+                                         std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    std::stringstream ss(log());
+    std::string line;
+    while (std::getline(ss, line))
+      if (line.find(needle) != std::string::npos) return line;
+    if (reap(WNOHANG))
+      throw std::runtime_error(name_ + " exited with status " + std::to_string(status_) +
+                               " before saying '" + needle + "':\n" + log());
+    if (std::chrono::steady_clock::now() >= deadline)
+      throw std::runtime_error(name_ + " did not say '" + needle + "' in time:\n" + log());
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+std::string word_after(const std::string& line, const std::string& key) {
+  const auto at = line.find(key + " ");
+  if (at == std::string::npos) return "";
+  const auto from = at + key.size() + 1;
+  const auto end = line.find(' ', from);
+  return line.substr(from, end == std::string::npos ? std::string::npos : end - from);
+}
+
+}  // namespace rlbus::bench

@@ -1,0 +1,61 @@
+// The processes a bench run starts: the real broker binary and the bench's own baseline
+// servers (re-executed with a hidden subcommand), each a child that dies with the bench
+// (PR_SET_PDEATHSIG), optionally pinned to CPUs, its output kept in a log file.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace rlbus::bench {
+
+/// CPUs to pin to (empty: leave the scheduler free).
+using cpu_list = std::vector<int>;
+
+/// Parses "0", "0,1" or "0-1"; throws std::invalid_argument on anything else.
+cpu_list parse_cpus(const std::string& text);
+
+/// Pins the calling thread (and every thread it starts afterwards) to `cpus`. Throws
+/// std::runtime_error when the kernel refuses.
+void pin_self(const cpu_list& cpus);
+
+/// This executable's path (/proc/self/exe resolved).
+std::string self_path();
+
+class child_process {
+ public:
+  /// Forks and executes argv[0] with `argv`, stdout and stderr appended to `log_path`,
+  /// pinned to `cpus` when not empty. The child gets SIGKILL if the bench's main thread
+  /// dies, so call this from the main thread only. Throws std::runtime_error.
+  child_process(std::vector<std::string> argv, std::string log_path, const cpu_list& cpus);
+  /// stop(). The log file stays (the bench removes its log folder after a clean run).
+  ~child_process();
+  child_process(const child_process&) = delete;
+  child_process& operator=(const child_process&) = delete;
+
+  /// Waits until a line of the log contains `needle` and returns it. Throws
+  /// std::runtime_error (with the log) when the child exits or `timeout` passes first.
+  std::string wait_for_line(const std::string& needle, std::chrono::milliseconds timeout);
+  /// SIGTERM, up to 3 s to exit, then SIGKILL. Idempotent. Returns the exit status
+  /// (128 + signal when killed).
+  int stop();
+  [[nodiscard]] pid_t pid() const noexcept { return pid_; }
+  [[nodiscard]] const std::string& log_path() const noexcept { return log_path_; }
+  /// Everything the child wrote so far.
+  [[nodiscard]] std::string log() const;
+
+ private:
+  bool reap(int flags);
+  std::string name_;
+  std::string log_path_;
+  pid_t pid_ = -1;
+  int status_ = -1;
+  bool done_ = false;
+};
+
+/// The word after "`key` " in `line` (e.g. the endpoint after "router "); "" when absent.
+std::string word_after(const std::string& line, const std::string& key);
+
+}  // namespace rlbus::bench

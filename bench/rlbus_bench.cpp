@@ -1,0 +1,228 @@
+// rlbus-bench: measures rlbus beside bare ZeroMQ in one run on one machine and reports
+// medians and ratios, as a fixed-format table (stdout) and JSON (bench/results/latest.json).
+// It starts what it needs: the real rlbus-broker binary, and itself again (hidden
+// subcommands `proxy` and `echo`) for the baselines' middle processes. See bench/README.md.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
+
+#include "baselines.hpp"
+#include "process.hpp"
+#include "report.hpp"
+#include "scenario.hpp"
+
+#ifndef RLBUS_SOURCE_DIR
+#define RLBUS_SOURCE_DIR ""
+#endif
+
+namespace {
+
+using namespace rlbus::bench;
+
+template <class T>
+std::vector<T> parse_list(const std::string& text, const char* what) {
+  std::vector<T> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      std::size_t used = 0;
+      const auto v = std::stoll(item, &used);
+      if (used != item.size() || v <= 0) throw std::invalid_argument(item);
+      out.push_back(static_cast<T>(v));
+    } catch (const std::logic_error&) {
+      throw std::invalid_argument(std::string("bad ") + what + " list '" + text + "'");
+    }
+  }
+  if (out.empty()) throw std::invalid_argument(std::string("empty ") + what + " list");
+  return out;
+}
+
+// --broker, else $RLBUS_BROKER_BIN, else the broker built beside this binary.
+std::string find_broker(const std::string& flag, const std::string& self) {
+  if (!flag.empty()) return flag;
+  if (const char* env = std::getenv("RLBUS_BROKER_BIN"); env != nullptr && *env != '\0') return env;
+  const auto built =
+      std::filesystem::path(self).parent_path().parent_path() / "src" / "rlbus-broker";
+  return built.lexically_normal().string();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "rlbus-bench: rlbus beside bare ZeroMQ, in one run on one machine.\n"
+      "Starts the real broker and its baselines (a zmq_proxy and an echo server) as child\n"
+      "processes, interleaves their trials, and prints medians and rlbus/baseline ratios.\n"
+      "Scenarios: latency (a learner's data request through the broker and back) and\n"
+      "throughput (collectors streaming data events to one coordinator)."};
+  app.get_formatter()->column_width(30);
+  app.fallthrough();
+  app.require_subcommand(0, 1);
+
+  settings s;
+  bool quick = false;
+  bool pin = false;
+  std::string cpus = "0";
+  std::string json_path = "bench/results/latest.json";
+  std::string broker_flag;
+  std::string payloads = "64,4096";
+  std::string collectors = "1,4,16";
+  bool no_sdk = false;
+  bool keep_logs = false;
+  bool verbose = false;
+  app.add_option("--trials", s.trials, "trials per variant (rotated A B C A B C ...)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--rounds", s.rounds, "latency: round trips per trial")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 10'000'000));
+  app.add_option("--messages", s.messages, "throughput: events per trial")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1'000'000'000));
+  app.add_option("--window", s.window,
+                 "throughput: most events sent and not yet received (the broker queues 100000)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1'000'000'000));
+  app.add_option("--payloads", payloads, "latency: payload sizes in bytes")->capture_default_str();
+  app.add_option("--collectors", collectors, "throughput: collector counts")->capture_default_str();
+  app.add_option("--data-payload", s.data_payload, "throughput: DATA payload bytes")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1'000'000));
+  app.add_flag("--quick", quick,
+               "a tiny run (2 trials, 50 round trips, 2000 events) that checks the harness, "
+               "not the numbers");
+  app.add_flag("--pin", pin, "pin the bench and every child process to --cpus");
+  app.add_option("--cpus", cpus, "CPUs for --pin (e.g. 0, 0-1)")->capture_default_str();
+  app.add_flag("--no-sdk", no_sdk, "skip the SDK rows");
+  app.add_flag("--verbose", verbose,
+               "show the SDK's log (reconnects, aborted tasks at teardown) on stderr");
+  app.add_flag("--keep-logs", keep_logs,
+               "keep the children's logs (broker, proxy, echo) in /tmp/rlbus-bench-*");
+  app.add_option("--json", json_path, "where to write the JSON report")->capture_default_str();
+  app.add_option("--broker", broker_flag,
+                 "the rlbus-broker binary (default: $RLBUS_BROKER_BIN, else ../src/rlbus-broker "
+                 "beside this binary)");
+
+  auto* all = app.add_subcommand("all", "both scenarios (the default)");
+  auto* latency = app.add_subcommand("latency", "scenario 1: task step latency");
+  auto* throughput = app.add_subcommand("throughput", "scenario 2: pipelined throughput");
+  std::string front = "tcp://127.0.0.1:*";
+  std::string back = "tcp://127.0.0.1:*";
+  std::string echo_bind = "tcp://127.0.0.1:*";
+  auto* proxy_cmd = app.add_subcommand("proxy", "baseline: zmq_proxy ROUTER/DEALER");
+  proxy_cmd->group("");  // hidden: the bench starts it itself
+  proxy_cmd->add_option("--front", front);
+  proxy_cmd->add_option("--back", back);
+  auto* echo_cmd = app.add_subcommand("echo", "baseline: ROUTER echo server");
+  echo_cmd->group("");
+  echo_cmd->add_option("--bind", echo_bind);
+  (void)all;
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+
+  try {
+    if (proxy_cmd->parsed()) return run_proxy_server(front, back);
+    if (echo_cmd->parsed()) return run_echo_server(echo_bind);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rlbus-bench: %s\n", e.what());
+    return 1;
+  }
+
+  // The SDK logs through spdlog; keep stdout for the table. Its reconnects are counted in
+  // the report anyway (sdk_reconnects), so its log is shown only on request.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("rlbus"));
+  spdlog::set_level(verbose ? spdlog::level::info : spdlog::level::err);
+
+  const bool run_latency_rows = !throughput->parsed();
+  const bool run_throughput_rows = !latency->parsed();
+  try {
+    s.payloads = parse_list<std::size_t>(payloads, "payload");
+    s.collectors = parse_list<int>(collectors, "collector");
+    if (pin) s.cpus = parse_cpus(cpus);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "rlbus-bench: %s\n", e.what());
+    return 2;
+  }
+  if (quick) {
+    if (app.count("--trials") == 0) s.trials = 2;
+    if (app.count("--rounds") == 0) s.rounds = 50;
+    if (app.count("--messages") == 0) s.messages = 2000;
+  }
+  s.sdk = !no_sdk;
+  s.self_bin = self_path();
+  s.broker_bin = find_broker(broker_flag, s.self_bin);
+  if (::access(s.broker_bin.c_str(), X_OK) != 0) {
+    std::fprintf(stderr, "rlbus-bench: no broker binary at %s (use --broker or RLBUS_BROKER_BIN)\n",
+                 s.broker_bin.c_str());
+    return 2;
+  }
+  if (!s.cpus.empty()) pin_self(s.cpus);  // before any thread: they all inherit it
+
+  std::string dir_template = "/tmp/rlbus-bench-XXXXXX";
+  if (::mkdtemp(dir_template.data()) == nullptr) {
+    std::fprintf(stderr, "rlbus-bench: cannot create a log folder under /tmp\n");
+    return 1;
+  }
+  s.log_dir = dir_template;
+
+  auto facts = collect_facts(RLBUS_SOURCE_DIR);
+  for (int i = 0; i < argc; ++i) facts.command += (i ? " " : "") + std::string(argv[i]);
+  for (const auto c : s.cpus) facts.pinned += (facts.pinned.empty() ? "" : ",") + std::to_string(c);
+  facts.settings = {{"trials", s.trials},
+                    {"rounds", s.rounds},
+                    {"messages", s.messages},
+                    {"window", s.window},
+                    {"payloads", s.payloads},
+                    {"collectors", s.collectors},
+                    {"data_payload", s.data_payload},
+                    {"sdk", s.sdk},
+                    {"quick", quick},
+                    {"broker", s.broker_bin}};
+
+  std::vector<row> rows;
+  try {
+    if (run_latency_rows) {
+      auto r = run_latency(s);
+      rows.insert(rows.end(), r.begin(), r.end());
+    }
+    if (run_throughput_rows) {
+      auto r = run_throughput(s);
+      rows.insert(rows.end(), r.begin(), r.end());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rlbus-bench: %s\n(child logs kept in %s)\n", e.what(), s.log_dir.c_str());
+    return 1;
+  }
+  facts.load_after = load_average();
+  std::fputs(format_table(facts, rows).c_str(), stdout);
+  std::fflush(stdout);
+  try {
+    write_json(json_path, to_json(facts, rows));
+    std::fprintf(stderr, "rlbus-bench: wrote %s\n", json_path.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rlbus-bench: %s\n", e.what());
+    return 1;
+  }
+  if (keep_logs) {
+    std::fprintf(stderr, "rlbus-bench: child logs in %s\n", s.log_dir.c_str());
+  } else {
+    std::error_code ec;
+    std::filesystem::remove_all(s.log_dir, ec);
+  }
+  return 0;
+}

@@ -1,0 +1,87 @@
+// What the scenarios share: the run's settings, the processes in the middle of every path
+// (the broker, the zmq proxy, the echo server: each a child process, started fresh for each
+// group of rows), and the A B C A B C ... trial rotation.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "process.hpp"
+#include "report.hpp"
+
+namespace rlbus::bench {
+
+struct settings {
+  int trials = 5;
+  int rounds = 2000;                 // latency: round trips per trial
+  std::uint64_t messages = 200'000;  // throughput: events per trial
+  std::uint64_t window = 10'000;     // throughput: most events in flight
+  std::vector<std::size_t> payloads{64, 4096};
+  std::vector<int> collectors{1, 4, 16};
+  std::size_t data_payload = 64;  // throughput: DATA payload bytes
+  bool sdk = true;                // also run the SDK rows
+  cpu_list cpus;                  // pin every process to these (empty: unpinned)
+  std::string broker_bin;
+  std::string self_bin;
+  std::string log_dir;
+};
+
+/// The middle of each path, as child processes: the real broker, and (optionally) the
+/// zmq_proxy and echo baselines. Stopped on destruction.
+class middle_boxes {
+ public:
+  middle_boxes(const settings& s, bool proxy, bool echo);
+  std::string router;       // the broker's ROUTER endpoint
+  std::string proxy_front;  // where the proxy's clients connect
+  std::string proxy_back;   // where the proxy's far end connects
+  std::string echo;         // the echo server's ROUTER
+  [[nodiscard]] pid_t broker_pid() const { return broker_->pid(); }
+  [[nodiscard]] pid_t proxy_pid() const { return proxy_ ? proxy_->pid() : -1; }
+
+ private:
+  std::unique_ptr<child_process> broker_, proxy_, echo_;
+};
+
+/// CPU time (user + system, every thread) a process has used so far, in nanoseconds.
+std::uint64_t process_cpu_ns(pid_t pid);
+
+/// Microseconds between two steady_clock points.
+inline double micros(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double, std::micro>(d).count();
+}
+
+/// "64 B", "4 KiB".
+std::string size_label(std::size_t bytes);
+
+/// One progress line on stderr ("latency 64 B: trial 2/5").
+void fmt_progress(const std::string& label, int trial, int trials);
+
+/// Runs every variant once as a warm-up (not recorded), then `trials` times in rotation,
+/// so slow drift of a shared machine falls on all of them alike. Results by variant name.
+template <class T>
+std::map<std::string, std::vector<T>> interleave(
+    int trials, const std::vector<std::pair<std::string, std::function<T(bool warmup)>>>& variants,
+    const std::string& label) {
+  std::map<std::string, std::vector<T>> out;
+  for (const auto& [name, fn] : variants) (void)fn(true);
+  for (int t = 0; t < trials; ++t) {
+    fmt_progress(label, t + 1, trials);
+    for (const auto& [name, fn] : variants) out[name].push_back(fn(false));
+  }
+  return out;
+}
+
+/// Scenario 1: a learner's data request through the broker and back, one at a time.
+std::vector<row> run_latency(const settings& s);
+/// Scenario 2: collectors streaming DATA to one coordinator, pipelined with a window.
+std::vector<row> run_throughput(const settings& s);
+
+}  // namespace rlbus::bench

@@ -1,0 +1,83 @@
+// Integration: a tiny run of the bench harness (`rlbus-bench all --quick`), so the harness
+// cannot rot unnoticed: it starts its processes, finishes with status 0, prints its table
+// and writes a JSON report with every expected row. It never looks at a timing.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "support/child.hpp"
+#include "support/support.hpp"
+
+using namespace rlbus::test;
+
+namespace {
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  INFO(name << " must name the binary");
+  REQUIRE(v != nullptr);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("rlbus-bench --quick runs and writes a report that parses", "[bench-smoke]") {
+  const auto json_path = "/tmp/rlbus-bench-smoke-" + std::to_string(::getpid()) + ".json";
+  const auto [status, out] =
+      run_to_end(env("RLBUS_BENCH_BIN"),
+                 {"all", "--quick", "--broker", env("RLBUS_BROKER_BIN"), "--json", json_path},
+                 std::chrono::seconds(90));
+  INFO(out);
+  REQUIRE(status == 0);
+  CHECK_THAT(out, Catch::Contains("scenario") && Catch::Contains("r/proxy"));
+
+  std::ifstream in(json_path);
+  REQUIRE(in);
+  const auto report = nlohmann::json::parse(in, nullptr, false);
+  std::remove(json_path.c_str());
+  REQUIRE_FALSE(report.is_discarded());
+  CHECK(report.at("schema") == "rlbus-bench/1");
+  CHECK(report.at("machine").at("nproc").get<int>() > 0);
+  const int trials = report.at("settings").at("trials").get<int>();
+  CHECK(trials == 2);
+
+  std::set<std::string> seen;
+  for (const auto& row : report.at("rows")) {
+    const auto key = row.at("scenario").get<std::string>() + " | " +
+                     row.at("variant").get<std::string>() + " | " +
+                     row.at("metric").get<std::string>();
+    INFO(key);
+    seen.insert(key);
+    for (const char* series : {"rlbus", "proxy", "direct"}) {
+      if (row.at(series).is_null()) continue;  // e.g. the direct path has no middle process
+      CHECK(row.at(series).at("median").is_number());
+      for (const auto& v : row.at(series).at("trials")) CHECK(v.is_number());
+    }
+    CHECK(row.at("rlbus").at("trials").size() == static_cast<std::size_t>(trials));
+    CHECK(row.at("proxy").is_object());
+    CHECK(row.at("ratio_proxy").is_number());
+    if (row.at("metric") == "events/s") {
+      // Windowed far below the broker's queue: every event must arrive, in sequence.
+      CHECK(row.at("lost") == 0);
+      CHECK(row.at("gaps") == 0);
+    }
+  }
+  std::set<std::string> expected;
+  for (const char* size : {"64 B", "4 KiB"})
+    for (const char* client : {"wire", "sdk"})
+      for (const char* metric : {"median us", "p99 us"})
+        expected.insert(std::string("latency | step ") + size + ", " + client + " | " + metric);
+  for (const char* n : {"1 collector", "4 collectors", "16 collectors"})
+    for (const char* client : {"wire", "sdk"})
+      for (const char* metric : {"events/s", "cpu us/ev"})
+        expected.insert(std::string("throughput | ") + n + ", " + client + " | " + metric);
+  CHECK(seen == expected);
+}
