@@ -27,11 +27,15 @@ worker_options options_for(const std::string& endpoint, const std::string& id) {
 
 TEST_CASE("a worker's heartbeats keep it alive for many liveness windows", "[worker]") {
   broker::server_thread b(test_config());
-  worker w(options_for(b.get().router_endpoint(), "steady"));
+  // 100 ms beats: short enough to span many windows quickly, long enough that a loaded
+  // machine's scheduling pauses do not pass for a silent broker.
+  auto o = options_for(b.get().router_endpoint(), "steady");
+  o.heartbeat = 100ms;
+  worker w(o);
   REQUIRE(w.wait_for(connection_state::ready, 5s));
   const auto session = w.session();
-  // 10 windows of 90 ms: a worker that stopped heartbeating would be expired by now.
-  CHECK_FALSE(wait_until([&] { return b.get().snapshot().expired > 0; }, 900ms));
+  // 10 windows of 300 ms: a worker that stopped heartbeating would be expired by now.
+  CHECK_FALSE(wait_until([&] { return b.get().snapshot().expired > 0; }, 3000ms));
   CHECK(w.state() == connection_state::ready);
   CHECK(w.session() == session);
   CHECK(w.welcomes() == 1);
