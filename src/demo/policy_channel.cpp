@@ -31,6 +31,12 @@ void attach_policy(rlbus::task_spec& spec, collector_task& /*task*/,
   spec.policy_id = std::string(policy_id);
 }
 
+std::optional<std::uint64_t> collected_with(const std::string& data_event) {
+  const auto v = policy_version_from_data(data_event);
+  if (!v || *v == 0) return std::nullopt;
+  return *v - 1;
+}
+
 std::optional<policy_release> task_policy(const rlbus::task_handle& t,
                                           const collector_task& /*task*/) {
   const auto& p = t.policy();

@@ -29,6 +29,9 @@ std::optional<policy_release> announced_policy(const learn_report& report);
 /// Coordinator: makes the collector task about to be submitted run `release`.
 void attach_policy(rlbus::task_spec& spec, collector_task& task, const policy_release& release);
 
+/// Coordinator: the version a data item was collected with (nullopt: it names none).
+std::optional<std::uint64_t> collected_with(const std::string& data_event);
+
 /// Collector: the policy its task runs (nullopt: the task carries none, a coordinator bug).
 std::optional<policy_release> task_policy(const rlbus::task_handle& t, const collector_task& task);
 

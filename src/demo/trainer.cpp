@@ -59,6 +59,9 @@ struct trainer::state {
   std::vector<std::string> to_resubmit;  // failed for good: run the slice again
 
   std::uint64_t events = 0, data_items = 0, bad_data = 0;
+  // Policy lag of each data item on arrival: versions between the one it was collected with
+  // and the newest the learner had announced.
+  std::uint64_t on_latest = 0, behind = 0, max_lag = 0;
   std::uint64_t tasks_submitted = 0, tasks_finished = 0, requeued = 0, failed = 0;
   bool learner_finished = false;
 };
@@ -79,6 +82,11 @@ trainer::trainer(trainer_options opts, console& out)
     std::lock_guard lock(s.mu);
     ++s.events;
     ++s.data_items;
+    if (const auto v = collected_with(data); v && s.latest) {
+      const auto lag = s.latest->version > *v ? s.latest->version - *v : 0;
+      ++(lag == 0 ? s.on_latest : s.behind);
+      s.max_lag = std::max(s.max_lag, lag);
+    }
     if (!r) {
       ++s.bad_data;
       return;
@@ -342,6 +350,10 @@ void trainer::print_summary(training_state result) const {
   out_.line(fmt::format("data items:      {} (results dropped: {} stale, {} duplicate, {} bad)",
                         s.data_items, s.buffer.stale(), s.buffer.duplicates(),
                         s.buffer.invalid() + 2 * s.bad_data));
+  out_.line(
+      fmt::format("policy lag:      {} items collected with the newest version, {} with "
+                  "an older one (at most {} behind)",
+                  s.on_latest, s.behind, s.max_lag));
   out_.line(fmt::format("task events:     {} ({:.0f}/s)", s.events,
                         static_cast<double>(s.events) / std::max(wall, 1e-3)));
   if (!s.failure.empty()) out_.line("failure:         " + s.failure);

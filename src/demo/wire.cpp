@@ -259,6 +259,15 @@ std::optional<direction_result> direction_result_from_data(std::string_view data
   return r.ok() ? read_direction_result(r) : std::nullopt;
 }
 
+std::optional<std::uint64_t> policy_version_from_data(std::string_view data_event) {
+  const auto h = unpack(data_event);
+  if (!h) return std::nullopt;
+  reader event(h->get());
+  const auto* v = event.find("policy_version");
+  if (v == nullptr || v->type != msgpack::type::POSITIVE_INTEGER) return std::nullopt;
+  return v->via.u64;
+}
+
 std::string encode(const result_batch& b) {
   writer w(2);
   w.u64("policy_version", b.policy_version);

@@ -95,6 +95,10 @@ std::optional<learn_report> decode_learn_report(std::string_view bytes);
 /// the meta is the collector's encoded direction_result).
 std::optional<direction_result> direction_result_from_data(std::string_view data_event);
 
+/// The `policy_version` a data event carries (the bus's version of the policy the collector
+/// ran, SPEC §13.4.4), nullopt when it carries none.
+std::optional<std::uint64_t> policy_version_from_data(std::string_view data_event);
+
 /// {"collector_done": true, "episodes": n}: the info that ends a collector task, and its
 /// result.
 std::string collector_done(std::uint64_t episodes);

@@ -54,6 +54,24 @@ TEST_CASE("a direction result is found inside a coordinator's data event", "[uni
   buf.write(meta.data(), meta.size());
   CHECK(direction_result_from_data(std::string(buf.data(), buf.size())) == d);
   CHECK_FALSE(direction_result_from_data(meta));  // no "meta" in it
+  CHECK_FALSE(policy_version_from_data(std::string(buf.data(), buf.size())));
+
+  // The broker adds the version the collector ran after the payload (SPEC §13.4.4).
+  msgpack::sbuffer tagged;
+  msgpack::packer<msgpack::sbuffer> tp(tagged);
+  tp.pack_map(4);
+  tp.pack("data_id");
+  tp.pack("t/1/d3");
+  tp.pack("buffer_id");
+  tp.pack("cartpole-results");
+  tp.pack("meta");
+  tagged.write(meta.data(), meta.size());
+  tp.pack("policy_version");
+  tp.pack(6);
+  const std::string event(tagged.data(), tagged.size());
+  CHECK(direction_result_from_data(event) == d);
+  CHECK(policy_version_from_data(event) == 6u);
+  CHECK_FALSE(policy_version_from_data("\xc1"));  // not msgpack at all
 }
 
 TEST_CASE("bytes that are not a demo message are refused as values", "[unit][demo]") {
