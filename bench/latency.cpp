@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "baselines.hpp"
+#include "http.hpp"
 #include "rlbus/coordinator.hpp"
 #include "rlbus/worker.hpp"
 #include "scenario.hpp"
@@ -111,7 +112,7 @@ rlbus::task_handlers sdk_learner(sdk_job& job) {
   return h;
 }
 
-std::vector<row> latency_rows(const settings& s, std::size_t payload) {
+std::vector<row> latency_rows(const settings& s, std::size_t payload, http_baseline* http) {
   const auto label = "latency " + size_label(payload);
   middle_boxes mb(s, true, true);
   const auto data = bin_blob(payload);
@@ -218,7 +219,24 @@ std::vector<row> latency_rows(const settings& s, std::size_t payload) {
     return job.samples;
   };
 
+  // The HTTP baseline (DI-engine's shape): a Flask worker and a requests coordinator, two
+  // processes of their own started once per run. A failure empties this group's column; it
+  // never stops the run.
+  std::string http_error;
+  const auto http_step = [&](int steps) {
+    trial t;
+    if (!http_error.empty()) return t;
+    try {
+      const auto r = http->latency(payload, steps);
+      t = {r.median_us, r.p99_us};
+    } catch (const std::exception& e) {
+      http_error = e.what();
+    }
+    return t;
+  };
+
   const int warm = std::max(10, s.rounds / 10);
+  const int http_warm = std::max(2, s.http_rounds / 10);
   using variant = std::pair<std::string, std::function<trial(bool)>>;
   std::vector<variant> variants{
       {"wire", [&](bool w) { return summarize(wire(w ? warm : s.rounds)); }},
@@ -229,7 +247,11 @@ std::vector<row> latency_rows(const settings& s, std::size_t payload) {
   };
   if (s.sdk)
     variants.emplace_back("sdk", [&](bool w) { return summarize(sdk(w ? warm : s.rounds)); });
+  if (http != nullptr)
+    variants.emplace_back("http", [&](bool w) { return http_step(w ? http_warm : s.http_rounds); });
   auto res = interleave<trial>(s.trials, variants, label);
+  if (!http_error.empty()) http_failed(label, http_error);
+  const bool http_ok = http != nullptr && http_error.empty();
 
   const auto pick = [&](const std::string& v, double trial::*field) {
     std::vector<double> out;
@@ -248,7 +270,9 @@ std::vector<row> latency_rows(const settings& s, std::size_t payload) {
       r.rlbus = pick(client, field);
       r.proxy = pick("proxy", field);
       r.direct = pick("direct", field);
+      if (http_ok) r.http = pick("http", field);
       r.params = {{"payload_bytes", payload}, {"rounds", s.rounds}, {"client", client}};
+      if (http_ok) r.params["http_rounds"] = s.http_rounds;
       rows.push_back(std::move(r));
     }
   }
@@ -257,10 +281,10 @@ std::vector<row> latency_rows(const settings& s, std::size_t payload) {
 
 }  // namespace
 
-std::vector<row> run_latency(const settings& s) {
+std::vector<row> run_latency(const settings& s, http_baseline* http) {
   std::vector<row> rows;
   for (const auto p : s.payloads) {
-    auto r = latency_rows(s, p);
+    auto r = latency_rows(s, p, http);
     rows.insert(rows.end(), r.begin(), r.end());
   }
   return rows;

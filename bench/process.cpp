@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -66,7 +67,7 @@ std::string self_path() {
 }
 
 child_process::child_process(std::vector<std::string> argv, std::string log_path,
-                             const cpu_list& cpus)
+                             const cpu_list& cpus, bool with_stdin)
     : name_(argv.at(0)), log_path_(std::move(log_path)) {
   std::vector<char*> args;
   for (auto& a : argv) args.push_back(a.data());
@@ -75,6 +76,13 @@ child_process::child_process(std::vector<std::string> argv, std::string log_path
   const bool pin = !cpus.empty();
   const int log_fd = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (log_fd < 0) throw std::runtime_error("cannot create " + log_path_);
+  // A socket pair rather than a pipe: send(MSG_NOSIGNAL) to a dead child fails instead of
+  // raising SIGPIPE in the bench. Both ends close on exec; the child dup2()s its end to 0.
+  int in_pair[2] = {-1, -1};
+  if (with_stdin && ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in_pair) != 0) {
+    ::close(log_fd);
+    throw std::runtime_error("socketpair failed: " + std::string(std::strerror(errno)));
+  }
   const pid_t parent = ::getpid();
   pid_ = ::fork();
   if (pid_ == 0) {
@@ -82,12 +90,19 @@ child_process::child_process(std::vector<std::string> argv, std::string log_path
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);  // the bench died before prctl took effect
     if (pin && ::sched_setaffinity(0, sizeof set, &set) != 0) ::_exit(126);
+    if (in_pair[1] >= 0) ::dup2(in_pair[1], 0);
     ::dup2(log_fd, 1);
     ::dup2(log_fd, 2);
     ::execv(args[0], args.data());
     ::_exit(127);
   }
   ::close(log_fd);
+  if (in_pair[1] >= 0) ::close(in_pair[1]);
+  stdin_fd_ = in_pair[0];
+  if (pid_ < 0) {
+    if (stdin_fd_ >= 0) ::close(stdin_fd_);
+    stdin_fd_ = -1;
+  }
   if (pid_ < 0) throw std::runtime_error("fork failed: " + std::string(std::strerror(errno)));
 }
 
@@ -105,7 +120,24 @@ bool child_process::reap(int flags) {
   return true;
 }
 
+bool child_process::send_line(const std::string& line) {
+  if (stdin_fd_ < 0) return false;
+  const std::string text = line + "\n";
+  std::size_t sent = 0;
+  while (sent < text.size()) {
+    const auto n = ::send(stdin_fd_, text.data() + sent, text.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    sent += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
 int child_process::stop() {
+  if (stdin_fd_ >= 0) {
+    ::close(stdin_fd_);
+    stdin_fd_ = -1;
+  }
   if (done_ || pid_ <= 0) return status_;
   ::kill(pid_, SIGTERM);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);

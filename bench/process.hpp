@@ -29,7 +29,10 @@ class child_process {
   /// Forks and executes argv[0] with `argv`, stdout and stderr appended to `log_path`,
   /// pinned to `cpus` when not empty. The child gets SIGKILL if the bench's main thread
   /// dies, so call this from the main thread only. Throws std::runtime_error.
-  child_process(std::vector<std::string> argv, std::string log_path, const cpu_list& cpus);
+  /// With `with_stdin`, the child's standard input is a socket the bench writes lines to
+  /// (send_line); otherwise it inherits the bench's.
+  child_process(std::vector<std::string> argv, std::string log_path, const cpu_list& cpus,
+                bool with_stdin = false);
   /// stop(). The log file stays (the bench removes its log folder after a clean run).
   ~child_process();
   child_process(const child_process&) = delete;
@@ -41,6 +44,9 @@ class child_process {
   /// SIGTERM, up to 3 s to exit, then SIGKILL. Idempotent. Returns the exit status
   /// (128 + signal when killed).
   int stop();
+  /// Writes `line` and a newline to the child's standard input (with_stdin only). Returns
+  /// false when the child is gone or has no such input (never raises SIGPIPE).
+  bool send_line(const std::string& line);
   [[nodiscard]] pid_t pid() const noexcept { return pid_; }
   [[nodiscard]] const std::string& log_path() const noexcept { return log_path_; }
   /// Everything the child wrote so far.
@@ -51,6 +57,7 @@ class child_process {
   std::string name_;
   std::string log_path_;
   pid_t pid_ = -1;
+  int stdin_fd_ = -1;  // the bench's end of the child's standard input
   int status_ = -1;
   bool done_ = false;
 };

@@ -51,8 +51,10 @@ std::string number(const std::vector<double>& v, bool rate) {
   return rate ? fmt::format("{:.0f}", median(v)) : fmt::format("{:.1f}", median(v));
 }
 
+// Two decimals, more for the small ratios against the HTTP baseline (0.0123).
 std::string ratio_text(const std::optional<double>& r) {
-  return r ? fmt::format("{:.2f}", *r) : "-";
+  if (!r) return "-";
+  return *r >= 0.1 ? fmt::format("{:.2f}", *r) : fmt::format("{:.4f}", *r);
 }
 
 // {median, trials}, or null for a baseline this row has none of.
@@ -121,17 +123,17 @@ std::string format_table(const run_facts& facts, const std::vector<row>& rows) {
       "medians over trials; ratios are rlbus / baseline (latency: >1 is slower than the "
       "baseline; throughput: <1 is slower)\n";
   const auto line = [](auto... cols) {
-    return fmt::format("{:<11}{:<27}{:<10}{:>11}{:>11}{:>11}{:>9}{:>9}{:>7}\n", cols...);
+    return fmt::format("{:<11}{:<27}{:<10}{:>11}{:>11}{:>11}{:>11}{:>9}{:>9}{:>9}{:>7}\n", cols...);
   };
-  out += line("scenario", "variant", "metric", "rlbus", "proxy", "direct", "r/proxy", "r/direct",
-              "lost");
-  out += line("--------", "-------", "------", "-----", "-----", "------", "-------", "--------",
-              "----");
+  out += line("scenario", "variant", "metric", "rlbus", "proxy", "direct", "http", "r/proxy",
+              "r/direct", "r/http", "lost");
+  out += line("--------", "-------", "------", "-----", "-----", "------", "----", "-------",
+              "--------", "------", "----");
   for (const auto& r : rows) {
     const bool rate = r.higher_is_better;
     out += line(r.scenario, r.variant, r.metric, number(r.rlbus, rate), number(r.proxy, rate),
-                number(r.direct, rate), ratio_text(ratio(r.rlbus, r.proxy)),
-                ratio_text(ratio(r.rlbus, r.direct)),
+                number(r.direct, rate), number(r.http, rate), ratio_text(ratio(r.rlbus, r.proxy)),
+                ratio_text(ratio(r.rlbus, r.direct)), ratio_text(ratio(r.rlbus, r.http)),
                 r.lost ? std::to_string(*r.lost) : std::string("-"));
   }
   return out;
@@ -160,8 +162,10 @@ nlohmann::json to_json(const run_facts& facts, const std::vector<row>& rows) {
                      {"rlbus", series(r.rlbus)},
                      {"proxy", series(r.proxy)},
                      {"direct", series(r.direct)},
+                     {"http", series(r.http)},
                      {"ratio_proxy", ratio_json(ratio(r.rlbus, r.proxy))},
-                     {"ratio_direct", ratio_json(ratio(r.rlbus, r.direct))}};
+                     {"ratio_direct", ratio_json(ratio(r.rlbus, r.direct))},
+                     {"ratio_http", ratio_json(ratio(r.rlbus, r.http))}};
     if (r.lost) o["lost"] = *r.lost;
     if (r.gaps) o["gaps"] = *r.gaps;
     out.push_back(std::move(o));

@@ -17,14 +17,16 @@ double median(std::vector<double> v);
 /// The `q` quantile of `v` by nearest rank (q = 0.99 for p99; 0 for an empty vector).
 double quantile(std::vector<double> v, double q);
 
-/// One line of the table: one metric of one rlbus path beside the two baselines, each a
-/// value per trial.
+/// One line of the table: one metric of one rlbus path beside the baselines, each a value
+/// per trial.
 struct row {
   std::string scenario;  // "latency" or "throughput"
   std::string variant;   // what ran, e.g. "step 64 B, wire"
   std::string metric;    // "median us", "p99 us", "events/s"
   bool higher_is_better = false;
   std::vector<double> rlbus, proxy, direct;
+  /// The HTTP request-per-task baseline (DI-engine's shape); empty when it did not run.
+  std::vector<double> http;
   /// Throughput: events sent and never received over all trials, and seq jumps seen.
   std::optional<std::uint64_t> lost;
   std::optional<std::uint64_t> gaps;

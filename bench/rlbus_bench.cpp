@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 
 #include "baselines.hpp"
+#include "http.hpp"
 #include "process.hpp"
 #include "report.hpp"
 #include "scenario.hpp"
@@ -54,13 +55,37 @@ std::string find_broker(const std::string& flag, const std::string& self) {
   return built.lexically_normal().string();
 }
 
+// --http-script, else $RLBUS_BENCH_HTTP_SCRIPT, else bench/http_baseline.py in the source tree.
+std::string find_http_script(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  if (const char* env = std::getenv("RLBUS_BENCH_HTTP_SCRIPT"); env != nullptr && *env != '\0')
+    return env;
+  return std::string(RLBUS_SOURCE_DIR) + "/bench/http_baseline.py";
+}
+
+std::string shell_quoted(const std::string& s) {
+  std::string out = "'";
+  for (const char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// bench/plot.py JSON DIR: PNGs with gnuplot (or matplotlib). Returns its exit status.
+int draw_plots(const std::string& python, const std::string& json_path, const std::string& dir) {
+  const auto script = std::string(RLBUS_SOURCE_DIR) + "/bench/plot.py";
+  const auto cmd = shell_quoted(python) + " " + shell_quoted(script) + " " +
+                   shell_quoted(json_path) + " " + shell_quoted(dir) + " 1>&2";
+  const int st = std::system(cmd.c_str());
+  return st == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
       "rlbus-bench: rlbus beside bare ZeroMQ, in one run on one machine.\n"
-      "Starts the real broker and its baselines (a zmq_proxy and an echo server) as child\n"
-      "processes, interleaves their trials, and prints medians and rlbus/baseline ratios.\n"
+      "Starts the real broker and its baselines (a zmq_proxy, an echo server, and DI-engine's\n"
+      "HTTP request-per-task shape in Python) as child processes, interleaves their trials,\n"
+      "and prints medians and rlbus/baseline ratios.\n"
       "Scenarios: latency (a learner's data request through the broker and back) and\n"
       "throughput (collectors streaming data events to one coordinator)."};
   app.get_formatter()->column_width(30);
@@ -76,6 +101,9 @@ int main(int argc, char** argv) {
   std::string payloads = "64,4096";
   std::string collectors = "1,4,16";
   bool no_sdk = false;
+  bool no_http = false;
+  std::string http_script_flag;
+  std::string plot_dir;
   bool keep_logs = false;
   bool verbose = false;
   app.add_option("--trials", s.trials, "trials per variant (rotated A B C A B C ...)")
@@ -97,11 +125,26 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1'000'000));
   app.add_flag("--quick", quick,
-               "a tiny run (2 trials, 50 round trips, 2000 events) that checks the harness, "
-               "not the numbers");
+               "a tiny run (2 trials, 50 round trips, 2000 events, 10/32 HTTP steps) that checks "
+               "the harness, not the numbers");
   app.add_flag("--pin", pin, "pin the bench and every child process to --cpus");
   app.add_option("--cpus", cpus, "CPUs for --pin (e.g. 0, 0-1)")->capture_default_str();
   app.add_flag("--no-sdk", no_sdk, "skip the SDK rows");
+  app.add_flag("--no-http", no_http, "skip the HTTP baseline (Flask + requests)");
+  app.add_option("--http-rounds", s.http_rounds, "HTTP baseline latency: task steps per trial")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 10'000'000));
+  app.add_option("--http-steps", s.http_steps, "HTTP baseline throughput: task steps per trial")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1'000'000'000));
+  app.add_option("--python", s.python, "the Python for the HTTP baseline (Debian's, with flask)")
+      ->capture_default_str();
+  app.add_option("--http-script", http_script_flag,
+                 "bench/http_baseline.py (default: $RLBUS_BENCH_HTTP_SCRIPT, else the source "
+                 "tree's)");
+  app.add_option("--plot", plot_dir,
+                 "also draw PNG plots of the report into DIR (bench/plot.py: gnuplot, else "
+                 "matplotlib)");
   app.add_flag("--verbose", verbose,
                "show the SDK's log (reconnects, aborted tasks at teardown) on stderr");
   app.add_flag("--keep-logs", keep_logs,
@@ -162,8 +205,13 @@ int main(int argc, char** argv) {
     if (app.count("--trials") == 0) s.trials = 2;
     if (app.count("--rounds") == 0) s.rounds = 50;
     if (app.count("--messages") == 0) s.messages = 2000;
+    if (app.count("--http-rounds") == 0) s.http_rounds = 10;
+    if (app.count("--http-steps") == 0) s.http_steps = 32;
   }
   s.sdk = !no_sdk;
+  s.http = !no_http;
+  s.http_script = find_http_script(http_script_flag);
+
   s.self_bin = self_path();
   s.broker_bin = find_broker(broker_flag, s.self_bin);
   if (::access(s.broker_bin.c_str(), X_OK) != 0) {
@@ -180,6 +228,22 @@ int main(int argc, char** argv) {
   }
   s.log_dir = dir_template;
 
+  // The HTTP baseline's two processes, started once for the whole run (from the main thread,
+  // so they die with the bench). Missing python, flask or requests: said plainly, skipped.
+  std::unique_ptr<http_baseline> http;
+  if (s.http) {
+    try {
+      http = std::make_unique<http_baseline>(s);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr,
+                   "rlbus-bench: skipping the HTTP baseline (no http column): %s\n"
+                   "rlbus-bench: it needs %s with Debian's python3-flask and python3-requests "
+                   "(apt-get install python3-flask python3-requests)\n",
+                   e.what(), s.python.c_str());
+      s.http = false;
+    }
+  }
+
   auto facts = collect_facts(RLBUS_SOURCE_DIR);
   for (int i = 0; i < argc; ++i) facts.command += (i ? " " : "") + std::string(argv[i]);
   for (const auto c : s.cpus) facts.pinned += (facts.pinned.empty() ? "" : ",") + std::to_string(c);
@@ -191,17 +255,20 @@ int main(int argc, char** argv) {
                     {"collectors", s.collectors},
                     {"data_payload", s.data_payload},
                     {"sdk", s.sdk},
+                    {"http", s.http},
+                    {"http_rounds", s.http_rounds},
+                    {"http_steps", s.http_steps},
                     {"quick", quick},
                     {"broker", s.broker_bin}};
 
   std::vector<row> rows;
   try {
     if (run_latency_rows) {
-      auto r = run_latency(s);
+      auto r = run_latency(s, http.get());
       rows.insert(rows.end(), r.begin(), r.end());
     }
     if (run_throughput_rows) {
-      auto r = run_throughput(s);
+      auto r = run_throughput(s, http.get());
       rows.insert(rows.end(), r.begin(), r.end());
     }
   } catch (const std::exception& e) {
@@ -218,11 +285,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rlbus-bench: %s\n", e.what());
     return 1;
   }
+  int status = 0;
+  if (!plot_dir.empty()) {
+    status = draw_plots(s.python, json_path, plot_dir);
+    if (status != 0)
+      std::fprintf(stderr, "rlbus-bench: no plots drawn (see above); the report is in %s\n",
+                   json_path.c_str());
+  }
   if (keep_logs) {
     std::fprintf(stderr, "rlbus-bench: child logs in %s\n", s.log_dir.c_str());
   } else {
     std::error_code ec;
     std::filesystem::remove_all(s.log_dir, ec);
   }
-  return 0;
+  return status;
 }

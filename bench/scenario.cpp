@@ -10,12 +10,12 @@
 
 namespace rlbus::bench {
 
-namespace {
-
 std::string log_file(const settings& s, const std::string& name) {
   static std::atomic<int> n{0};
   return s.log_dir + "/" + fmt::format("{:02d}-{}.log", n++, name);
 }
+
+namespace {
 
 constexpr std::chrono::seconds start_timeout{15};
 
@@ -64,6 +64,11 @@ std::uint64_t process_cpu_ns(pid_t pid) {
 std::string size_label(std::size_t bytes) {
   if (bytes >= 1024 && bytes % 1024 == 0) return fmt::format("{} KiB", bytes / 1024);
   return fmt::format("{} B", bytes);
+}
+
+void http_failed(const std::string& label, const std::string& why) {
+  std::fprintf(stderr, "rlbus-bench: %s: the HTTP baseline failed, no http column here: %s\n",
+               label.c_str(), why.c_str());
 }
 
 void fmt_progress(const std::string& label, int trial, int trials) {

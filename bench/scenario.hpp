@@ -26,9 +26,14 @@ struct settings {
   std::uint64_t window = 10'000;     // throughput: most events in flight
   std::vector<std::size_t> payloads{64, 4096};
   std::vector<int> collectors{1, 4, 16};
-  std::size_t data_payload = 64;  // throughput: DATA payload bytes
-  bool sdk = true;                // also run the SDK rows
-  cpu_list cpus;                  // pin every process to these (empty: unpinned)
+  std::size_t data_payload = 64;    // throughput: DATA payload bytes
+  bool sdk = true;                  // also run the SDK rows
+  bool http = true;                 // run the HTTP baseline (bench/http_baseline.py) if it can
+  int http_rounds = 500;            // HTTP latency: task steps per trial
+  std::uint64_t http_steps = 2000;  // HTTP throughput: task steps per trial
+  std::string python = "/usr/bin/python3";
+  std::string http_script;
+  cpu_list cpus;  // pin every process to these (empty: unpinned)
   std::string broker_bin;
   std::string self_bin;
   std::string log_dir;
@@ -49,6 +54,9 @@ class middle_boxes {
  private:
   std::unique_ptr<child_process> broker_, proxy_, echo_;
 };
+
+/// A fresh log file for a child process in the run's log folder.
+std::string log_file(const settings& s, const std::string& name);
 
 /// CPU time (user + system, every thread) a process has used so far, in nanoseconds.
 std::uint64_t process_cpu_ns(pid_t pid);
@@ -79,9 +87,17 @@ std::map<std::string, std::vector<T>> interleave(
   return out;
 }
 
-/// Scenario 1: a learner's data request through the broker and back, one at a time.
-std::vector<row> run_latency(const settings& s);
-/// Scenario 2: collectors streaming DATA to one coordinator, pipelined with a window.
-std::vector<row> run_throughput(const settings& s);
+/// Reports on stderr that the HTTP baseline failed during `label` (its column stays empty
+/// for that group; the rest of the run goes on).
+void http_failed(const std::string& label, const std::string& why);
+
+class http_baseline;
+
+/// Scenario 1: a learner's data request through the broker and back, one at a time. With
+/// `http`, DI-engine's HTTP shape runs in the same rotation.
+std::vector<row> run_latency(const settings& s, http_baseline* http);
+/// Scenario 2: collectors streaming DATA to one coordinator, pipelined with a window. With
+/// `http`, DI-engine's HTTP shape runs in the same rotation.
+std::vector<row> run_throughput(const settings& s, http_baseline* http);
 
 }  // namespace rlbus::bench

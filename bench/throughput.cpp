@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "baselines.hpp"
+#include "http.hpp"
 #include "rlbus/coordinator.hpp"
 #include "rlbus/worker.hpp"
 #include "scenario.hpp"
@@ -159,7 +160,7 @@ rlbus::task_handlers sdk_collector(sdk_job& job, std::size_t index, const std::s
   return h;
 }
 
-std::vector<row> throughput_rows(const settings& s, int n) {
+std::vector<row> throughput_rows(const settings& s, int n, http_baseline* http) {
   const auto label = fmt::format("throughput {} collector{}", n, n == 1 ? "" : "s");
   const auto count = s.messages;
   middle_boxes mb(s, true, false);
@@ -318,6 +319,21 @@ std::vector<row> throughput_rows(const settings& s, int n) {
   const auto direct = [&](bool w) {
     return pump(direct_socks, data, w ? warm : count, s.window, direct_flow);
   };
+  // The HTTP baseline (DI-engine's shape): N coordinator threads, each one task step at a
+  // time, the payload in the results (processes started once per run). A failure empties
+  // this group's column; it never stops the run.
+  std::string http_error;
+  const auto http_warm = std::max<std::uint64_t>(un, s.http_steps / 10);
+  const auto http_run = [&](bool w) {
+    trial t;
+    if (!http_error.empty()) return t;
+    try {
+      t.rate = http->throughput(s.data_payload, n, w ? http_warm : s.http_steps);
+    } catch (const std::exception& e) {
+      http_error = e.what();
+    }
+    return t;
+  };
   using variant = std::pair<std::string, std::function<trial(bool)>>;
   std::vector<variant> variants{{"wire", wire}, {"proxy", proxy}, {"direct", direct}};
   if (s.sdk) {
@@ -326,7 +342,10 @@ std::vector<row> throughput_rows(const settings& s, int n) {
       return with_cpu(mb.broker_pid(), c, [&] { return sdk(c); });
     });
   }
+  if (http != nullptr) variants.emplace_back("http", http_run);
   auto res = interleave<trial>(s.trials, variants, label);
+  if (!http_error.empty()) http_failed(label, http_error);
+  const bool http_ok = http != nullptr && http_error.empty();
   if (wire_flow.unexpected.load() != 0)
     std::fprintf(stderr, "rlbus-bench: the coordinator got %llu messages that were not events\n",
                  static_cast<unsigned long long>(wire_flow.unexpected.load()));
@@ -356,6 +375,10 @@ std::vector<row> throughput_rows(const settings& s, int n) {
                           {"direct_lost", total("direct", &trial::lost)},
                           {"lost_trials", pick(client, &trial::lost)}};
     if (client == "sdk") params["sdk_reconnects"] = reconnects;
+    if (http_ok) {
+      params["http_steps"] = s.http_steps;
+      params["http_threads"] = n;
+    }
     row r;
     r.scenario = "throughput";
     r.variant = variant;
@@ -364,6 +387,7 @@ std::vector<row> throughput_rows(const settings& s, int n) {
     r.rlbus = pick(client, &trial::rate);
     r.proxy = pick("proxy", &trial::rate);
     r.direct = pick("direct", &trial::rate);
+    if (http_ok) r.http = pick("http", &trial::rate);
     r.lost = total(client, &trial::lost);
     r.gaps = total(client, &trial::gaps);
     r.params = params;
@@ -384,10 +408,10 @@ std::vector<row> throughput_rows(const settings& s, int n) {
 
 }  // namespace
 
-std::vector<row> run_throughput(const settings& s) {
+std::vector<row> run_throughput(const settings& s, http_baseline* http) {
   std::vector<row> rows;
   for (const auto n : s.collectors) {
-    auto r = throughput_rows(s, n);
+    auto r = throughput_rows(s, n, http);
     rows.insert(rows.end(), r.begin(), r.end());
   }
   return rows;

@@ -10,7 +10,9 @@ packages=(
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libspdlog-dev libfmt-dev libsodium-dev
   libcli11-dev nlohmann-json3-dev catch2
   python3 python3-msgpack
+  python3-flask python3-requests  # rlbus-bench's HTTP baseline (bench/http_baseline.py)
 )
+# Optional, for PNG plots of the bench (bench/plot.py): apt-get install gnuplot-nox
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,6 +1,8 @@
 // Integration: a tiny run of the bench harness (`rlbus-bench all --quick`), so the harness
 // cannot rot unnoticed: it starts its processes, finishes with status 0, prints its table
-// and writes a JSON report with every expected row. It never looks at a timing.
+// and writes a JSON report with every expected row. It never looks at a timing. When Debian's
+// python3-flask and python3-requests are installed (scripts/setup.sh installs them), the HTTP
+// baseline must have run too: an http series and ratio on every row that has one.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -27,6 +29,11 @@ std::string env(const char* name) {
   return v;
 }
 
+// Whether the HTTP baseline can run here: the Python the bench uses imports flask and requests.
+bool http_baseline_possible() {
+  return std::system("/usr/bin/python3 -c 'import flask, requests' >/dev/null 2>&1") == 0;
+}
+
 }  // namespace
 
 TEST_CASE("rlbus-bench --quick runs and writes a report that parses", "[bench-smoke]") {
@@ -48,6 +55,10 @@ TEST_CASE("rlbus-bench --quick runs and writes a report that parses", "[bench-sm
   CHECK(report.at("machine").at("nproc").get<int>() > 0);
   const int trials = report.at("settings").at("trials").get<int>();
   CHECK(trials == 2);
+  const bool http = http_baseline_possible();
+  INFO("flask and requests importable: " << http);
+  CHECK(report.at("settings").at("http").get<bool>() == http);
+  if (http) CHECK_THAT(out, Catch::Contains("r/http"));
 
   std::set<std::string> seen;
   for (const auto& row : report.at("rows")) {
@@ -56,7 +67,7 @@ TEST_CASE("rlbus-bench --quick runs and writes a report that parses", "[bench-sm
                      row.at("metric").get<std::string>();
     INFO(key);
     seen.insert(key);
-    for (const char* series : {"rlbus", "proxy", "direct"}) {
+    for (const char* series : {"rlbus", "proxy", "direct", "http"}) {
       if (row.at(series).is_null()) continue;  // e.g. the direct path has no middle process
       CHECK(row.at(series).at("median").is_number());
       for (const auto& v : row.at(series).at("trials")) CHECK(v.is_number());
@@ -64,6 +75,16 @@ TEST_CASE("rlbus-bench --quick runs and writes a report that parses", "[bench-sm
     CHECK(row.at("rlbus").at("trials").size() == static_cast<std::size_t>(trials));
     CHECK(row.at("proxy").is_object());
     CHECK(row.at("ratio_proxy").is_number());
+    // The HTTP baseline has a value beside each latency and events/s row (not beside the
+    // middle process's CPU time).
+    if (http && row.at("metric") != "cpu us/ev") {
+      CHECK(row.at("http").is_object());
+      CHECK(row.at("http").at("trials").size() == static_cast<std::size_t>(trials));
+      CHECK(row.at("ratio_http").is_number());
+    } else {
+      CHECK(row.at("http").is_null());
+      CHECK(row.at("ratio_http").is_null());
+    }
     if (row.at("metric") == "events/s") {
       // Windowed far below the broker's queue: every event must arrive, in sequence.
       CHECK(row.at("lost") == 0);
