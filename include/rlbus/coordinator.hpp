@@ -106,6 +106,12 @@ struct coordinator_callbacks {
   /// when they were asked for again (the coordinator fell further behind than the broker's
   /// ring). Called in stream order, in their place; counted in stream_gaps().
   std::function<void(std::uint64_t first, std::uint64_t last)> on_stream_lost;
+  /// DATA `first`..`last` (their indexes within attempt `attempt`) of a collector task are
+  /// lost for good: its worker had to drop them before the broker got them (SPEC §12.11).
+  /// Called in stream order, in their place; counted in data_lost().
+  std::function<void(const std::string& task_id, std::uint32_t attempt, std::uint64_t first,
+                     std::uint64_t last)>
+      on_data_lost;
 };
 
 class coordinator {
@@ -131,6 +137,8 @@ class coordinator {
   /// Events of this coordinator's stream that never arrived: those the broker reported lost
   /// (on_stream_lost). A jump in seq that a replay filled is not a gap. 0 when none.
   [[nodiscard]] std::uint64_t stream_gaps() const;
+  /// DATA that collectors reported lost (on_data_lost), summed over all tasks. 0 when none.
+  [[nodiscard]] std::uint64_t data_lost() const;
   /// Live collectors and learners on the broker, as of the last capacity callback (0 before
   /// the first report arrives).
   [[nodiscard]] std::uint64_t collectors() const;

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -45,6 +46,13 @@ struct worker_options {
   /// Reconnect backoff: first delay, doubled per failed attempt up to the cap (+0-25% jitter).
   std::chrono::milliseconds reconnect_min{100};
   std::chrono::milliseconds reconnect_max{5000};
+  /// Reliable data (SPEC §12.11): every DATA sent is kept until the broker confirms it
+  /// relayed it, and sent again after a reconnect. At most this many DATA, and about this
+  /// many bytes of them, are kept; past that the oldest are dropped, and any of those the
+  /// broker turns out to lack are reported to the coordinator (on_data_lost) instead of
+  /// missing in silence. DATA not sent yet wait in the outbox and are never dropped.
+  std::size_t max_unconfirmed_data = 4096;
+  std::size_t max_unconfirmed_bytes = std::size_t{16} << 20;
 };
 
 class worker;
@@ -145,6 +153,12 @@ class worker {
   [[nodiscard]] std::uint64_t welcomes() const;
   /// How many times emit_data had to wait for data credit (its coordinator was behind).
   [[nodiscard]] std::uint64_t credit_waits() const;
+  /// Sent DATA let go of before the broker confirmed them, because more than
+  /// max_unconfirmed_data (or _bytes) were waiting for confirmation. Most had arrived; those
+  /// the broker had not received are reported to the coordinator as lost.
+  [[nodiscard]] std::uint64_t data_dropped() const;
+  /// DATA sent again after a reconnect, or because the broker asked (it drops duplicates).
+  [[nodiscard]] std::uint64_t data_resent() const;
   /// The last error or refusal the broker sent, "" if none.
   [[nodiscard]] std::string last_error() const;
   [[nodiscard]] const worker_options& options() const;

@@ -26,7 +26,9 @@ TYPES = {"HELLO": 0x01, "WELCOME": 0x02, "HEARTBEAT": 0x03, "DISCONNECT": 0x04,
          "STARTED": 0x30, "DATA": 0x31, "INFO": 0x32, "GET_DATA": 0x33, "LEARN_INFO": 0x34,
          "RESULT": 0x35, "TASK_FAILED": 0x36, "POLICY": 0x37,
          # stream flow control and replay (SPEC §12.9)
-         "REPLAY": 0x40, "ACK": 0x41, "STREAM_GAP": 0x42, "DATA_CREDIT": 0x48}
+         "REPLAY": 0x40, "ACK": 0x41, "STREAM_GAP": 0x42, "DATA_CREDIT": 0x48,
+         # reliable data (SPEC §12.11)
+         "DATA_ACK": 0x49, "DATA_LOST": 0x4A}
 
 
 def header(type_id, version=1, sig=b"RL"):
@@ -289,6 +291,20 @@ VALID += [
     valid("data_credit_none_yet", "DATA_CREDIT",
           {"task_id": COLLECTOR_TASK, "attempt": 2, "limit": 0},
           "before TASK_START: the attempt is credited but has no credit yet"),
+    # reliable data (SPEC §12.11)
+    valid("data_indexed", "DATA",
+          {"task_id": COLLECTOR_TASK, "attempt": 1, "data_id": "data_c0_000044",
+           "buffer_id": BUFFER, "meta": META_41, "index": 44},
+          "the attempt's 44th DATA: sent again after a reconnect, relayed once"),
+    valid("data_ack", "DATA_ACK",
+          {"task_id": COLLECTOR_TASK, "attempt": 1, "relayed": 64, "resend": False},
+          "the broker relayed the attempt's DATA 1..64"),
+    valid("data_ack_resend", "DATA_ACK",
+          {"task_id": COLLECTOR_TASK, "attempt": 1, "relayed": 40, "resend": True},
+          "a DATA past 41 came first: send again from 41"),
+    valid("data_lost", "DATA_LOST",
+          {"task_id": COLLECTOR_TASK, "attempt": 1, "first": 41, "last": 52},
+          "the worker dropped DATA 41..52 unconfirmed: they will never come"),
 ]
 
 
@@ -406,6 +422,15 @@ INVALID += [
                  {"task_id": COLLECTOR_TASK, "attempt": 0, "limit": 8}, "attempts count from 1"),
     invalid_task("data_credit_no_limit", "DATA_CREDIT",
                  {"task_id": COLLECTOR_TASK, "attempt": 1}, "DATA_CREDIT without limit"),
+    invalid_task("data_index_zero", "DATA",
+                 {"task_id": COLLECTOR_TASK, "attempt": 1, "data_id": "d", "buffer_id": BUFFER,
+                  "meta": {}, "index": 0}, "DATA indexes count from 1"),
+    invalid_task("data_ack_resend_uint", "DATA_ACK",
+                 {"task_id": COLLECTOR_TASK, "attempt": 1, "relayed": 3, "resend": 1},
+                 "resend is a bool"),
+    invalid_task("data_lost_first_zero", "DATA_LOST",
+                 {"task_id": COLLECTOR_TASK, "attempt": 1, "first": 0, "last": 3},
+                 "DATA indexes count from 1"),
 ]
 
 

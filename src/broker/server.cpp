@@ -91,6 +91,9 @@ stats server::snapshot() const {
   s.stream_replays = c.replays.load();
   s.stream_resent = c.resent.load();
   s.stream_lost = c.lost.load();
+  s.data_duplicates = c.data_duplicates.load();
+  s.data_out_of_order = c.data_out_of_order.load();
+  s.data_lost = c.data_lost.load();
   return s;
 }
 
@@ -110,6 +113,9 @@ void server::store_counters() {
   c.replays.store(t.replays, std::memory_order_relaxed);
   c.resent.store(t.resent, std::memory_order_relaxed);
   c.lost.store(t.lost, std::memory_order_relaxed);
+  c.data_duplicates.store(t.data_duplicates, std::memory_order_relaxed);
+  c.data_out_of_order.store(t.data_out_of_order, std::memory_order_relaxed);
+  c.data_lost.store(t.data_lost, std::memory_order_relaxed);
 }
 
 void server::run() {
@@ -299,6 +305,8 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
             codec::peer_joined{live->id, live->role, live->serial, live->resources, true});
     // Changes sent while the old connection was cut were lost: the counts again (§12.10.4).
     if (live->role == rlbus::role::coordinator) send_snapshot(*live);
+    // After the WELCOME: a collector learns what the broker relayed of its task (§12.11).
+    tasks_.peer_resumed(live->id);
     return;
   }
 

@@ -57,6 +57,10 @@ struct stats {
   std::uint64_t stream_replays = 0;  // REPLAYs served (SPEC §12.9)
   std::uint64_t stream_resent = 0;   // TASK_EVENTs sent again (replays)
   std::uint64_t stream_lost = 0;     // events reported gone with STREAM_GAP
+  // reliable data (SPEC §12.11)
+  std::uint64_t data_duplicates = 0;    // indexed DATA already relayed, dropped (resends)
+  std::uint64_t data_out_of_order = 0;  // indexed DATA past relayed + 1, dropped (a gap)
+  std::uint64_t data_lost = 0;          // DATA a collector declared lost (DATA_LOST)
 };
 
 class server : private task_sink {
@@ -86,7 +90,7 @@ class server : private task_sink {
     std::atomic<std::uint64_t> peers{0}, messages_in{0}, messages_out{0}, faults{0}, unroutable{0},
         refused_hellos{0}, expired{0}, events{0}, tasks_queued{0}, tasks_running{0},
         tasks_finished{0}, tasks_failed{0}, tasks_requeued{0}, stale{0}, collectors{0}, learners{0},
-        replays{0}, resent{0}, lost{0};
+        replays{0}, resent{0}, lost{0}, data_duplicates{0}, data_out_of_order{0}, data_lost{0};
     std::atomic<bool> draining{false};
   };
 

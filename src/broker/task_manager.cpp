@@ -13,6 +13,11 @@ namespace rlbus::broker {
 
 namespace {
 
+// A DATA_ACK goes out after this many relayed indexed DATA, or this many bytes of them,
+// whichever comes first: what a worker keeps for a resend stays well within its bound.
+constexpr std::uint64_t data_ack_every = 32;
+constexpr std::size_t data_ack_bytes = std::size_t{1} << 20;
+
 std::size_t slot(rlbus::role kind) {
   return kind == rlbus::role::learner ? 1 : 0;
 }
@@ -62,6 +67,16 @@ void task_manager::peer_resources(const std::string& id, const rlbus::resources&
   try_assign(now);  // a queued task may fit now
 }
 
+void task_manager::peer_resumed(const std::string& id) {
+  const auto w = workers_.find(id);
+  if (w == workers_.end() || w->second.task.empty()) return;
+  auto& t = tasks_.at(w->second.task);
+  // What went down with the old connection is sent again by the worker on its own; this
+  // only tells it how much of that it can skip.
+  if (t.kind == rlbus::role::collector && (t.st == state::running || t.st == state::closing))
+    send_data_ack(t, false);
+}
+
 void task_manager::peer_gone(const std::string& id, rlbus::role role, util::time_point now) {
   if (role == rlbus::role::coordinator) {
     streams_.erase(id);  // first: the tasks below go without handing out credit
@@ -98,7 +113,8 @@ std::optional<refusal> task_manager::handle(const std::string& from, rlbus::role
                                             codec::message&& m, util::time_point now) {
   const bool from_coordinator = role == rlbus::role::coordinator;
   if (std::holds_alternative<codec::submitted>(m) || std::holds_alternative<codec::task_event>(m) ||
-      std::holds_alternative<codec::stream_gap>(m) || std::holds_alternative<codec::data_credit>(m))
+      std::holds_alternative<codec::stream_gap>(m) ||
+      std::holds_alternative<codec::data_credit>(m) || std::holds_alternative<codec::data_ack>(m))
     return refuse(
         codec::error_code::unknown_type,
         fmt::format("{} is sent by the broker, never to it",
@@ -283,7 +299,8 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
                       std::is_same_v<T, codec::info> || std::is_same_v<T, codec::get_data> ||
                       std::is_same_v<T, codec::learn_info> ||
                       std::is_same_v<T, codec::task_result> ||
-                      std::is_same_v<T, codec::task_failed>) {
+                      std::is_same_v<T, codec::task_failed> ||
+                      std::is_same_v<T, codec::data_lost>) {
           task_id = &task_id_of(v);
           attempt = attempt_of(v);
         }
@@ -323,21 +340,52 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
     progress();
     emit(t, "started", codec::empty_map_blob);
   } else if (auto* d = std::get_if<codec::data_ready>(&m)) {
-    if (t.st != state::running || t.kind != rlbus::role::collector)
+    // An indexed DATA that crosses TASK_CLOSE was emitted before the worker saw it, maybe
+    // sent again after a reconnect: relaying it keeps the attempt's data whole (§12.11.4).
+    const bool open = t.st == state::running || (t.st == state::closing && d->index);
+    if (!open || t.kind != rlbus::role::collector)
       return wrong("DATA belongs to a running collector task");
+    if (d->index) {
+      // Already relayed: a resend after a reconnect. Dropped without a word, and it uses no
+      // credit, so resending can never be refused 414 (§12.11.5).
+      if (*d->index <= t.data_relayed) {
+        ++counts_.data_duplicates;
+        return std::nullopt;
+      }
+      // Past the next index: those before it went missing on the way. Dropped, and the
+      // worker is asked to send again from the first missing one; once per gap and then
+      // every 64th, so a worker that keeps sending cannot make the broker answer each DATA.
+      if (*d->index - 1 > t.data_relayed) {
+        ++counts_.data_out_of_order;
+        if (t.out_of_order++ % 64 == 0) send_data_ack(t, true);
+        return std::nullopt;
+      }
+    }
     if (t.credited && t.data_accepted >= t.data_limit)
       return refuse(codec::error_code::no_credit,
                     fmt::format("task '{}': attempt {} was granted {} DATA and sent them all; wait "
                                 "for DATA_CREDIT",
                                 t.id, t.attempt, t.data_limit));
     ++t.data_accepted;
-    progress();
+    if (t.st == state::running) progress();  // in closing the close deadline stands
+    const auto size = d->meta.size() + (d->payload ? d->payload->size() : 0);
     codec::map_writer body(3 + (d->payload ? 1 : 0) + (d->policy_version ? 1 : 0));
     body.str("data_id", d->data_id).str("buffer_id", d->buffer_id).raw("meta", d->meta);
     if (d->payload) body.bin("payload", *d->payload);
     if (d->policy_version) body.uint("policy_version", *d->policy_version);
     emit(t, "data", body.done(), d->data_id);
+    if (d->index) {
+      t.data_relayed = *d->index;
+      t.out_of_order = 0;
+      // Confirm now and then, so the worker can let go of what it keeps for a resend.
+      ++t.ack_pending;
+      t.ack_pending_bytes += size;
+      if (t.ack_pending >= data_ack_every || t.ack_pending_bytes >= data_ack_bytes)
+        send_data_ack(t, false);
+    }
     if (t.credited) grant(streams_[t.owner], nullptr);  // its credit may need topping up
+  } else if (const auto* dl = std::get_if<codec::data_lost>(&m)) {
+    return on_data_lost(t, *dl, now);
   } else if (auto* i = std::get_if<codec::info>(&m)) {
     if (t.st != state::running || t.kind != rlbus::role::collector)
       return wrong("INFO belongs to a running collector task");
@@ -376,6 +424,54 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
   return std::nullopt;
 }
 
+// A collector dropped DATA first..last before the broker confirmed them (§12.11.6). Those
+// the broker relayed meanwhile are no loss; the rest are reported to the coordinator, in
+// their place in the stream, and count as used credit, as they did on the worker.
+std::optional<refusal> task_manager::on_data_lost(task& t, const codec::data_lost& l,
+                                                  util::time_point now) {
+  if ((t.st != state::running && t.st != state::closing) || t.kind != rlbus::role::collector) {
+    auto r = refuse(codec::error_code::wrong_state,
+                    fmt::format("task '{}': DATA_LOST belongs to a running collector task", t.id));
+    r.late = t.st == state::closing;
+    return r;
+  }
+  if (l.last < l.first)
+    return refuse(
+        codec::error_code::bad_index,
+        fmt::format("task '{}': DATA_LOST from {} to {} is backwards", t.id, l.first, l.last));
+  // Past the next index, like a DATA: what comes before it went missing on the way.
+  if (l.first - 1 > t.data_relayed) {
+    ++counts_.data_out_of_order;
+    if (t.out_of_order++ % 64 == 0) send_data_ack(t, true);
+    return std::nullopt;
+  }
+  if (l.last <= t.data_relayed) return std::nullopt;  // all of them got here after all
+  const auto first = t.data_relayed + 1;
+  const auto count = l.last - t.data_relayed;
+  if (t.credited && count > t.data_limit - t.data_accepted)
+    return refuse(codec::error_code::bad_index,
+                  fmt::format("task '{}': DATA_LOST up to {} goes past the attempt's credit of {}",
+                              t.id, l.last, t.data_limit));
+  t.data_relayed = l.last;
+  t.out_of_order = 0;
+  t.data_accepted += count;
+  counts_.data_lost += count;
+  if (t.st == state::running) set_deadline(t, now + t.step_timeout);
+  spdlog::warn("task {} attempt {}: its collector lost DATA {}..{}", t.id, t.attempt, first,
+               l.last);
+  emit(t, "data_lost",
+       codec::map_writer(2).uint("first_index", first).uint("last_index", l.last).done(),
+       fmt::format("{}..{}", first, l.last));
+  if (t.credited) grant(streams_[t.owner], nullptr);
+  return std::nullopt;
+}
+
+void task_manager::send_data_ack(task& t, bool resend) {
+  t.ack_pending = 0;
+  t.ack_pending_bytes = 0;
+  sink_.send_to(t.worker, codec::data_ack{t.id, t.attempt, t.data_relayed, resend});
+}
+
 // ---- assignment, deadlines, attempts ---------------------------------------------------
 
 void task_manager::try_assign(util::time_point now) {
@@ -411,6 +507,10 @@ void task_manager::start_attempt(task& t, worker_info& w, const std::string& wor
   t.worker = worker_id;
   t.st = state::starting;
   t.request_id.reset();
+  t.data_relayed = 0;
+  t.ack_pending = 0;
+  t.ack_pending_bytes = 0;
+  t.out_of_order = 0;
   w.task = t.id;
   t.attempt_end = now + t.task_timeout;
   set_deadline(t, now + t.start_timeout);

@@ -52,6 +52,9 @@ struct task_counts {
                 stale = 0;
   // streams (§12.9): REPLAYs served, events sent again, events reported lost (STREAM_GAP)
   std::uint64_t replays = 0, resent = 0, lost = 0;
+  // reliable data (§12.11): indexed DATA dropped as already relayed, dropped as past the
+  // next index, and DATA declared lost by their collectors
+  std::uint64_t data_duplicates = 0, data_out_of_order = 0, data_lost = 0;
 };
 
 class task_manager {
@@ -63,6 +66,9 @@ class task_manager {
                    std::uint64_t serial, util::time_point now);
   /// A worker re-announced its resources (a repeated or resuming HELLO).
   void peer_resources(const std::string& id, const rlbus::resources& res, util::time_point now);
+  /// A worker's session went on on a new connection (after its WELCOME): a collector is told
+  /// how far its running task's indexed DATA got (DATA_ACK, §12.11).
+  void peer_resumed(const std::string& id);
   /// A session ended: a worker's task is re-queued or failed; a coordinator's tasks are
   /// cancelled and its stream dropped.
   void peer_gone(const std::string& id, rlbus::role role, util::time_point now);
@@ -115,6 +121,13 @@ class task_manager {
     bool credited = false;
     std::uint64_t data_accepted = 0;
     std::uint64_t data_limit = 0;  // the running total granted in DATA_CREDIT
+    // Reliable data (§12.11), per attempt: the indexed DATA relayed (or declared lost) so
+    // far, which are exactly indexes 1..data_relayed; what was relayed since the last
+    // DATA_ACK; and the DATA dropped past the next index since the last relay.
+    std::uint64_t data_relayed = 0;
+    std::uint64_t ack_pending = 0;
+    std::size_t ack_pending_bytes = 0;
+    std::uint64_t out_of_order = 0;
   };
   struct worker_info {
     rlbus::role role;
@@ -162,6 +175,8 @@ class task_manager {
   // worker side
   std::optional<refusal> on_worker_message(const std::string& from, codec::message&& m,
                                            util::time_point now);
+  std::optional<refusal> on_data_lost(task& t, const codec::data_lost& l, util::time_point now);
+  void send_data_ack(task& t, bool resend);
   task* owned_task(const std::string& coordinator, const std::string& task_id,
                    std::optional<refusal>& why);
 

@@ -337,6 +337,15 @@ struct coordinator::impl {
       } else if (cb.deal_with_collector_finish_task) {
         cb.deal_with_collector_finish_task(e.task_id, e.body);
       }
+    } else if (e.event == "data_lost") {
+      body_fields f(e.body);
+      const auto first = f.uint("first_index");
+      const auto last = f.uint("last_index");
+      {
+        std::lock_guard lock(mu);
+        if (last >= first) data_lost += last - first + 1;
+      }
+      if (cb.on_data_lost) cb.on_data_lost(e.task_id, e.attempt, first, last);
     } else if (e.event == "requeued") {
       if (cb.on_task_requeued)
         cb.on_task_requeued(e.task_id, e.attempt, body_fields(e.body).str("reason"));
@@ -420,6 +429,7 @@ struct coordinator::impl {
   std::optional<std::uint64_t> replay_asked;         // next_seq when the pending REPLAY was asked
   std::uint64_t gaps = 0;                            // events lost: they never arrived
   std::uint64_t duplicates = 0;
+  std::uint64_t data_lost = 0;  // DATA reported lost by collectors (§12.11)
   std::uint64_t replays = 0;
   std::uint64_t collectors = 0;  // as of the last capacity callback
   std::uint64_t learners = 0;
@@ -477,6 +487,11 @@ std::size_t coordinator::open_tasks() const {
 std::uint64_t coordinator::stream_gaps() const {
   std::lock_guard lock(impl_->mu);
   return impl_->gaps;
+}
+
+std::uint64_t coordinator::data_lost() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->data_lost;
 }
 
 std::uint64_t coordinator::collectors() const {

@@ -61,8 +61,83 @@ struct task_handle::owner {
   // Data credit (SPEC §12.9.9): the DATA_CREDIT limits by attempt (one comes before its
   // TASK_START), and the DATA the current attempt has sent. No limit: no credit applies.
   std::map<std::pair<std::string, std::uint32_t>, std::uint64_t> credit;
-  std::uint64_t data_sent = 0;
+  std::uint64_t data_sent = 0;  // also the index of the attempt's last DATA (§12.11)
   std::uint64_t credit_waits = 0;
+
+  // Reliable data (SPEC §12.11) for the attempt whose DATA are kept (data_attempt 0: none).
+  // Its DATA wait in the outbox until sent, then in `kept`, in index order, until the broker
+  // confirms them (DATA_ACK `relayed`, kept in `confirmed`). `kept` is bounded: past the bound
+  // the oldest go, up to `dropped_upto`; the next resend declares those the broker may lack
+  // with DATA_LOST, and the broker reports the ones it never got to the coordinator.
+  std::string data_task;
+  std::uint32_t data_attempt = 0;
+  std::uint64_t confirmed = 0;
+  std::uint64_t dropped_upto = 0;
+  std::deque<codec::data_ready> kept;
+  std::size_t kept_bytes = 0;
+  std::size_t max_items = 4096;
+  std::size_t max_bytes = std::size_t{16} << 20;
+  std::uint64_t data_dropped = 0;
+  std::uint64_t data_resent = 0;
+
+  static std::size_t size_of(const codec::data_ready& d) {
+    return d.data_id.size() + d.buffer_id.size() + d.meta.size() +
+           (d.payload ? d.payload->size() : 0);
+  }
+  bool ours(const std::string& id, std::uint32_t attempt) const {
+    return data_attempt != 0 && attempt == data_attempt && id == data_task;
+  }
+  void track(const std::string& id, std::uint32_t attempt) {
+    data_task = id;
+    data_attempt = attempt;
+    confirmed = 0;
+    dropped_upto = 0;
+    kept.clear();
+    kept_bytes = 0;
+  }
+  // The broker may lack anything sent and not confirmed: send it all again, after a DATA_LOST
+  // for what was dropped, ahead of what waits in the outbox (mu held). Unsent DATA are all
+  // newer than kept ones, so the broker still gets them in index order.
+  void resend() {
+    data_resent += kept.size();
+    while (!kept.empty()) {
+      outbox.push_front(std::move(kept.back()));
+      kept.pop_back();
+    }
+    kept_bytes = 0;
+    if (dropped_upto > confirmed)
+      outbox.push_front(codec::data_lost{data_task, data_attempt, confirmed + 1, dropped_upto});
+    wake.notify();
+  }
+  void confirm(std::uint64_t relayed) {
+    confirmed = std::max(confirmed, relayed);
+    while (!kept.empty() && *kept.front().index <= confirmed) {
+      kept_bytes -= size_of(kept.front());
+      kept.pop_front();
+    }
+  }
+  // False for an outbox item not worth sending any more: the broker confirmed it (mu held).
+  bool worth_sending(const codec::message& m) const {
+    if (const auto* d = std::get_if<codec::data_ready>(&m))
+      return !(d->index && ours(d->task_id, d->attempt) && *d->index <= confirmed);
+    if (const auto* l = std::get_if<codec::data_lost>(&m))
+      return !(ours(l->task_id, l->attempt) && l->last <= confirmed);
+    return true;
+  }
+  // A DATA just sent is kept until confirmed, within the bound (mu held). Most of what the
+  // bound drops has arrived long ago; only a resend finds out what has not.
+  void sent(codec::message&& m) {
+    auto* d = std::get_if<codec::data_ready>(&m);
+    if (d == nullptr || !d->index || !ours(d->task_id, d->attempt)) return;
+    kept_bytes += size_of(*d);
+    kept.push_back(std::move(*d));
+    while (kept.size() > max_items || (kept_bytes > max_bytes && kept.size() > 1)) {
+      dropped_upto = *kept.front().index;
+      kept_bytes -= size_of(kept.front());
+      kept.pop_front();
+      ++data_dropped;
+    }
+  }
 
   bool post(codec::message m) {
     {
@@ -111,17 +186,20 @@ bool task_handle::emit_data(std::string data_id, std::string buffer_id, std::str
           lock, [&] { return !owner_.live(*this) || owner_.close_requested || has_credit(); });
     }
     // After TASK_CLOSE the broker takes no more DATA anyway.
-    if (!owner_.live(*this) || !has_credit()) return false;
-    ++owner_.data_sent;
+    if (!owner_.live(*this) || !has_credit() || owner_.outbox.size() >= max_outbox) return false;
+    codec::data_ready d{id_,
+                        attempt_,
+                        std::move(data_id),
+                        std::move(buffer_id),
+                        std::move(meta_msgpack),
+                        std::move(payload)};
+    if (policy_) d.policy_version = policy_->version;
+    // Numbered, so that the broker relays it once however often it is sent (§12.11).
+    d.index = ++owner_.data_sent;
+    owner_.outbox.push_back(std::move(d));
   }
-  codec::data_ready d{id_,
-                      attempt_,
-                      std::move(data_id),
-                      std::move(buffer_id),
-                      std::move(meta_msgpack),
-                      std::move(payload)};
-  if (policy_) d.policy_version = policy_->version;
-  return owner_.post(std::move(d));
+  owner_.wake.notify();
+  return true;
 }
 
 bool task_handle::emit_info(std::string info_msgpack) {
@@ -181,6 +259,10 @@ struct worker::impl {
     if (opts.role != role::collector && opts.role != role::learner)
       throw std::invalid_argument("a worker's role is collector or learner");
     client::detail::validate(to_session_options(opts));
+    if (opts.max_unconfirmed_data < 1)
+      throw std::invalid_argument("max_unconfirmed_data must be at least 1");
+    tasks.max_items = opts.max_unconfirmed_data;
+    tasks.max_bytes = opts.max_unconfirmed_bytes;
     io_thread = std::thread([this] { io_loop(); });
     handler_thread = std::thread([this] { handler_loop(); });
   }
@@ -223,7 +305,13 @@ struct worker::impl {
   // waits for the next wake-up (a reconnect in between keeps it).
   void flush_outbox(client::detail::session& s) {
     std::lock_guard lock(tasks.mu);
-    while (!tasks.outbox.empty() && s.send_ready(tasks.outbox.front())) tasks.outbox.pop_front();
+    while (!tasks.outbox.empty()) {
+      const bool worth = tasks.worth_sending(tasks.outbox.front());
+      if (worth && !s.send_ready(tasks.outbox.front())) break;
+      auto m = std::move(tasks.outbox.front());
+      tasks.outbox.pop_front();
+      if (worth) tasks.sent(std::move(m));
+    }
   }
 
   void on_task_message(codec::message&& m) {
@@ -231,7 +319,20 @@ struct worker::impl {
     const auto current = [&](const std::string& id, std::uint32_t attempt) {
       return tasks.task && tasks.task->task_id == id && tasks.task->attempt == attempt;
     };
-    if (auto* start = std::get_if<codec::task_start>(&m)) {
+    if (const auto* w = std::get_if<codec::welcome>(&m)) {
+      // A resumed session: whatever the old connection still held is gone, so everything not
+      // confirmed goes again. A new session: the broker ended our attempt, nothing to resend.
+      if (w->resumed && tasks.data_attempt != 0) {
+        tasks.resend();
+      } else if (!w->resumed) {
+        tasks.track("", 0);
+      }
+    } else if (const auto* ack = std::get_if<codec::data_ack>(&m)) {
+      if (tasks.ours(ack->task_id, ack->attempt)) {
+        tasks.confirm(ack->relayed);
+        if (ack->resend) tasks.resend();
+      }
+    } else if (auto* start = std::get_if<codec::task_start>(&m)) {
       // The broker frees a worker when it aborts its task, so the next task may come while
       // the aborted handler still winds down: it waits its turn (the start timeout covers it).
       const bool winding_down = tasks.task && tasks.aborted && !tasks.next_task;
@@ -253,6 +354,8 @@ struct worker::impl {
         spdlog::warn("{}: task {} attempt {} aborted: {}", opts.id, a->task_id, a->attempt,
                      a->reason);
         tasks.aborted = true;
+        // The broker accepts nothing more of this attempt: nothing left to resend.
+        if (tasks.ours(a->task_id, a->attempt)) tasks.track("", 0);
       }
     } else if (auto* l = std::get_if<codec::learn>(&m)) {
       if (current(l->task_id, l->attempt)) tasks.replies.emplace(l->request_id, std::move(m));
@@ -277,6 +380,7 @@ struct worker::impl {
     tasks.outbox.push_back(codec::started{start.task_id, start.attempt});
     tasks.task = std::move(start);
     tasks.data_sent = 0;
+    tasks.track(tasks.task->task_id, tasks.task->attempt);
     tasks.close_requested = false;
     tasks.aborted = false;
     tasks.replies.clear();
@@ -407,6 +511,16 @@ std::uint64_t worker::welcomes() const {
 std::uint64_t worker::credit_waits() const {
   std::lock_guard lock(impl_->tasks.mu);
   return impl_->tasks.credit_waits;
+}
+
+std::uint64_t worker::data_dropped() const {
+  std::lock_guard lock(impl_->tasks.mu);
+  return impl_->tasks.data_dropped;
+}
+
+std::uint64_t worker::data_resent() const {
+  std::lock_guard lock(impl_->tasks.mu);
+  return impl_->tasks.data_resent;
 }
 
 std::string worker::last_error() const {

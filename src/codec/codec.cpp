@@ -385,6 +385,10 @@ std::optional<std::string_view> type_name(std::uint8_t id) noexcept {
       return "STREAM_GAP";
     case msg_type::data_credit:
       return "DATA_CREDIT";
+    case msg_type::data_ack:
+      return "DATA_ACK";
+    case msg_type::data_lost:
+      return "DATA_LOST";
     case msg_type::event:
       return "EVENT";
   }
@@ -433,6 +437,8 @@ std::string_view code_name(std::uint16_t code) noexcept {
       return "BAD_SEQ";
     case error_code::no_credit:
       return "NO_CREDIT";
+    case error_code::bad_index:
+      return "BAD_INDEX";
     case error_code::busy:
       return "BUSY";
   }

@@ -61,8 +61,9 @@ using message =
                  capacity,                                                   // (§12.10)
                  task_start, task_close, learn, no_data, task_abort,         // to workers
                  started, data_ready, info, get_data, learn_info, task_result, task_failed,
-                 policy,                                 // (§13)
-                 replay, ack, stream_gap, data_credit>;  // stream flow control (§12.9)
+                 policy,                                // (§13)
+                 replay, ack, stream_gap, data_credit,  // stream flow control (§12.9)
+                 data_ack, data_lost>;                  // reliable data (§12.11)
 
 /// The type id each message struct travels under.
 constexpr msg_type type_of(const hello&) noexcept {

@@ -54,6 +54,8 @@ enum class msg_type : std::uint8_t {
   ack = 0x41,
   stream_gap = 0x42,
   data_credit = 0x48,
+  data_ack = 0x49,   // broker -> collector: what the broker relayed (§12.11)
+  data_lost = 0x4A,  // collector -> broker: DATA it dropped unconfirmed (§12.11)
   event = 0x60,
 };
 
@@ -80,6 +82,7 @@ enum class error_code : std::uint16_t {
   queue_full = 412,        // SUBMIT past the broker's queue bound
   bad_seq = 413,           // REPLAY or ACK names a seq past the head of the stream
   no_credit = 414,         // DATA past the data credit the broker granted the attempt
+  bad_index = 415,         // DATA_LOST that skips DATA the broker never had, or past credit
   stale_policy = 426,      // POLICY with a version not above the one the broker holds
   policy_limit = 427,      // POLICY over the broker's size or policy-count limit
   busy = 503,              // broker full (max peers) or shutting down

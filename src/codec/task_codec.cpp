@@ -166,6 +166,10 @@ result<message> read_task(std::uint8_t type, field_reader& r) {
       return read_as<stream_gap>(r);
     case msg_type::data_credit:
       return read_as<data_credit>(r);
+    case msg_type::data_ack:
+      return read_as<data_ack>(r);
+    case msg_type::data_lost:
+      return read_as<data_lost>(r);
     default:
       break;
   }
@@ -205,6 +209,8 @@ RLBUS_INSTANTIATE(replay)
 RLBUS_INSTANTIATE(ack)
 RLBUS_INSTANTIATE(stream_gap)
 RLBUS_INSTANTIATE(data_credit)
+RLBUS_INSTANTIATE(data_ack)
+RLBUS_INSTANTIATE(data_lost)
 #undef RLBUS_INSTANTIATE
 
 }  // namespace rlbus::codec::detail
@@ -256,6 +262,8 @@ bool is_task_type(std::uint8_t type) noexcept {
     case msg_type::ack:
     case msg_type::stream_gap:
     case msg_type::data_credit:
+    case msg_type::data_ack:
+    case msg_type::data_lost:
       return true;
     default:
       return false;

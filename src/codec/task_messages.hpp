@@ -287,6 +287,9 @@ struct data_ready {
   blob meta = empty_map_blob;
   std::optional<std::string> payload;
   std::optional<std::uint64_t> policy_version;  // of the policy the data was collected with
+  // Its number within the attempt, from 1 (§12.11): the broker relays each index once and
+  // in order, so a collector may send again what a lost connection may have swallowed.
+  std::optional<std::uint64_t> index;
   RLBUS_TASK_MESSAGE(data_ready, data)
   template <class S, class F>
   static void fields(S& s, F&& f) {
@@ -297,6 +300,7 @@ struct data_ready {
     f("meta", s.meta, rule::shape::map);
     f("payload", s.payload, rule::bin{~std::size_t{0}});
     f("policy_version", s.policy_version, rule::version);
+    f("index", s.index, rule::range{1, ~std::uint64_t{0}});
   }
 };
 
@@ -449,6 +453,41 @@ struct data_credit {
     f("task_id", s.task_id, rule::id{});
     f("attempt", s.attempt, rule::attempt);
     f("limit", s.limit, rule::u64);
+  }
+};
+
+/// DATA_ACK (broker -> collector): the broker has relayed the attempt's indexed DATA up to
+/// `relayed` (§12.11). With `resend` it also saw one past relayed + 1 and asks the worker to
+/// send again from relayed + 1.
+struct data_ack {
+  std::string task_id;
+  std::uint32_t attempt = 1;
+  std::uint64_t relayed = 0;
+  bool resend = false;
+  RLBUS_TASK_MESSAGE(data_ack, data_ack)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+    f("attempt", s.attempt, rule::attempt);
+    f("relayed", s.relayed, rule::u64);
+    f("resend", s.resend);
+  }
+};
+
+/// DATA_LOST (collector -> broker): the worker dropped the attempt's DATA `first`..`last`
+/// before the broker confirmed them and will never send them (§12.11).
+struct data_lost {
+  std::string task_id;
+  std::uint32_t attempt = 1;
+  std::uint64_t first = 1;
+  std::uint64_t last = 1;
+  RLBUS_TASK_MESSAGE(data_lost, data_lost)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+    f("attempt", s.attempt, rule::attempt);
+    f("first", s.first, rule::range{1, ~std::uint64_t{0}});
+    f("last", s.last, rule::range{1, ~std::uint64_t{0}});
   }
 };
 

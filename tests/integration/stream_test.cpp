@@ -244,3 +244,158 @@ TEST_CASE("collectors that join a busy stream get credit too", "[stream]") {
     REQUIRE(ok);
   }
 }
+
+// ---- reliable data across a collector's reconnect (SPEC §12.11) ---------------------------
+
+namespace {
+
+/// A collector task of `items` DATA ("d-0" ...): the first `before` while connected, the next
+/// up to `resume_at` once `phase` reaches 2 (the link is cut), the rest once it reaches 3 (the
+/// worker is back).
+task_handlers phased(int items, int before, int resume_at, std::atomic<int>& phase,
+                     std::atomic<bool>& emit_failed) {
+  task_handlers h;
+  h.run = [=, &phase, &emit_failed](task_handle& t) {
+    for (int i = 0; i < items; ++i) {
+      if (i == before) wait_until([&] { return phase >= 2; }, 20s);
+      if (i == resume_at) wait_until([&] { return phase >= 3; }, 20s);
+      if (!t.emit_data("d-" + std::to_string(i), "buffer-0", flag_map("eval_flag", false)))
+        emit_failed = true;
+    }
+    t.emit_info(flag_map("collector_done", true));
+    while (!t.stop_requested()) std::this_thread::sleep_for(1ms);
+  };
+  return h;
+}
+
+/// A collector behind `link`, quick to notice the cut and to come back: it resumes its session
+/// well within the broker's liveness window (one heartbeat of margin).
+worker_options cut_collector(const cuttable_link& link, std::size_t max_unconfirmed) {
+  auto o = collector_at(link.endpoint(), "collector-0");
+  o.heartbeat = 200ms;
+  o.reconnect_min = 10ms;
+  o.reconnect_max = 50ms;
+  o.max_unconfirmed_data = max_unconfirmed;
+  return o;
+}
+
+struct lost_ranges {
+  std::mutex mu;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;  // DATA indexes: 1 = "d-0"
+};
+
+}  // namespace
+
+TEST_CASE("a collector cut off mid-stream gets every DATA through exactly once", "[stream]") {
+  broker::server_thread b(test_config());
+  zmq::context_t ctx;
+  cuttable_link link(ctx, b.get().router_endpoint());
+  data_log log;
+  std::atomic<std::uint64_t> lost{0};
+  lost_ranges reported;
+  auto cb = logging(log, lost);
+  cb.on_data_lost = [&](const std::string&, std::uint32_t, std::uint64_t first,
+                        std::uint64_t last) {
+    std::lock_guard lock(reported.mu);
+    reported.ranges.emplace_back(first, last);
+  };
+  coordinator_options co;
+  co.endpoint = b.get().router_endpoint();  // only the collector goes through the link
+  coordinator coord(co, cb);
+  REQUIRE(coord.wait_for(connection_state::ready, 5s));
+
+  constexpr int items = 500;
+  std::atomic<int> phase{1};
+  std::atomic<bool> emit_failed{false};
+  worker w(cut_collector(link, 4096), phased(items, 200, 350, phase, emit_failed));
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+  const auto token = w.session();
+  REQUIRE(coord.submit(collector_task("collect"))->accepted);
+
+  REQUIRE(wait_until([&] { return log.size() == 200; }, 10s));
+  link.cut_existing();  // the next 150 DATA go into a connection that drops them
+  phase = 2;
+  // The worker notices the silence, reconnects through the link and resumes its session.
+  REQUIRE(wait_until([&] { return w.welcomes() >= 2; }, 10s));
+  phase = 3;
+  REQUIRE(wait_until([&] { return log.done(1); }, 20s));
+
+  CHECK_FALSE(emit_failed);
+  CHECK(w.session() == token);  // resumed: the same attempt went on
+  log.check_exactly_once("collect", items);
+  CHECK(coord.data_lost() == 0);
+  CHECK(reported.ranges.empty());
+  CHECK(w.data_dropped() == 0);
+  CHECK(w.data_resent() > 0);  // what went into the cut connection came again
+  const auto s = b.get().snapshot();
+  CHECK(s.data_lost == 0);
+  CHECK(s.tasks_requeued == 0);
+  CHECK(s.tasks_finished == 1);
+}
+
+TEST_CASE("DATA a collector cannot keep across a cut is reported lost, not skipped silently",
+          "[stream]") {
+  broker::server_thread b(test_config());
+  zmq::context_t ctx;
+  cuttable_link link(ctx, b.get().router_endpoint());
+  data_log log;
+  std::atomic<std::uint64_t> lost{0};
+  lost_ranges reported;
+  auto cb = logging(log, lost);
+  cb.on_data_lost = [&](const std::string& task_id, std::uint32_t attempt, std::uint64_t first,
+                        std::uint64_t last) {
+    std::lock_guard lock(reported.mu);
+    if (task_id == "collect" && attempt == 1) reported.ranges.emplace_back(first, last);
+  };
+  coordinator_options co;
+  co.endpoint = b.get().router_endpoint();
+  coordinator coord(co, cb);
+  REQUIRE(coord.wait_for(connection_state::ready, 5s));
+
+  // It keeps 16 unconfirmed DATA at most, and emits 150 into the cut connection.
+  constexpr int items = 500;
+  std::atomic<int> phase{1};
+  std::atomic<bool> emit_failed{false};
+  worker w(cut_collector(link, 16), phased(items, 200, 350, phase, emit_failed));
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+  const auto token = w.session();
+  REQUIRE(coord.submit(collector_task("collect"))->accepted);
+
+  REQUIRE(wait_until([&] { return log.size() == 200; }, 10s));
+  link.cut_existing();
+  phase = 2;
+  REQUIRE(wait_until([&] { return w.welcomes() >= 2; }, 10s));
+  phase = 3;
+  REQUIRE(wait_until([&] { return log.done(1); }, 20s));
+
+  CHECK_FALSE(emit_failed);
+  CHECK(w.session() == token);
+  CHECK(w.data_dropped() > 0);
+  // Every DATA either arrived, once and in order, or was reported lost: no silent hole.
+  std::vector<int> got;
+  {
+    std::lock_guard lock(log.mu);
+    got = log.by_task["collect"];
+  }
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+  {
+    std::lock_guard lock(reported.mu);
+    ranges = reported.ranges;
+  }
+  REQUIRE_FALSE(ranges.empty());
+  std::uint64_t reported_lost = 0;
+  for (const auto& [first, last] : ranges) reported_lost += last - first + 1;
+  CHECK(coord.data_lost() == reported_lost);
+  CHECK(b.get().snapshot().data_lost == reported_lost);
+  std::vector<int> want;
+  std::size_t next_range = 0;
+  for (int i = 0; i < items; ++i) {
+    const auto index = static_cast<std::uint64_t>(i) + 1;
+    while (next_range < ranges.size() && ranges[next_range].second < index) ++next_range;
+    const bool in_lost = next_range < ranges.size() && ranges[next_range].first <= index;
+    if (!in_lost) want.push_back(i);
+  }
+  CHECK(got == want);
+  CHECK(got.size() + reported_lost == static_cast<std::size_t>(items));
+  CHECK(got.size() >= 200 + 150);  // all from before the cut and after the resumption
+}

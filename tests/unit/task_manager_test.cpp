@@ -4,12 +4,14 @@
 // fake sink, so every timeout is exact and nothing depends on scheduling.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <set>
 
 #include "broker/task_manager.hpp"
 #include "codec/codec.hpp"
+#include "codec/map_writer.hpp"
 
 using namespace rlbus;
 using namespace std::chrono_literals;
@@ -645,4 +647,152 @@ TEST_CASE_METHOD(fixture, "credit is shared by a stream's collectors and returne
        codec::data_ready{"a", 1, "d", "b", codec::empty_map_blob, std::nullopt});
   ok("coord", role::coordinator, codec::ack{4 + a});  // assigned x2, cancelled, started, data
   CHECK(limit_of("w1") > a);
+}
+
+// ---- reliable data (SPEC §12.11) -------------------------------------------------------
+
+namespace {
+
+codec::data_ready indexed(std::uint64_t index, std::uint32_t attempt = 1) {
+  codec::data_ready d{"t",         attempt, "d" + std::to_string(index), "b", codec::empty_map_blob,
+                      std::nullopt};
+  d.index = index;
+  return d;
+}
+
+/// The data_ids of the `data` events queued for `coord`, taken with everything else queued.
+std::vector<std::string> data_ids(fake_sink& sink, const std::string& coord) {
+  std::vector<std::string> out;
+  for (const auto& m : drain(sink, coord)) {
+    const auto* e = std::get_if<codec::task_event>(&m);
+    if (e == nullptr || e->event != "data") continue;
+    const auto at = e->body.find(
+        "\xa7"
+        "data_id");
+    REQUIRE(at != std::string::npos);
+    // data_id is a fixstr right after its key: its length byte, then the text.
+    const auto len = static_cast<std::size_t>(static_cast<unsigned char>(e->body[at + 8]) & 0x1f);
+    out.push_back(e->body.substr(at + 9, len));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE_METHOD(fixture, "indexed DATA is relayed once and in order; a gap asks for a resend",
+                 "[unit][tasks]") {
+  join("w", role::collector);
+  submit("coord", "t", role::collector);
+  drain(sink, "w");
+  ok("w", role::collector, codec::started{"t", 1});
+  drain(sink, "coord");
+  ok("w", role::collector, indexed(1));
+  ok("w", role::collector, indexed(1));  // a duplicate: dropped, not refused
+  ok("w", role::collector, indexed(3));  // 2 went missing
+  ok("w", role::collector, indexed(4));
+  CHECK(data_ids(sink, "coord") == std::vector<std::string>{"d1"});
+  const auto ack = sink.take<codec::data_ack>("w");
+  CHECK(ack.relayed == 1);
+  CHECK(ack.resend);
+  CHECK(sink.empty("w"));  // once per gap
+  for (std::uint64_t i = 2; i <= 4; ++i) ok("w", role::collector, indexed(i));
+  CHECK(data_ids(sink, "coord") == std::vector<std::string>{"d2", "d3", "d4"});
+  const auto c = tm->counts();
+  CHECK(c.data_duplicates == 1);
+  CHECK(c.data_out_of_order == 2);
+  // Duplicates are not progress: the step deadline still runs from the last relayed DATA.
+  advance(std::chrono::milliseconds(cfg.step_timeout_ms / 2));
+  ok("w", role::collector, indexed(4));
+  advance(std::chrono::milliseconds(cfg.step_timeout_ms / 2));
+  CHECK(sink.take<codec::task_abort>("w").reason == "step timeout");
+}
+
+TEST_CASE_METHOD(fixture, "the broker confirms relayed DATA every 32 and on a resumption",
+                 "[unit][tasks]") {
+  join("w", role::collector);
+  submit("coord", "t", role::collector);
+  drain(sink, "w");
+  tm->peer_resumed("w");  // starting: no DATA yet, nothing to confirm
+  CHECK(sink.empty("w"));
+  ok("w", role::collector, codec::started{"t", 1});
+  for (std::uint64_t i = 1; i <= 70; ++i) ok("w", role::collector, indexed(i));
+  const auto acks = drain(sink, "w");
+  REQUIRE(acks.size() == 2);
+  CHECK(std::get<codec::data_ack>(acks[0]).relayed == 32);
+  CHECK(std::get<codec::data_ack>(acks[1]).relayed == 64);
+  CHECK_FALSE(std::get<codec::data_ack>(acks[1]).resend);
+  tm->peer_resumed("w");
+  const auto resumed = sink.take<codec::data_ack>("w");
+  CHECK(resumed.relayed == 70);
+  CHECK_FALSE(resumed.resend);
+  // A learner, or a worker without a task, is told nothing.
+  join("l", role::learner);
+  tm->peer_resumed("l");
+  CHECK(sink.empty("l"));
+}
+
+TEST_CASE_METHOD(fixture, "DATA a collector declares lost is reported once, in its place",
+                 "[unit][tasks]") {
+  join("w", role::collector);
+  submit("coord", "t", role::collector);
+  drain(sink, "w");
+  ok("w", role::collector, codec::started{"t", 1});
+  drain(sink, "coord");
+  for (std::uint64_t i = 1; i <= 2; ++i) ok("w", role::collector, indexed(i));
+  ok("w", role::collector, codec::data_lost{"t", 1, 1, 5});  // 1 and 2 got here
+  ok("w", role::collector, codec::data_lost{"t", 1, 3, 4});  // already recorded
+  ok("w", role::collector, indexed(6));
+  auto events = drain(sink, "coord");
+  REQUIRE(events.size() == 4);
+  const auto& lost = std::get<codec::task_event>(events[2]);
+  CHECK(lost.event == "data_lost");
+  CHECK(lost.body == codec::map_writer(2).uint("first_index", 3).uint("last_index", 5).done());
+  CHECK(std::get<codec::task_event>(events[3]).event == "data");
+  CHECK(tm->counts().data_lost == 3);
+  CHECK(std::find(sink.topics.begin(), sink.topics.end(), "task.coord.data_lost") !=
+        sink.topics.end());
+  // Backwards is a fault.
+  const auto r = say("w", role::collector, codec::data_lost{"t", 1, 9, 8});
+  REQUIRE(r);
+  CHECK(r->code == codec::error_code::bad_index);
+  CHECK_FALSE(r->late);
+  // After TASK_CLOSE indexed DATA and DATA_LOST still count; plain DATA does not.
+  ok("coord", role::coordinator, codec::finish{"t"});
+  ok("w", role::collector, indexed(7));
+  ok("w", role::collector, codec::data_lost{"t", 1, 8, 8});
+  auto plain = indexed(9);
+  plain.index.reset();
+  const auto late = say("w", role::collector, plain);
+  REQUIRE(late);
+  CHECK(late->code == codec::error_code::wrong_state);
+  CHECK(late->late);
+  events = drain(sink, "coord");
+  REQUIRE(events.size() == 2);
+  CHECK(std::get<codec::task_event>(events[0]).event == "data");
+  CHECK(std::get<codec::task_event>(events[1]).event == "data_lost");
+}
+
+TEST_CASE_METHOD(fixture, "resends use no credit; declared losses use it as DATA would",
+                 "[unit][tasks]") {
+  cfg.stream_window = 8;
+  join("w", role::collector);
+  ok("coord", role::coordinator, codec::replay{1});
+  submit("coord", "t", role::collector);
+  const auto credit = std::get<codec::data_credit>(drain(sink, "w").front());
+  REQUIRE(credit.limit == 4);
+  ok("w", role::collector, codec::started{"t", 1});
+  for (std::uint64_t i = 1; i <= 3; ++i) ok("w", role::collector, indexed(i));
+  for (std::uint64_t i = 1; i <= 3; ++i) ok("w", role::collector, indexed(i));  // resent
+  ok("w", role::collector, codec::data_lost{"t", 1, 4, 4});                     // the 4th
+  // Four used (three relayed, one lost): a loss past the rest of the credit is refused.
+  std::uint64_t limit = credit.limit;
+  for (const auto& m : drain(sink, "w"))
+    if (const auto* c = std::get_if<codec::data_credit>(&m)) limit = std::max(limit, c->limit);
+  REQUIRE(limit >= 4);
+  const auto r = say("w", role::collector, codec::data_lost{"t", 1, 5, limit + 1});
+  REQUIRE(r);
+  CHECK(r->code == codec::error_code::bad_index);
+  if (limit >= 5) ok("w", role::collector, codec::data_lost{"t", 1, 5, limit});
+  CHECK(tm->counts().data_duplicates == 3);
+  CHECK(tm->counts().data_lost == limit - 3);
 }
