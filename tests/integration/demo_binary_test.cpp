@@ -7,7 +7,7 @@
 
 #include <cerrno>
 #include <cstdlib>
-#include <regex>
+#include <sstream>
 #include <vector>
 
 #include "support/child.hpp"
@@ -27,20 +27,31 @@ std::string demo_bin() {
   return env_path("RLBUS_DEMO_BIN");
 }
 
-// The number on the summary line that starts with `label` (-1 if there is none).
+// The number on the summary line that starts with `label` (-1 if there is none). Parsed by
+// hand: std::regex trips GCC's maybe-uninitialized warning in sanitizer builds.
 long summary_number(const std::string& out, const std::string& label) {
-  std::smatch m;
-  if (!std::regex_search(out, m, std::regex(label + R"(:\s+(\d+))"))) return -1;
-  return std::stol(m[1]);
+  const auto at = out.find("\n" + label + ":");
+  if (at == std::string::npos) return -1;
+  std::istringstream rest(out.substr(at + label.size() + 2));
+  long n = -1;
+  rest >> n;
+  return rest ? n : -1;
 }
 
 // The pids the launcher lists at start ("  collector-1  pid 1234").
 std::vector<int> child_pids(const std::string& out) {
   std::vector<int> pids;
-  const std::regex line(R"(\n  (broker|learner-\d+|collector-\d+)\s+pid (\d+))");
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), line); it != std::sregex_iterator();
-       ++it)
-    pids.push_back(std::stoi((*it)[2]));
+  std::istringstream lines(out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream words(line);
+    std::string name, pid_word;
+    int pid = 0;
+    if (line.rfind("  ", 0) != 0 || !(words >> name >> pid_word >> pid) || pid_word != "pid")
+      continue;
+    const bool worker = name.rfind("learner-", 0) == 0 || name.rfind("collector-", 0) == 0;
+    if (name == "broker" || worker) pids.push_back(pid);
+  }
   return pids;
 }
 
