@@ -34,7 +34,6 @@ class policy_store {
 
   /// The latest version of `policy_id`, or nullptr before the first.
   [[nodiscard]] const stored_policy* latest(const std::string& policy_id) const;
-  [[nodiscard]] std::size_t size() const noexcept { return policies_.size(); }
 
  private:
   std::size_t max_ids_;
