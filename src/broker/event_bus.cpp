@@ -1,19 +1,40 @@
 // See event_bus.hpp.
 #include "broker/event_bus.hpp"
 
+#include <algorithm>
+
 #include "codec/codec.hpp"
 #include "util/clock.hpp"
 
 namespace rlbus::broker {
 
 event_bus::event_bus(zmq::context_t& ctx, const std::string& endpoint, std::uint64_t epoch)
-    : pub_(ctx, zmq::socket_type::pub), epoch_(epoch) {
+    : pub_(ctx, zmq::socket_type::xpub), epoch_(epoch) {
   pub_.set(zmq::sockopt::sndhwm, 100'000);
   pub_.set(zmq::sockopt::linger, 0);
   pub_.bind(endpoint);
 }
 
+bool event_bus::wanted(std::string_view topic) {
+  // Subscription messages: 1 (subscribe) or 0 (unsubscribe), then the prefix.
+  zmq::message_t m;
+  while (pub_.recv(m, zmq::recv_flags::dontwait)) {
+    if (m.size() == 0) continue;
+    const auto* b = static_cast<const char*>(m.data());
+    std::string prefix(b + 1, m.size() - 1);
+    const auto it = std::find(prefixes_.begin(), prefixes_.end(), prefix);
+    if (b[0] == 1 && it == prefixes_.end()) prefixes_.push_back(std::move(prefix));
+    if (b[0] == 0 && it != prefixes_.end()) prefixes_.erase(it);
+  }
+  return std::any_of(prefixes_.begin(), prefixes_.end(),
+                     [&](const std::string& p) { return topic.substr(0, p.size()) == p; });
+}
+
 std::uint64_t event_bus::publish(std::string_view topic, decltype(codec::event::body) body) {
+  if (!wanted(topic)) {  // filtered out for everyone: the seq is used all the same (§2.5)
+    ++unheard_;
+    return ++seq_;
+  }
   codec::event e;
   e.seq = ++seq_;
   e.epoch = epoch_;

@@ -1,12 +1,18 @@
 // The broker's PUB side: stamps every event with the next sequence number, the broker's
 // epoch and a wall-clock time, and publishes it as [topic][header][body].
 // Sequence numbers start at 1 and increase by one per event across all topics, so a
-// subscriber of every topic sees a gap as a jump. (The replay ring joins here later.)
+// subscriber of every topic sees a gap as a jump.
+//
+// The socket is an XPUB so the broker knows which prefixes anyone subscribed to: an event
+// no subscriber asked for is counted (its seq is used) but not composed or sent. libzmq
+// passes on the first subscription to a prefix and the last unsubscription from it, so a
+// plain set of prefixes is the whole picture.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <msgpack.hpp>
 #include <zmq.hpp>
@@ -17,12 +23,17 @@ namespace rlbus::broker {
 
 class event_bus {
  public:
-  /// Binds a PUB socket on `endpoint`; throws zmq::error_t if it cannot.
+  /// Binds an XPUB socket on `endpoint`; throws zmq::error_t if it cannot.
   event_bus(zmq::context_t& ctx, const std::string& endpoint, std::uint64_t epoch);
 
   /// Publishes one event and returns its sequence number. Never blocks: PUB drops for a
   /// subscriber past its high-water mark, which the sequence numbers make visible.
   std::uint64_t publish(std::string_view topic, decltype(codec::event::body) body);
+  /// Whether some subscriber asked for a prefix of `topic` (subscriptions read first).
+  /// Lets a caller skip building a body nobody will get.
+  [[nodiscard]] bool wanted(std::string_view topic);
+  /// Events made with no subscriber for their topic (counted, never sent).
+  [[nodiscard]] std::uint64_t unheard() const noexcept { return unheard_; }
 
   [[nodiscard]] std::string endpoint() const;
   [[nodiscard]] std::uint64_t last_seq() const noexcept { return seq_; }
@@ -32,7 +43,9 @@ class event_bus {
   zmq::socket_t pub_;
   std::uint64_t epoch_;
   std::uint64_t seq_ = 0;
+  std::uint64_t unheard_ = 0;
   msgpack::sbuffer buf_;
+  std::vector<std::string> prefixes_;  // subscribed to by someone
 };
 
 }  // namespace rlbus::broker

@@ -79,6 +79,7 @@ stats server::snapshot() const {
   s.refused_hellos = c.refused_hellos.load();
   s.expired = c.expired.load();
   s.events = c.events.load();
+  s.events_unheard = c.events_unheard.load();
   s.tasks_queued = c.tasks_queued.load();
   s.tasks_running = c.tasks_running.load();
   s.tasks_finished = c.tasks_finished.load();
@@ -449,6 +450,7 @@ bool server::send_to(std::string_view peer_id, const codec::message& m) {
 void server::publish(std::string_view topic, decltype(codec::event::body) body) {
   events_.publish(topic, std::move(body));
   counters_.events.fetch_add(1, std::memory_order_relaxed);
+  counters_.events_unheard.store(events_.unheard(), std::memory_order_relaxed);
 }
 
 void server::publish_status(util::time_point now) {

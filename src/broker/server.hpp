@@ -44,7 +44,8 @@ struct stats {
   std::uint64_t unroutable = 0;      // replies that could not be delivered
   std::uint64_t refused_hellos = 0;  // HELLOs answered with ERROR
   std::uint64_t expired = 0;         // sessions ended by silence
-  std::uint64_t events = 0;          // events published
+  std::uint64_t events = 0;          // events made (published or unheard)
+  std::uint64_t events_unheard = 0;  // events no subscriber asked for: never sent
   std::uint64_t tasks_queued = 0;    // tasks waiting for a worker
   std::uint64_t tasks_running = 0;   // tasks on a worker
   std::uint64_t tasks_finished = 0;
@@ -90,13 +91,15 @@ class server : private task_sink {
     std::atomic<std::uint64_t> peers{0}, messages_in{0}, messages_out{0}, faults{0}, unroutable{0},
         refused_hellos{0}, expired{0}, events{0}, tasks_queued{0}, tasks_running{0},
         tasks_finished{0}, tasks_failed{0}, tasks_requeued{0}, stale{0}, collectors{0}, learners{0},
-        replays{0}, resent{0}, lost{0}, data_duplicates{0}, data_out_of_order{0}, data_lost{0};
+        replays{0}, resent{0}, lost{0}, data_duplicates{0}, data_out_of_order{0}, data_lost{0},
+        events_unheard{0};
     std::atomic<bool> draining{false};
   };
 
   // task_sink: how the task manager reaches peers and subscribers.
   bool send_to(std::string_view peer_id, const codec::message& m) override;
   void publish(std::string_view topic, decltype(codec::event::body) body) override;
+  bool wanted(std::string_view topic) override { return events_.wanted(topic); }
   void session_over(const peer& p, util::time_point now);
   void store_counters();
 

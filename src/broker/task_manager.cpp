@@ -369,7 +369,8 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
     ++t.data_accepted;
     if (t.st == state::running) progress();  // in closing the close deadline stands
     const auto size = d->meta.size() + (d->payload ? d->payload->size() : 0);
-    codec::map_writer body(3 + (d->payload ? 1 : 0) + (d->policy_version ? 1 : 0));
+    codec::map_writer body(3 + (d->payload ? 1 : 0) + (d->policy_version ? 1 : 0),
+                           64 + d->data_id.size() + d->buffer_id.size() + size);
     body.str("data_id", d->data_id).str("buffer_id", d->buffer_id).raw("meta", d->meta);
     if (d->payload) body.bin("payload", *d->payload);
     if (d->policy_version) body.uint("policy_version", *d->policy_version);
@@ -383,7 +384,12 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
       if (t.ack_pending >= data_ack_every || t.ack_pending_bytes >= data_ack_bytes)
         send_data_ack(t, false);
     }
-    if (t.credited) grant(streams_[t.owner], nullptr);  // its credit may need topping up
+    // One more DATA leaves the others' room as it was (the backlog grew by what this
+    // attempt's unused credit shrank), so only this attempt can have come due for a top-up.
+    if (t.credited) {
+      auto& s = streams_[t.owner];
+      if ((t.data_limit - t.data_accepted) * 2 <= chunk_of(s)) grant(s, nullptr);
+    }
   } else if (const auto* dl = std::get_if<codec::data_lost>(&m)) {
     return on_data_lost(t, *dl, now);
   } else if (auto* i = std::get_if<codec::info>(&m)) {
@@ -679,7 +685,12 @@ void task_manager::emit(task& t, std::string_view event, codec::blob body,
     s.ring.pop_front();
   }
   pump(t.owner, s);
-  sink_.publish(fmt::format("task.{}.{}", t.owner, event),
+  std::string topic;
+  topic.reserve(6 + t.owner.size() + event.size());
+  topic.append("task.").append(t.owner).append(".").append(event);
+  // Nobody subscribed: the event still takes its seq (SPEC §2.5) but its body is not built.
+  if (!sink_.wanted(topic)) return sink_.publish(topic, std::monostate{});
+  sink_.publish(topic,
                 codec::task_status{t.id, t.kind, t.attempt, t.worker, clip(std::string(detail))});
 }
 
@@ -767,7 +778,7 @@ void task_manager::pump(const std::string& owner, stream& s) {
 void task_manager::grant(stream& s, const task* announce) {
   if (!s.windowed || s.credited.empty()) return;
   const auto window = static_cast<std::uint64_t>(cfg_.stream_window);
-  const std::uint64_t chunk = std::max<std::uint64_t>(1, window / (2 * s.credited.size()));
+  const std::uint64_t chunk = chunk_of(s);
   // Unused credit counts against the window up to each attempt's current chunk. An attempt
   // granted a bigger chunk while it shared the window with fewer others cannot be asked to
   // give it back; counting all of it would let a few idle attempts starve the rest for good.
@@ -800,6 +811,11 @@ void task_manager::grant(stream& s, const task* announce) {
     if (add > 0 || &t == announce)
       sink_.send_to(t.worker, codec::data_credit{t.id, t.attempt, t.data_limit});
   }
+}
+
+std::uint64_t task_manager::chunk_of(const stream& s) const {
+  const auto window = static_cast<std::uint64_t>(cfg_.stream_window);
+  return std::max<std::uint64_t>(1, window / (2 * std::max<std::size_t>(1, s.credited.size())));
 }
 
 // The attempt ends: its unused credit goes back to the window, for the stream's others.

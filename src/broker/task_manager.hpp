@@ -45,6 +45,8 @@ class task_sink {
   virtual bool send_to(std::string_view peer_id, const codec::message& m) = 0;
   /// Publishes an event on the PUB.
   virtual void publish(std::string_view topic, decltype(codec::event::body) body) = 0;
+  /// Whether any subscriber asked for `topic`: when not, a body need not be built.
+  virtual bool wanted(std::string_view topic) = 0;
 };
 
 struct task_counts {
@@ -183,6 +185,8 @@ class task_manager {
   void try_assign(util::time_point now);
   void start_attempt(task& t, worker_info& w, const std::string& worker_id, util::time_point now);
   void set_deadline(task& t, util::time_point due);
+  /// The credit an attempt of `s` is topped up to: the window shared by twice its attempts.
+  [[nodiscard]] std::uint64_t chunk_of(const stream& s) const;
   void free_worker(const std::string& worker_id);
   void end_attempt(task& t, const std::string& reason);
   void erase_task(const std::string& id);

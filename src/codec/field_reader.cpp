@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstring>
+#include <memory>
 
 namespace rlbus::codec::detail {
 
@@ -17,7 +18,23 @@ bool reference_everything(msgpack::type::object_type /*type*/, std::size_t /*siz
   return true;
 }
 
+// One zone kept per thread between decodes: clear() keeps its first chunk, so a message
+// whose objects fit in it costs no allocation for the tree.
+thread_local std::unique_ptr<msgpack::zone> spare_zone;
+
+std::unique_ptr<msgpack::zone> take_zone() {
+  if (spare_zone) return std::move(spare_zone);
+  return std::make_unique<msgpack::zone>();
+}
+
 }  // namespace
+
+unpacked::~unpacked() {
+  auto& z = handle.zone();
+  if (!z || spare_zone) return;
+  z->clear();
+  spare_zone = std::move(z);
+}
 
 unpacked unpack_map(std::string_view body, const decode_limits& lim) {
   unpacked u;
@@ -29,8 +46,11 @@ unpacked unpack_map(std::string_view body, const decode_limits& lim) {
                                     /*ext=*/0, lim.max_depth);
   std::size_t offset = 0;
   try {
-    u.handle =
-        msgpack::unpack(body.data(), body.size(), offset, reference_everything, nullptr, limit);
+    auto zone = take_zone();
+    bool referenced = false;
+    const auto obj = msgpack::unpack(*zone, body.data(), body.size(), offset, referenced,
+                                     reference_everything, nullptr, limit);
+    u.handle = msgpack::object_handle(obj, std::move(zone));
   } catch (const msgpack::insufficient_bytes&) {
     u.fault = decode_error{error_code::bad_body, "truncated msgpack body"};
     return u;

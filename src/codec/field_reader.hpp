@@ -18,9 +18,18 @@
 
 namespace rlbus::codec::detail {
 
+/// A decoded body and the zone it lives in. The zone comes from a per-thread spare and goes
+/// back to it on destruction (unless the handle was moved away), so decoding a message does
+/// not allocate a fresh zone each time.
 struct unpacked {
   msgpack::object_handle handle;
   std::optional<decode_error> fault;
+  unpacked() = default;
+  unpacked(unpacked&&) = default;
+  unpacked& operator=(unpacked&&) = default;
+  unpacked(const unpacked&) = delete;
+  unpacked& operator=(const unpacked&) = delete;
+  ~unpacked();
 };
 
 /// Unpacks `body` under `lim`; fault unless it is exactly one map. Strings and binaries in

@@ -1,7 +1,9 @@
 // Builds small msgpack maps (event bodies the broker composes) with opaque values spliced
 // in verbatim. Fields are written in the order they are added; the count is fixed up front.
+// The bytes go straight into the blob that done() hands over: no buffer to copy out of.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
@@ -13,7 +15,11 @@ namespace rlbus::codec {
 
 class map_writer {
  public:
-  explicit map_writer(std::uint32_t fields) : pk_(buf_) { pk_.pack_map(fields); }
+  /// `reserve`: the bytes expected, so a body with a payload is written in one allocation.
+  explicit map_writer(std::uint32_t fields, std::size_t reserve = 64) : pk_(buf_) {
+    buf_.bytes.reserve(reserve);
+    pk_.pack_map(fields);
+  }
   map_writer& str(std::string_view k, std::string_view v) {
     pk_.pack(k).pack(v);
     return *this;
@@ -25,7 +31,7 @@ class map_writer {
   /// `v` must be one complete msgpack value (a blob that passed decoding, or made here).
   map_writer& raw(std::string_view k, const blob& v) {
     pk_.pack(k);
-    buf_.write(v.data(), v.size());
+    buf_.bytes.append(v);
     return *this;
   }
   map_writer& bin(std::string_view k, std::string_view v) {
@@ -34,11 +40,16 @@ class map_writer {
     pk_.pack_bin_body(v.data(), static_cast<std::uint32_t>(v.size()));
     return *this;
   }
-  [[nodiscard]] blob done() const { return {buf_.data(), buf_.size()}; }
+  /// The map, moved out: call once, last.
+  [[nodiscard]] blob done() { return std::move(buf_.bytes); }
 
  private:
-  msgpack::sbuffer buf_;
-  msgpack::packer<msgpack::sbuffer> pk_;
+  struct sink {  // what msgpack::packer writes to
+    blob bytes;
+    void write(const char* p, std::size_t n) { bytes.append(p, n); }
+  };
+  sink buf_;
+  msgpack::packer<sink> pk_;
 };
 
 }  // namespace rlbus::codec

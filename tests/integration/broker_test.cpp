@@ -134,3 +134,27 @@ TEST_CASE("the broker publishes a periodic heartbeat with its peer count", "[bro
   REQUIRE(e);
   CHECK(std::get<codec::broker_status>(e->body).uptime_ms > 0);
 }
+
+TEST_CASE("events nobody subscribed to are not sent but keep their place in the sequence",
+          "[broker]") {
+  broker::server_thread b(test_config());
+  zmq::context_t ctx;
+  raw_peer early(ctx, b.get().router_endpoint());
+  early.introduce("early");  // worker.joined with no subscriber: made, counted, not sent
+  REQUIRE(wait_until([&] { return b.get().snapshot().events_unheard >= 1; }, 5s));
+
+  event_listener events(ctx, b.get().events_endpoint());  // every topic, live once it returns
+  const auto unheard = b.get().snapshot().events_unheard;
+  raw_peer late(ctx, b.get().router_endpoint());
+  late.introduce("late");
+  const auto joined = events.next("worker.joined");
+  REQUIRE(joined);
+  CHECK(std::get<codec::peer_joined>(joined->body).id == "late");
+  // A subscriber of every topic sees no gap from its first event on, and the events before
+  // it subscribed used their numbers: its first is not seq 1.
+  const auto& seen = events.seen();
+  REQUIRE(!seen.empty());
+  CHECK(seen.front().seq > 1);
+  for (std::size_t i = 1; i < seen.size(); ++i) CHECK(seen[i].seq == seen[i - 1].seq + 1);
+  CHECK(b.get().snapshot().events_unheard == unheard);
+}

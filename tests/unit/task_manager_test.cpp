@@ -31,6 +31,7 @@ struct fake_sink : broker::task_sink {
   void publish(std::string_view topic, decltype(codec::event::body) /*body*/) override {
     topics.emplace_back(topic);
   }
+  bool wanted(std::string_view /*topic*/) override { return true; }
   template <class T>
   T take(const std::string& peer) {
     auto& q = inbox[peer];
