@@ -26,6 +26,21 @@ int run_proxy_server(const std::string& front, const std::string& back);
 /// message back to its sender until killed.
 int run_echo_server(const std::string& bind);
 
+/// `rlbus-bench swarm`: `workers` idle DEALERs in one process, for scenario 3.
+struct swarm_options {
+  std::string endpoint;  // the broker's (or the bare ROUTER's) endpoint
+  int workers = 1;       // DEALER sockets, one connection each
+  std::uint32_t heartbeat_ms = 1000;
+  bool bare = false;            // heartbeat frames only, no HELLO (for the bare echo ROUTER)
+  std::string id_prefix = "w";  // worker ids: prefix + index
+  bool accept_tasks = false;    // answer TASK_START with STARTED (the death scenario's victim)
+};
+
+/// Connects and welcomes every worker, prints "rlbus-bench swarm: welcomed N heartbeat MS",
+/// then heartbeats each at its own slot in the interval until its standard input closes.
+/// "report K" on standard input prints "rlbus-bench swarm: report K sent S answered A ...".
+int run_swarm(const swarm_options& o);
+
 /// Counts what a receiver got, for the sender's window and the trial's result. The
 /// receiver thread writes, the sender reads.
 struct flow_counter {

@@ -5,6 +5,7 @@
   latency_p99.png     the same for p99
   throughput.png      events/s (rlbus) and steps/s (http) against the number of collectors
 
+Scale rows (`rlbus-bench scale`) are left out: they are read from the table.
 Both latency plots and the throughput plot use a log scale: the HTTP baseline sits orders of
 magnitude away from the others. Uses gnuplot (Debian: apt-get install gnuplot-nox), else
 matplotlib (apt-get install python3-matplotlib); says so and exits 3 when neither is there.
@@ -244,7 +245,9 @@ def main():
             return 3
         made, tool = with_matplotlib(report, out_dir), "matplotlib"
     if not made:
-        print("plot.py: %s has no latency or throughput rows to draw" % path, file=sys.stderr)
+        # Scale rows (rlbus-bench scale) are table-only: a handful of numbers per worker count.
+        print("plot.py: %s has no latency or throughput rows to draw (scale rows are not "
+              "plotted)" % path, file=sys.stderr)
         return 1
     print("plot.py: drew %s in %s (%s)" % (", ".join(made), out_dir, tool), file=sys.stderr)
     return 0

@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -57,6 +58,17 @@ void pin_self(const cpu_list& cpus) {
   const auto set = to_set(cpus);
   if (::sched_setaffinity(0, sizeof set, &set) != 0)
     throw std::runtime_error(std::string("sched_setaffinity: ") + std::strerror(errno));
+}
+
+std::uint64_t raise_fd_limit() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return 0;
+  if (lim.rlim_cur < lim.rlim_max) {
+    rlimit raised = lim;
+    raised.rlim_cur = lim.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
+  }
+  return lim.rlim_cur;
 }
 
 std::string self_path() {

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,10 @@ cpu_list parse_cpus(const std::string& text);
 /// Pins the calling thread (and every thread it starts afterwards) to `cpus`. Throws
 /// std::runtime_error when the kernel refuses.
 void pin_self(const cpu_list& cpus);
+
+/// Raises this process's soft RLIMIT_NOFILE to its hard limit (children inherit it) and
+/// returns the resulting soft limit.
+std::uint64_t raise_fd_limit();
 
 /// This executable's path (/proc/self/exe resolved).
 std::string self_path();

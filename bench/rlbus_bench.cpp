@@ -86,8 +86,9 @@ int main(int argc, char** argv) {
       "Starts the real broker and its baselines (a zmq_proxy, an echo server, and DI-engine's\n"
       "HTTP request-per-task shape in Python) as child processes, interleaves their trials,\n"
       "and prints medians and rlbus/baseline ratios.\n"
-      "Scenarios: latency (a learner's data request through the broker and back) and\n"
-      "throughput (collectors streaming data events to one coordinator)."};
+      "Scenarios: latency (a learner's data request through the broker and back),\n"
+      "throughput (collectors streaming data events to one coordinator), and, on its own,\n"
+      "scale (idle heartbeating workers; a worker's death to its task's re-assignment)."};
   app.get_formatter()->column_width(30);
   app.fallthrough();
   app.require_subcommand(0, 1);
@@ -125,8 +126,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1'000'000));
   app.add_flag("--quick", quick,
-               "a tiny run (2 trials, 50 round trips, 2000 events, 10/32 HTTP steps) that checks "
-               "the harness, not the numbers");
+               "a tiny run (2 trials, 50 round trips, 2000 events, 10/32 HTTP steps, scale: 1 s "
+               "idle) that checks the harness, not the numbers");
   app.add_flag("--pin", pin, "pin the bench and every child process to --cpus");
   app.add_option("--cpus", cpus, "CPUs for --pin (e.g. 0, 0-1)")->capture_default_str();
   app.add_flag("--no-sdk", no_sdk, "skip the SDK rows");
@@ -154,9 +155,35 @@ int main(int argc, char** argv) {
                  "the rlbus-broker binary (default: $RLBUS_BROKER_BIN, else ../src/rlbus-broker "
                  "beside this binary)");
 
-  auto* all = app.add_subcommand("all", "both scenarios (the default)");
+  auto* all = app.add_subcommand("all", "latency and throughput (the default; not scale)");
   auto* latency = app.add_subcommand("latency", "scenario 1: task step latency");
   auto* throughput = app.add_subcommand("throughput", "scenario 2: pipelined throughput");
+  auto* scale = app.add_subcommand(
+      "scale",
+      "scenario 3: idle heartbeating workers beside a bare ROUTER; death to re-assignment");
+  std::string scale_workers = "10,100,1000";
+  scale->add_option("--workers", scale_workers, "idle worker counts (up to 100000)")
+      ->capture_default_str();
+  scale->add_option("--heartbeat-ms", s.heartbeat_ms, "the heartbeat interval the workers ask for")
+      ->capture_default_str()
+      ->check(CLI::Range(10, 600'000));
+  scale->add_option("--idle-s", s.idle_s, "seconds of idle measurement per trial")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  scale
+      ->add_option("--death-heartbeat-ms", s.death_heartbeat_ms,
+                   "the victim's heartbeat interval when timing death to re-assignment")
+      ->capture_default_str()
+      ->check(CLI::Range(10, 60'000));
+  swarm_options swarm;
+  auto* swarm_cmd = app.add_subcommand("swarm", "scale: many idle heartbeating workers");
+  swarm_cmd->group("");
+  swarm_cmd->add_option("--connect", swarm.endpoint)->required();
+  swarm_cmd->add_option("--workers", swarm.workers)->check(CLI::Range(1, 1'000'000));
+  swarm_cmd->add_option("--heartbeat-ms", swarm.heartbeat_ms)->check(CLI::Range(10, 600'000));
+  swarm_cmd->add_option("--id-prefix", swarm.id_prefix);
+  swarm_cmd->add_flag("--bare", swarm.bare);
+  swarm_cmd->add_flag("--accept-tasks", swarm.accept_tasks);
   std::string front = "tcp://127.0.0.1:*";
   std::string back = "tcp://127.0.0.1:*";
   std::string echo_bind = "tcp://127.0.0.1:*";
@@ -181,6 +208,7 @@ int main(int argc, char** argv) {
   try {
     if (proxy_cmd->parsed()) return run_proxy_server(front, back);
     if (echo_cmd->parsed()) return run_echo_server(echo_bind);
+    if (swarm_cmd->parsed()) return run_swarm(swarm);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rlbus-bench: %s\n", e.what());
     return 1;
@@ -191,11 +219,16 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("rlbus"));
   spdlog::set_level(verbose ? spdlog::level::info : spdlog::level::err);
 
-  const bool run_latency_rows = !throughput->parsed();
-  const bool run_throughput_rows = !latency->parsed();
+  const bool run_scale_rows = scale->parsed();
+  const bool run_latency_rows = !throughput->parsed() && !run_scale_rows;
+  const bool run_throughput_rows = !latency->parsed() && !run_scale_rows;
   try {
     s.payloads = parse_list<std::size_t>(payloads, "payload");
     s.collectors = parse_list<int>(collectors, "collector");
+    s.scale_workers = parse_list<int>(scale_workers, "worker");
+    for (const auto n : s.scale_workers)
+      if (n > 100'000)
+        throw std::invalid_argument("at most 100000 workers, not " + std::to_string(n));
     if (pin) s.cpus = parse_cpus(cpus);
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "rlbus-bench: %s\n", e.what());
@@ -207,9 +240,14 @@ int main(int argc, char** argv) {
     if (app.count("--messages") == 0) s.messages = 2000;
     if (app.count("--http-rounds") == 0) s.http_rounds = 10;
     if (app.count("--http-steps") == 0) s.http_steps = 32;
+    if (scale->count("--idle-s") == 0) s.idle_s = 1;
+  } else if (run_scale_rows && app.count("--trials") == 0) {
+    // A scale trial starts a broker and N workers from nothing: fewer trials by default.
+    s.trials = 3;
   }
   s.sdk = !no_sdk;
-  s.http = !no_http;
+  // The scale scenario has no HTTP baseline: do not start its processes for nothing.
+  s.http = !no_http && !run_scale_rows;
   s.http_script = find_http_script(http_script_flag);
 
   s.self_bin = self_path();
@@ -259,6 +297,10 @@ int main(int argc, char** argv) {
                     {"http_rounds", s.http_rounds},
                     {"http_steps", s.http_steps},
                     {"quick", quick},
+                    {"scale_workers", s.scale_workers},
+                    {"heartbeat_ms", s.heartbeat_ms},
+                    {"idle_s", s.idle_s},
+                    {"death_heartbeat_ms", s.death_heartbeat_ms},
                     {"broker", s.broker_bin}};
 
   std::vector<row> rows;
@@ -269,6 +311,10 @@ int main(int argc, char** argv) {
     }
     if (run_throughput_rows) {
       auto r = run_throughput(s, http.get());
+      rows.insert(rows.end(), r.begin(), r.end());
+    }
+    if (run_scale_rows) {
+      auto r = run_scale(s);
       rows.insert(rows.end(), r.begin(), r.end());
     }
   } catch (const std::exception& e) {

@@ -61,6 +61,20 @@ std::uint64_t process_cpu_ns(pid_t pid) {
   return total;
 }
 
+std::uint64_t process_rss_kb(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  while (in >> key) {
+    if (key == "VmRSS:") {
+      std::uint64_t kb = 0;
+      in >> kb;
+      return kb;
+    }
+    in.ignore(1 << 16, '\n');
+  }
+  return 0;
+}
+
 std::string size_label(std::size_t bytes) {
   if (bytes >= 1024 && bytes % 1024 == 0) return fmt::format("{} KiB", bytes / 1024);
   return fmt::format("{} B", bytes);

@@ -33,6 +33,12 @@ struct settings {
   std::uint64_t http_steps = 2000;  // HTTP throughput: task steps per trial
   std::string python = "/usr/bin/python3";
   std::string http_script;
+  // scenario 3 (scale)
+  std::vector<int> scale_workers{10, 100, 1000};  // idle workers per row
+  std::uint32_t heartbeat_ms = 1000;              // the interval the idle workers ask for
+  double idle_s = 5;                              // the idle window measured per trial
+  std::uint32_t death_heartbeat_ms = 100;         // the victim's interval (death -> re-assign)
+
   cpu_list cpus;  // pin every process to these (empty: unpinned)
   std::string broker_bin;
   std::string self_bin;
@@ -60,6 +66,9 @@ std::string log_file(const settings& s, const std::string& name);
 
 /// CPU time (user + system, every thread) a process has used so far, in nanoseconds.
 std::uint64_t process_cpu_ns(pid_t pid);
+
+/// Resident memory of a process (VmRSS) in KiB; 0 when it cannot be read.
+std::uint64_t process_rss_kb(pid_t pid);
 
 /// Microseconds between two steady_clock points.
 inline double micros(std::chrono::steady_clock::duration d) {
@@ -99,5 +108,10 @@ std::vector<row> run_latency(const settings& s, http_baseline* http);
 /// Scenario 2: collectors streaming DATA to one coordinator, pipelined with a window. With
 /// `http`, DI-engine's HTTP shape runs in the same rotation.
 std::vector<row> run_throughput(const settings& s, http_baseline* http);
+
+/// Scenario 3: idle heartbeating workers (broker CPU and memory per worker beside a bare
+/// ROUTER answering the same heartbeats), and the time from a worker's death to its task's
+/// re-assignment.
+std::vector<row> run_scale(const settings& s);
 
 }  // namespace rlbus::bench

@@ -102,3 +102,45 @@ TEST_CASE("rlbus-bench --quick runs and writes a report that parses", "[bench-sm
         expected.insert(std::string("throughput | ") + n + ", " + client + " | " + metric);
   CHECK(seen == expected);
 }
+
+TEST_CASE("rlbus-bench scale --quick runs and reports the scale rows", "[bench-smoke]") {
+  const auto json_path = "/tmp/rlbus-bench-scale-smoke-" + std::to_string(::getpid()) + ".json";
+  const auto [status, out] = run_to_end(env("RLBUS_BENCH_BIN"),
+                                        {"scale", "--quick", "--workers", "10", "--trials", "1",
+                                         "--broker", env("RLBUS_BROKER_BIN"), "--json", json_path},
+                                        std::chrono::seconds(60));
+  INFO(out);
+  REQUIRE(status == 0);
+  CHECK_THAT(out, Catch::Contains("idle 10 workers"));
+
+  std::ifstream in(json_path);
+  REQUIRE(in);
+  const auto report = nlohmann::json::parse(in, nullptr, false);
+  std::remove(json_path.c_str());
+  REQUIRE_FALSE(report.is_discarded());
+  std::set<std::string> seen;
+  for (const auto& row : report.at("rows")) {
+    REQUIRE(row.at("scenario") == "scale");
+    const auto metric = row.at("metric").get<std::string>();
+    INFO(row.at("variant").get<std::string>() << " | " << metric);
+    seen.insert(row.at("variant").get<std::string>() + " | " + metric);
+    CHECK(row.at("rlbus").at("trials").size() == 1);
+    // Memory per worker can round to nothing for 10 workers; CPU and times cannot.
+    if (metric.rfind("KB/", 0) == 0) {
+      CHECK(row.at("rlbus").at("median").is_number());
+      CHECK(row.at("direct").at("median").is_number());
+    } else if (metric == "ms") {
+      CHECK(row.at("rlbus").at("median").get<double>() > 0);
+      CHECK(row.at("direct").is_null());
+      CHECK(row.at("params").at("bound_ms").get<int>() > 0);
+    } else {
+      CHECK(row.at("rlbus").at("median").get<double>() > 0);
+      CHECK(row.at("direct").at("median").get<double>() > 0);
+      CHECK(row.at("params").at("heartbeats").at(0).get<int>() > 0);
+    }
+  }
+  const std::set<std::string> expected{"idle 10 workers | KB/w join", "idle 10 workers | KB/worker",
+                                       "idle 10 workers | CPU %", "idle 10 workers | us/hb",
+                                       "death, bound 300 ms | ms"};
+  CHECK(seen == expected);
+}
