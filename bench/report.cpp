@@ -122,6 +122,10 @@ std::string format_table(const run_facts& facts, const std::vector<row>& rows) {
   out +=
       "medians over trials; ratios are rlbus / baseline (latency: >1 is slower than the "
       "baseline; throughput: <1 is slower)\n";
+  if (std::any_of(rows.begin(), rows.end(), [](const row& r) { return r.scenario == "cost"; }))
+    out +=
+        "cost: instructions of the middle process per message or task step (callgrind); >1 "
+        "costs more than the baseline\n";
   const auto line = [](auto... cols) {
     return fmt::format("{:<11}{:<27}{:<10}{:>11}{:>11}{:>11}{:>11}{:>9}{:>9}{:>9}{:>7}\n", cols...);
   };
