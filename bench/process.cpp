@@ -145,14 +145,14 @@ bool child_process::send_line(const std::string& line) {
   return true;
 }
 
-int child_process::stop() {
+int child_process::stop(std::chrono::milliseconds grace) {
   if (stdin_fd_ >= 0) {
     ::close(stdin_fd_);
     stdin_fd_ = -1;
   }
   if (done_ || pid_ <= 0) return status_;
   ::kill(pid_, SIGTERM);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  const auto deadline = std::chrono::steady_clock::now() + grace;
   while (!reap(WNOHANG)) {
     if (std::chrono::steady_clock::now() >= deadline) {
       ::kill(pid_, SIGKILL);

@@ -46,9 +46,10 @@ class child_process {
   /// Waits until a line of the log contains `needle` and returns it. Throws
   /// std::runtime_error (with the log) when the child exits or `timeout` passes first.
   std::string wait_for_line(const std::string& needle, std::chrono::milliseconds timeout);
-  /// SIGTERM, up to 3 s to exit, then SIGKILL. Idempotent. Returns the exit status
-  /// (128 + signal when killed).
-  int stop();
+  /// SIGTERM, up to `grace` to exit, then SIGKILL. Idempotent. Returns the exit status
+  /// (128 + signal when killed). A child under valgrind needs far longer than 3 s: it writes
+  /// its profile only after the program has shut down, at valgrind's speed.
+  int stop(std::chrono::milliseconds grace = std::chrono::seconds(3));
   /// Writes `line` and a newline to the child's standard input (with_stdin only). Returns
   /// false when the child is gone or has no such input (never raises SIGPIPE).
   bool send_line(const std::string& line);

@@ -86,9 +86,10 @@ int main(int argc, char** argv) {
       "Starts the real broker and its baselines (a zmq_proxy, an echo server, and DI-engine's\n"
       "HTTP request-per-task shape in Python) as child processes, interleaves their trials,\n"
       "and prints medians and rlbus/baseline ratios.\n"
-      "Scenarios: latency (a learner's data request through the broker and back),\n"
-      "throughput (collectors streaming data events to one coordinator), and, on its own,\n"
-      "scale (idle heartbeating workers; a worker's death to its task's re-assignment)."};
+      "Scenarios: latency (a learner's data request through the broker and back) and\n"
+      "throughput (collectors streaming data events to one coordinator); on their own,\n"
+      "scale (idle heartbeating workers; a worker's death to its task's re-assignment) and\n"
+      "cost (instructions per message under valgrind's callgrind)."};
   app.get_formatter()->column_width(30);
   app.fallthrough();
   app.require_subcommand(0, 1);
@@ -125,6 +126,11 @@ int main(int argc, char** argv) {
   app.add_option("--data-payload", s.data_payload, "throughput: DATA payload bytes")
       ->capture_default_str()
       ->check(CLI::Range(0, 1'000'000));
+  app.add_option("--cost-base", s.cost_base,
+                 "cost: messages and task steps of the short run (N1), subtracted from the long "
+                 "run's (--messages, --rounds)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1'000'000'000));
   app.add_flag("--quick", quick,
                "a tiny run (2 trials, 50 round trips, 2000 events, 10/32 HTTP steps, scale: 1 s "
                "idle) that checks the harness, not the numbers");
@@ -184,6 +190,11 @@ int main(int argc, char** argv) {
   swarm_cmd->add_option("--id-prefix", swarm.id_prefix);
   swarm_cmd->add_flag("--bare", swarm.bare);
   swarm_cmd->add_flag("--accept-tasks", swarm.accept_tasks);
+  auto* cost = app.add_subcommand(
+      "cost",
+      "scenario 4: instructions per message of the broker, the proxy and the echo server "
+      "under valgrind's callgrind (not part of `all`; defaults: 1 trial, --messages 13000, "
+      "--rounds 5000, --window 1000)");
   std::string front = "tcp://127.0.0.1:*";
   std::string back = "tcp://127.0.0.1:*";
   std::string echo_bind = "tcp://127.0.0.1:*";
@@ -220,8 +231,10 @@ int main(int argc, char** argv) {
   spdlog::set_level(verbose ? spdlog::level::info : spdlog::level::err);
 
   const bool run_scale_rows = scale->parsed();
-  const bool run_latency_rows = !throughput->parsed() && !run_scale_rows;
-  const bool run_throughput_rows = !latency->parsed() && !run_scale_rows;
+  const bool run_cost_rows = cost->parsed();
+  const bool on_its_own = run_scale_rows || run_cost_rows;
+  const bool run_latency_rows = !throughput->parsed() && !on_its_own;
+  const bool run_throughput_rows = !latency->parsed() && !on_its_own;
   try {
     s.payloads = parse_list<std::size_t>(payloads, "payload");
     s.collectors = parse_list<int>(collectors, "collector");
@@ -234,7 +247,30 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rlbus-bench: %s\n", e.what());
     return 2;
   }
-  if (quick) {
+  if (run_cost_rows) {
+    // Callgrind counts the same instructions each time, so one trial says nearly all; its
+    // runs are ~50x slower than native ones, so fewer messages than the throughput's.
+    if (app.count("--trials") == 0) s.trials = 1;
+    if (app.count("--messages") == 0) s.messages = quick ? 1200 : 13'000;
+    if (app.count("--rounds") == 0) s.rounds = quick ? 600 : 5000;
+    if (app.count("--cost-base") == 0 && quick) s.cost_base = 200;
+    if (app.count("--window") == 0) s.window = 1000;
+    if (const auto missing = cost_tools_missing(); !missing.empty()) {
+      std::fprintf(stderr,
+                   "rlbus-bench: cost runs the middle processes under valgrind's callgrind, "
+                   "and cannot find %s on PATH: apt-get install valgrind\n",
+                   missing.c_str());
+      return 2;
+    }
+    if (s.messages <= s.cost_base || static_cast<std::uint64_t>(s.rounds) <= s.cost_base) {
+      std::fprintf(stderr,
+                   "rlbus-bench: cost needs --messages (%llu) and --rounds (%d) above "
+                   "--cost-base (%llu)\n",
+                   static_cast<unsigned long long>(s.messages), s.rounds,
+                   static_cast<unsigned long long>(s.cost_base));
+      return 2;
+    }
+  } else if (quick) {
     if (app.count("--trials") == 0) s.trials = 2;
     if (app.count("--rounds") == 0) s.rounds = 50;
     if (app.count("--messages") == 0) s.messages = 2000;
@@ -246,8 +282,9 @@ int main(int argc, char** argv) {
     s.trials = 3;
   }
   s.sdk = !no_sdk;
-  // The scale scenario has no HTTP baseline: do not start its processes for nothing.
-  s.http = !no_http && !run_scale_rows;
+  // Scale and cost have no HTTP baseline: do not start its processes for nothing.
+  s.http = !no_http && !on_its_own;
+  s.keep_logs = keep_logs;
   s.http_script = find_http_script(http_script_flag);
 
   s.self_bin = self_path();
@@ -301,6 +338,7 @@ int main(int argc, char** argv) {
                     {"heartbeat_ms", s.heartbeat_ms},
                     {"idle_s", s.idle_s},
                     {"death_heartbeat_ms", s.death_heartbeat_ms},
+                    {"cost_base", s.cost_base},
                     {"broker", s.broker_bin}};
 
   std::vector<row> rows;
@@ -315,6 +353,10 @@ int main(int argc, char** argv) {
     }
     if (run_scale_rows) {
       auto r = run_scale(s);
+      rows.insert(rows.end(), r.begin(), r.end());
+    }
+    if (run_cost_rows) {
+      auto r = run_cost(s);
       rows.insert(rows.end(), r.begin(), r.end());
     }
   } catch (const std::exception& e) {

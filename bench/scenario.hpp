@@ -43,6 +43,8 @@ struct settings {
   std::string broker_bin;
   std::string self_bin;
   std::string log_dir;
+  bool keep_logs = false;          // the log folder outlives the run (--keep-logs)
+  std::uint64_t cost_base = 3000;  // cost: messages (and task steps) of the short run, N1
 };
 
 /// The middle of each path, as child processes: the real broker, and (optionally) the
@@ -108,6 +110,12 @@ std::vector<row> run_latency(const settings& s, http_baseline* http);
 /// Scenario 2: collectors streaming DATA to one coordinator, pipelined with a window. With
 /// `http`, DI-engine's HTTP shape runs in the same rotation.
 std::vector<row> run_throughput(const settings& s, http_baseline* http);
+/// Scenario 4: instructions of each middle process per message under valgrind's callgrind,
+/// from two runs of N1 (`cost_base`) and N2 (`messages`, `rounds`) messages. Throws
+/// std::runtime_error when a run fails.
+std::vector<row> run_cost(const settings& s);
+/// "" when valgrind and callgrind_annotate are on PATH, else which of them is missing.
+std::string cost_tools_missing();
 
 /// Scenario 3: idle heartbeating workers (broker CPU and memory per worker beside a bare
 /// ROUTER answering the same heartbeats), and the time from a worker's death to its task's

@@ -15,7 +15,7 @@ event_bus::event_bus(zmq::context_t& ctx, const std::string& endpoint, std::uint
   pub_.bind(endpoint);
 }
 
-bool event_bus::wanted(std::string_view topic) {
+void event_bus::read_subscriptions() {
   // Subscription messages: 1 (subscribe) or 0 (unsubscribe), then the prefix.
   zmq::message_t m;
   while (pub_.recv(m, zmq::recv_flags::dontwait)) {
@@ -26,6 +26,9 @@ bool event_bus::wanted(std::string_view topic) {
     if (b[0] == 1 && it == prefixes_.end()) prefixes_.push_back(std::move(prefix));
     if (b[0] == 0 && it != prefixes_.end()) prefixes_.erase(it);
   }
+}
+
+bool event_bus::wanted(std::string_view topic) const {
   return std::any_of(prefixes_.begin(), prefixes_.end(),
                      [&](const std::string& p) { return topic.substr(0, p.size()) == p; });
 }

@@ -29,9 +29,15 @@ class event_bus {
   /// Publishes one event and returns its sequence number. Never blocks: PUB drops for a
   /// subscriber past its high-water mark, which the sequence numbers make visible.
   std::uint64_t publish(std::string_view topic, decltype(codec::event::body) body);
-  /// Whether some subscriber asked for a prefix of `topic` (subscriptions read first).
-  /// Lets a caller skip building a body nobody will get.
-  [[nodiscard]] bool wanted(std::string_view topic);
+  /// Whether some subscriber asked for a prefix of `topic`, as of the last
+  /// read_subscriptions(). Lets a caller skip building a body nobody will get.
+  [[nodiscard]] bool wanted(std::string_view topic) const;
+  /// Takes in the (un)subscriptions that arrived; the loop calls it when the socket is
+  /// readable. A subscription counts from then on, which to a subscriber is no different
+  /// from its subscription taking a little longer on the way.
+  void read_subscriptions();
+  /// For the broker loop's poll.
+  [[nodiscard]] void* handle() noexcept { return pub_.handle(); }
   /// Events made with no subscriber for their topic (counted, never sent).
   [[nodiscard]] std::uint64_t unheard() const noexcept { return unheard_; }
 

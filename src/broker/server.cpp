@@ -124,8 +124,9 @@ void server::run() {
                router_endpoint_, events_endpoint_, epoch_);
   started_ = util::clock::now();
   next_status_ = started_;
-  std::array<zmq::pollitem_t, 2> items{
-      {{router_.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, wake_.read_fd(), ZMQ_POLLIN, 0}}};
+  std::array<zmq::pollitem_t, 3> items{{{router_.handle(), 0, ZMQ_POLLIN, 0},
+                                        {nullptr, wake_.read_fd(), ZMQ_POLLIN, 0},
+                                        {events_.handle(), 0, ZMQ_POLLIN, 0}}};
   std::string why_stopped;
   while (true) {
     auto now = util::clock::now();
@@ -146,6 +147,8 @@ void server::run() {
     if (draining_) deadline = std::min(deadline, drain_end_);
     util::poll(items.data(), items.size(), util::poll_timeout_ms(now, deadline));
     if ((items[1].revents & ZMQ_POLLIN) != 0) wake_.drain();
+    // Subscriptions first: an event made in this round goes to whoever asked by now.
+    if ((items[2].revents & ZMQ_POLLIN) != 0) events_.read_subscriptions();
     now = util::clock::now();
     if ((items[0].revents & ZMQ_POLLIN) != 0) drain_router(now);
     peers_.expire(now, [this](const peer& p) {

@@ -144,3 +144,17 @@ TEST_CASE("rlbus-bench scale --quick runs and reports the scale rows", "[bench-s
                                        "death, bound 300 ms | ms"};
   CHECK(seen == expected);
 }
+
+// Scenario 4 (`cost`) runs the middle processes under valgrind; a whole run takes minutes
+// (and over a minute at its smallest), too long for this suite. What is checked here is the
+// error without valgrind: a clear message naming the package and exit status 2.
+TEST_CASE("rlbus-bench cost without valgrind says what to install", "[bench-smoke]") {
+  const auto [status, out] =
+      run_to_end("/usr/bin/env",
+                 {"PATH=/nonexistent", env("RLBUS_BENCH_BIN"), "cost", "--broker",
+                  env("RLBUS_BROKER_BIN"), "--json", "/nonexistent/cost.json"},
+                 std::chrono::seconds(10));
+  INFO(out);
+  CHECK(status == 2);
+  CHECK_THAT(out, Catch::Contains("apt-get install valgrind"));
+}
