@@ -246,7 +246,8 @@ void field_reader::blob(std::string_view key, std::string& out, bool required, b
   std::size_t pos = 0;
   const auto b = static_cast<std::uint8_t>(body_[0]);
   pos = (b & 0xf0U) == 0x80 ? 1 : b == 0xde ? 3 : 5;
-  for (const auto& [k, v] : fields_) {
+  for (std::uint32_t i = 0; i < count_; ++i) {
+    const auto* v = &fields_[i].val;
     const auto key_end = skip_value(body_, pos);
     if (!key_end) return fail(key, "malformed");
     const auto value_end = skip_value(body_, *key_end);

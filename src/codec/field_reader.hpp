@@ -61,7 +61,7 @@ class field_reader {
   /// `map` is the decoded body and `body` its bytes (for blob(): values kept verbatim).
   field_reader(const msgpack::object& map, std::string_view body) : body_(body) {
     const auto& m = map.via.map;
-    fields_.reserve(m.size);
+    fields_ = m.ptr;
     for (std::uint32_t i = 0; i < m.size; ++i) {
       const auto& kv = m.ptr[i];
       if (kv.key.type != msgpack::type::STR) {
@@ -74,7 +74,7 @@ class field_reader {
                               fmt::format("duplicate key '{}'", key.substr(0, max_quoted_key))};
         return;
       }
-      fields_.emplace_back(key, &kv.val);
+      ++count_;  // the fields before it are checked: find() looks at those
     }
   }
 
@@ -185,8 +185,8 @@ class field_reader {
 
  private:
   [[nodiscard]] const msgpack::object* find(std::string_view key) const {
-    for (const auto& [k, v] : fields_)
-      if (k == key) return v;
+    for (std::uint32_t i = 0; i < count_; ++i)
+      if (as_view(fields_[i].key) == key) return &fields_[i].val;
     return nullptr;
   }
 
@@ -214,7 +214,9 @@ class field_reader {
   }
 
   std::string_view body_;
-  std::vector<std::pair<std::string_view, const msgpack::object*>> fields_;
+  // The decoded map's own entries (no copy): the first count_ have string keys, no two alike.
+  const msgpack::object_kv* fields_ = nullptr;
+  std::uint32_t count_ = 0;
   std::optional<decode_error> fault_;
 };
 
