@@ -11,6 +11,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev catch2
   python3 python3-msgpack
   python3-flask python3-requests  # rlbus-bench's HTTP baseline (bench/http_baseline.py)
+  valgrind                        # rlbus-bench cost (callgrind), smoke-tested by the suite
 )
 # Optional, for PNG plots of the bench (bench/plot.py): apt-get install gnuplot-nox
 missing=()
