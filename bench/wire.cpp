@@ -52,16 +52,11 @@ std::optional<std::uint64_t> peek_seq(std::string_view body) {
 }
 
 std::optional<std::uint64_t> map_uint(std::string_view body, std::string_view key) {
-  const auto u = codec::detail::unpack_map(body, {});
-  if (u.fault) return std::nullopt;
-  const auto& m = u.handle.get().via.map;
-  for (std::uint32_t i = 0; i < m.size; ++i) {
-    const auto& kv = m.ptr[i];
-    if (kv.key.type == msgpack::type::STR && codec::detail::as_view(kv.key) == key &&
-        kv.val.type == msgpack::type::POSITIVE_INTEGER)
-      return kv.val.via.u64;
-  }
-  return std::nullopt;
+  codec::detail::field_reader r(body, {});
+  std::optional<std::uint64_t> v;
+  r.opt_uint(key, v, 0, codec::detail::u64_max);
+  if (r.fault()) return std::nullopt;
+  return v;
 }
 
 wire_peer::wire_peer(zmq::context_t& ctx, const std::string& endpoint)

@@ -32,39 +32,32 @@ constexpr std::uint64_t max_reconcile = 1'000'000;
 // Reads fields of a msgpack map body (from the broker: decoded under limits anyway).
 class body_fields {
  public:
-  explicit body_fields(const std::string& body) : body_(body) {
-    auto u = codec::detail::unpack_map(body_, {});
-    if (!u.fault) {
-      handle_ = std::move(u.handle);
-      reader_.emplace(handle_.get(), body_);
-    }
-  }
-  [[nodiscard]] bool ok() const { return reader_ && !reader_->fault(); }
+  explicit body_fields(const std::string& body) : body_(body), reader_(body_, {}) {}
+  [[nodiscard]] bool ok() const { return !reader_.fault(); }
   std::string str(std::string_view key) {
     std::string out;
-    if (reader_) reader_->str(key, out, 1 << 20, false);
+    reader_.str(key, out, 1 << 20, false);
     return out;
   }
   std::uint64_t uint(std::string_view key) {
     std::optional<std::uint64_t> out;
-    if (reader_) reader_->opt_uint(key, out, 0, ~std::uint64_t{0});
+    reader_.opt_uint(key, out, 0, ~std::uint64_t{0});
     return out.value_or(0);
   }
   bool flag(std::string_view key) {
     bool out = false;
-    if (reader_) reader_->boolean(key, out, false);
+    reader_.boolean(key, out, false);
     return ok() && out;
   }
   std::string raw(std::string_view key) {
     std::string out;
-    if (reader_ && reader_->has(key)) reader_->blob(key, out, true, false, true);
+    if (reader_.has(key)) reader_.blob(key, out, true, false, true);
     return out;
   }
 
  private:
-  std::string body_;
-  msgpack::object_handle handle_;
-  std::optional<codec::detail::field_reader> reader_;
+  std::string body_;  // the reader's views point into it: body_fields is never moved
+  codec::detail::field_reader reader_;
 };
 
 constexpr std::uint64_t ack_every = 32;    // processed events per ACK while more are queued

@@ -215,9 +215,7 @@ std::array<char, header_size> make_header(msg_type t) noexcept {
 
 result<message> decode_body(std::uint8_t type, std::string_view body, const decode_limits& limits) {
   if (!type_name(type) || static_cast<msg_type>(type) == msg_type::event) return unknown_type(type);
-  auto u = detail::unpack_map(body, limits);
-  if (u.fault) return *u.fault;
-  field_reader r(u.handle.get(), body);
+  field_reader r(body, limits);
   if (r.fault()) return *r.fault();
   return read_message(type, r);
 }
@@ -235,9 +233,8 @@ std::string encode_body(const message& m) {
 
 result<event> decode_event(std::string_view topic, std::string_view body,
                            const decode_limits& limits) {
-  auto u = detail::unpack_map(body, limits);
-  if (u.fault) return *u.fault;
-  field_reader r(u.handle.get(), body);
+  field_reader r(body, limits);
+  if (r.fault()) return *r.fault();
   event e;
   e.topic = topic;
   r.uint("seq", e.seq, 1, u64_max);

@@ -1,79 +1,12 @@
-// See field_reader.hpp. skip_value() walks raw msgpack to find where a value ends, so an
-// opaque field can be forwarded byte for byte instead of being re-packed (msgpack-c would
-// turn a whole float64 into an integer on the way).
+// See field_reader.hpp. check_map() walks a body's bytes once under the limits (msgpack-c's
+// unpacker would build an object tree and allocate a zone for the same verdict); the field
+// reader then notes where each top-level field lies and reads a field only when asked.
 #include "codec/field_reader.hpp"
 
 #include <array>
 #include <cstring>
-#include <memory>
 
 namespace rlbus::codec::detail {
-
-namespace {
-
-// Strings and binaries in a decoded object point into the input frame (no copy): the
-// decoded msgpack::object never outlives the call that made it.
-bool reference_everything(msgpack::type::object_type /*type*/, std::size_t /*size*/,
-                          void* /*user*/) {
-  return true;
-}
-
-// One zone kept per thread between decodes: clear() keeps its first chunk, so a message
-// whose objects fit in it costs no allocation for the tree.
-thread_local std::unique_ptr<msgpack::zone> spare_zone;
-
-std::unique_ptr<msgpack::zone> take_zone() {
-  if (spare_zone) return std::move(spare_zone);
-  return std::make_unique<msgpack::zone>();
-}
-
-}  // namespace
-
-unpacked::~unpacked() {
-  auto& z = handle.zone();
-  if (!z || spare_zone) return;
-  z->clear();
-  spare_zone = std::move(z);
-}
-
-unpacked unpack_map(std::string_view body, const decode_limits& lim) {
-  unpacked u;
-  if (body.empty()) {
-    u.fault = decode_error{error_code::bad_body, "empty body: expected a msgpack map"};
-    return u;
-  }
-  const msgpack::unpack_limit limit(lim.max_array, lim.max_map, lim.max_str, lim.max_bin,
-                                    /*ext=*/0, lim.max_depth);
-  std::size_t offset = 0;
-  try {
-    auto zone = take_zone();
-    bool referenced = false;
-    const auto obj = msgpack::unpack(*zone, body.data(), body.size(), offset, referenced,
-                                     reference_everything, nullptr, limit);
-    u.handle = msgpack::object_handle(obj, std::move(zone));
-  } catch (const msgpack::insufficient_bytes&) {
-    u.fault = decode_error{error_code::bad_body, "truncated msgpack body"};
-    return u;
-  } catch (const msgpack::depth_size_overflow&) {
-    u.fault = decode_error{error_code::bad_body, "msgpack nesting too deep"};
-    return u;
-  } catch (const msgpack::size_overflow& e) {
-    u.fault =
-        decode_error{error_code::bad_body, fmt::format("msgpack limit exceeded ({})", e.what())};
-    return u;
-  } catch (const std::exception& e) {
-    u.fault = decode_error{error_code::bad_body, fmt::format("malformed msgpack ({})", e.what())};
-    return u;
-  }
-  if (offset != body.size()) {
-    u.fault =
-        decode_error{error_code::bad_body,
-                     fmt::format("{} trailing bytes after the msgpack body", body.size() - offset)};
-  } else if (u.handle.get().type != msgpack::type::MAP) {
-    u.fault = decode_error{error_code::bad_body, "body is not a msgpack map"};
-  }
-  return u;
-}
 
 namespace {
 
@@ -83,128 +16,360 @@ std::uint64_t read_be(std::string_view buf, std::size_t pos, std::size_t n) {
   return v;
 }
 
+std::int64_t read_signed(std::string_view buf, std::size_t pos, std::size_t n) {
+  const auto u = read_be(buf, pos, n);
+  const auto shift = 64U - 8U * static_cast<unsigned>(n);
+  return static_cast<std::int64_t>(u << shift) >> shift;  // sign-extend n bytes
+}
+
 }  // namespace
 
-std::optional<std::size_t> skip_value(std::string_view buf, std::size_t pos) {
-  std::uint64_t pending = 1;  // values still to skip; arrays and maps add their elements
-  while (pending > 0) {
-    if (pos >= buf.size()) return std::nullopt;
-    --pending;
-    const auto b = static_cast<std::uint8_t>(buf[pos]);
-    std::size_t head = 1;        // header bytes
-    std::uint64_t payload = 0;   // bytes after the header
-    std::uint64_t children = 0;  // nested values
-    const auto need = [&](std::size_t n) { return pos + n <= buf.size(); };
-    if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) {
-      // positive/negative fixint, nil, false, true
-    } else if ((b & 0xf0U) == 0x80) {
-      children = 2ULL * (b & 0x0fU);
-    } else if ((b & 0xf0U) == 0x90) {
-      children = b & 0x0fU;
-    } else if ((b & 0xe0U) == 0xa0) {
-      payload = b & 0x1fU;
+std::optional<head> read_head(std::string_view buf, std::size_t pos) {
+  using k = head::kind;
+  if (pos >= buf.size()) return std::nullopt;
+  const auto b = static_cast<std::uint8_t>(buf[pos]);
+  const auto need = [&](std::size_t n) { return n <= buf.size() - pos; };
+  head h;
+  // A length or count of `n` bytes after the type byte, then the data.
+  const auto sized = [&](k kind, std::size_t n) -> std::optional<head> {
+    if (!need(1 + n)) return std::nullopt;
+    h.k = kind;
+    h.n = read_be(buf, pos + 1, n);
+    h.data = pos + 1 + n;
+    return h;
+  };
+  const auto integer = [&](std::size_t n, bool is_signed) -> std::optional<head> {
+    if (!need(1 + n)) return std::nullopt;
+    h.data = pos + 1 + n;
+    if (!is_signed) {
+      h.k = k::uint;
+      h.n = read_be(buf, pos + 1, n);
     } else {
-      switch (b) {
-        case 0xc4:
-        case 0xd9:
-          head = 2;
-          if (!need(2)) return std::nullopt;
-          payload = read_be(buf, pos + 1, 1);
-          break;
-        case 0xc5:
-        case 0xda:
-          head = 3;
-          if (!need(3)) return std::nullopt;
-          payload = read_be(buf, pos + 1, 2);
-          break;
-        case 0xc6:
-        case 0xdb:
-          head = 5;
-          if (!need(5)) return std::nullopt;
-          payload = read_be(buf, pos + 1, 4);
-          break;
-        case 0xc7:
-          head = 3;
-          if (!need(3)) return std::nullopt;
-          payload = read_be(buf, pos + 1, 1) + 1;
-          break;
-        case 0xc8:
-          head = 4;
-          if (!need(4)) return std::nullopt;
-          payload = read_be(buf, pos + 1, 2) + 1;
-          break;
-        case 0xc9:
-          head = 6;
-          if (!need(6)) return std::nullopt;
-          payload = read_be(buf, pos + 1, 4) + 1;
-          break;
-        case 0xca:
-          payload = 4;
-          break;
-        case 0xcb:
-          payload = 8;
-          break;
-        case 0xcc:
-        case 0xd0:
-          payload = 1;
-          break;
-        case 0xcd:
-        case 0xd1:
-          payload = 2;
-          break;
-        case 0xce:
-        case 0xd2:
-          payload = 4;
-          break;
-        case 0xcf:
-        case 0xd3:
-          payload = 8;
-          break;
-        case 0xd4:
-          payload = 2;
-          break;
-        case 0xd5:
-          payload = 3;
-          break;
-        case 0xd6:
-          payload = 5;
-          break;
-        case 0xd7:
-          payload = 9;
-          break;
-        case 0xd8:
-          payload = 17;
-          break;
-        case 0xdc:
-          head = 3;
-          if (!need(3)) return std::nullopt;
-          children = read_be(buf, pos + 1, 2);
-          break;
-        case 0xdd:
-          head = 5;
-          if (!need(5)) return std::nullopt;
-          children = read_be(buf, pos + 1, 4);
-          break;
-        case 0xde:
-          head = 3;
-          if (!need(3)) return std::nullopt;
-          children = 2 * read_be(buf, pos + 1, 2);
-          break;
-        case 0xdf:
-          head = 5;
-          if (!need(5)) return std::nullopt;
-          children = 2 * read_be(buf, pos + 1, 4);
-          break;
-        default:
-          return std::nullopt;  // 0xc1 is never used
-      }
+      const auto v = read_signed(buf, pos + 1, n);
+      h.k = v >= 0 ? k::uint : k::nint;
+      h.n = static_cast<std::uint64_t>(v);
     }
-    if (payload > buf.size() - pos - std::min(head, buf.size() - pos)) return std::nullopt;
-    if (children > buf.size()) return std::nullopt;  // each child needs a byte at least
-    pos += head + payload;
-    pending += children;
+    return h;
+  };
+  // fixext and ext: n bytes after the ext type byte.
+  const auto ext = [&](std::size_t len_bytes, std::uint64_t fixed) -> std::optional<head> {
+    if (!need(1 + len_bytes)) return std::nullopt;
+    h.k = k::ext;
+    h.n = len_bytes > 0 ? read_be(buf, pos + 1, len_bytes) : fixed;
+    h.data = pos + 1 + len_bytes;  // the ext type byte, then n bytes
+    return h;
+  };
+  if (b <= 0x7f) {
+    h.k = k::uint;
+    h.n = b;
+    h.data = pos + 1;
+    return h;
+  }
+  if (b >= 0xe0) {
+    h.k = k::nint;
+    h.n = static_cast<std::uint64_t>(static_cast<std::int64_t>(static_cast<std::int8_t>(b)));
+    h.data = pos + 1;
+    return h;
+  }
+  if ((b & 0xf0U) == 0x80 || (b & 0xf0U) == 0x90 || (b & 0xe0U) == 0xa0) {
+    h.k = (b & 0xf0U) == 0x80 ? k::map : (b & 0xf0U) == 0x90 ? k::array : k::str;
+    h.n = (b & 0xe0U) == 0xa0 ? (b & 0x1fU) : (b & 0x0fU);
+    h.data = pos + 1;
+    return h;
+  }
+  switch (b) {
+    case 0xc0:
+      h.k = k::nil;
+      h.data = pos + 1;
+      return h;
+    case 0xc2:
+    case 0xc3:
+      h.k = k::boolean;
+      h.n = b == 0xc3 ? 1 : 0;
+      h.data = pos + 1;
+      return h;
+    case 0xc4:
+      return sized(k::bin, 1);
+    case 0xc5:
+      return sized(k::bin, 2);
+    case 0xc6:
+      return sized(k::bin, 4);
+    case 0xc7:
+      return ext(1, 0);
+    case 0xc8:
+      return ext(2, 0);
+    case 0xc9:
+      return ext(4, 0);
+    case 0xca: {
+      if (!need(5)) return std::nullopt;
+      const auto bits = static_cast<std::uint32_t>(read_be(buf, pos + 1, 4));
+      float f = 0;
+      std::memcpy(&f, &bits, sizeof f);
+      h.k = k::real;
+      h.real = f;
+      h.data = pos + 5;
+      return h;
+    }
+    case 0xcb: {
+      if (!need(9)) return std::nullopt;
+      const auto bits = read_be(buf, pos + 1, 8);
+      std::memcpy(&h.real, &bits, sizeof h.real);
+      h.k = k::real;
+      h.data = pos + 9;
+      return h;
+    }
+    case 0xcc:
+      return integer(1, false);
+    case 0xcd:
+      return integer(2, false);
+    case 0xce:
+      return integer(4, false);
+    case 0xcf:
+      return integer(8, false);
+    case 0xd0:
+      return integer(1, true);
+    case 0xd1:
+      return integer(2, true);
+    case 0xd2:
+      return integer(4, true);
+    case 0xd3:
+      return integer(8, true);
+    case 0xd4:
+      return ext(0, 1);
+    case 0xd5:
+      return ext(0, 2);
+    case 0xd6:
+      return ext(0, 4);
+    case 0xd7:
+      return ext(0, 8);
+    case 0xd8:
+      return ext(0, 16);
+    case 0xd9:
+      return sized(k::str, 1);
+    case 0xda:
+      return sized(k::str, 2);
+    case 0xdb:
+      return sized(k::str, 4);
+    case 0xdc:
+      return sized(k::array, 2);
+    case 0xdd:
+      return sized(k::array, 4);
+    case 0xde:
+      return sized(k::map, 2);
+    case 0xdf:
+      return sized(k::map, 4);
+    default:
+      return std::nullopt;  // 0xc1 is never used
+  }
+}
+
+namespace {
+
+// The walk of check_map(): one value and everything in it, depth-first. Sizes are checked
+// against the limits before anything is counted, so a header that claims a billion items
+// costs nothing; every item takes at least one byte, so no count can outrun the input.
+class checker {
+ public:
+  checker(std::string_view buf, const decode_limits& lim) : buf_(buf), lim_(lim) {}
+
+  // The offset just past the value at `pos` (`depth`: containers around it), or nullopt
+  // with fault() set.
+  std::optional<std::size_t> value(std::size_t pos, std::size_t depth) {
+    if (pos >= buf_.size()) return truncated();
+    // The common small cases first: a positive fixint, and a fixstr (every key).
+    const auto b = static_cast<std::uint8_t>(buf_[pos]);
+    if (b <= 0x7f) return pos + 1;
+    if ((b & 0xe0U) == 0xa0) {
+      if ((b & 0x1fU) > lim_.max_str) return limit("str size overflow");
+      if ((b & 0x1fU) > buf_.size() - pos - 1) return truncated();
+      return pos + 1 + (b & 0x1fU);
+    }
+    const auto h = read_head(buf_, pos);
+    if (!h) {
+      if (static_cast<std::uint8_t>(buf_[pos]) == 0xc1) return malformed("byte 0xc1");
+      return truncated();
+    }
+    const auto left = buf_.size() - h->data;
+    switch (h->k) {
+      case head::kind::str:
+        if (h->n > lim_.max_str) return limit("str size overflow");
+        if (h->n > left) return truncated();
+        return h->data + h->n;
+      case head::kind::bin:
+        if (h->n > lim_.max_bin) return limit("bin size overflow");
+        if (h->n > left) return truncated();
+        return h->data + h->n;
+      case head::kind::ext:
+        return limit("ext size overflow");  // no ext value is part of the protocol (§5.1)
+      case head::kind::array:
+      case head::kind::map: {
+        const bool is_map = h->k == head::kind::map;
+        if (h->n > (is_map ? lim_.max_map : lim_.max_array))
+          return limit(is_map ? "map size overflow" : "array size overflow");
+        if (depth + 1 > lim_.max_depth) return deep();
+        const auto items = is_map ? 2 * h->n : h->n;
+        if (items > left) return truncated();
+        auto at = h->data;
+        for (std::uint64_t i = 0; i < items; ++i) {
+          const auto next = value(at, depth + 1);
+          if (!next) return std::nullopt;
+          at = *next;
+        }
+        return at;
+      }
+      default:
+        return h->data;  // nil, boolean, integers and floats: the header is all of it
+    }
+  }
+
+  std::optional<decode_error> fault;
+
+ private:
+  std::optional<std::size_t> set(std::string reason) {
+    fault = decode_error{error_code::bad_body, std::move(reason)};
+    return std::nullopt;
+  }
+  std::optional<std::size_t> truncated() { return set("truncated msgpack body"); }
+  std::optional<std::size_t> deep() { return set("msgpack nesting too deep"); }
+  std::optional<std::size_t> limit(const char* what) {
+    return set(fmt::format("msgpack limit exceeded ({})", what));
+  }
+  std::optional<std::size_t> malformed(const char* what) {
+    return set(fmt::format("malformed msgpack ({})", what));
+  }
+
+  std::string_view buf_;
+  const decode_limits& lim_;
+};
+
+}  // namespace
+
+namespace {
+
+// A key's signature: its length and three of its bytes. Telling keys apart by it is cheap
+// and, keys being few and different words, rarely leaves a full comparison to make.
+std::uint64_t signature(std::string_view s) {
+  if (s.empty()) return 0;
+  const auto byte = [&](std::size_t i) { return std::uint64_t{static_cast<std::uint8_t>(s[i])}; };
+  return s.size() | byte(0) << 32U | byte(s.size() / 2) << 40U | byte(s.size() - 1) << 48U;
+}
+
+// The end of the value at `pos` in a body that passed the check (so nothing is checked).
+std::size_t end_of(std::string_view buf, std::size_t pos) {
+  std::uint64_t pending = 1;  // values still to pass; containers add their items
+  while (pending > 0) {
+    --pending;
+    const auto h = *read_head(buf, pos);
+    switch (h.k) {
+      case head::kind::str:
+      case head::kind::bin:
+        pos = h.data + h.n;
+        break;
+      case head::kind::array:
+        pending += h.n;
+        pos = h.data;
+        break;
+      case head::kind::map:
+        pending += 2 * h.n;
+        pos = h.data;
+        break;
+      default:  // ext never passes the check
+        pos = h.data;
+    }
   }
   return pos;
+}
+
+}  // namespace
+
+field_reader::field_reader(std::string_view body, const decode_limits& lim)
+    : body_(body), fault_(index(lim)) {}
+
+std::optional<decode_error> field_reader::index(const decode_limits& lim) {
+  const auto refuse = [](std::string reason) {
+    return decode_error{error_code::bad_body, std::move(reason)};
+  };
+  if (body_.empty()) return refuse("empty body: expected a msgpack map");
+  checker c(body_, lim);
+  const auto map = read_head(body_, 0);
+  if (!map || map->k != head::kind::map) {
+    // Not a map: say what is wrong with the value itself first, as a reader would see it.
+    const auto end = c.value(0, 0);
+    if (!end) return refuse(c.fault->reason);
+    if (*end != body_.size())
+      return refuse(fmt::format("{} trailing bytes after the msgpack body", body_.size() - *end));
+    return refuse("body is not a msgpack map");
+  }
+  if (map->n > lim.max_map) return refuse("msgpack limit exceeded (map size overflow)");
+  if (lim.max_depth < 1) return refuse("msgpack nesting too deep");
+  if (2 * map->n > body_.size() - map->data) return refuse("truncated msgpack body");
+  if (map->n > inline_fields) more_.reserve(map->n - inline_fields);
+  auto pos = map->data;
+  for (std::uint64_t i = 0; i < map->n; ++i) {
+    const auto key_end = c.value(pos, 1);
+    if (!key_end) return refuse(c.fault->reason);
+    const auto key = *read_head(body_, pos);
+    const auto value_end = c.value(*key_end, 1);
+    if (!value_end) return refuse(c.fault->reason);
+    if (key.k != head::kind::str) return refuse("map key is not a string");
+    field f{body_.substr(key.data, key.n), 0, *key_end, *value_end};
+    f.hash = signature(f.key);
+    for (std::size_t j = 0; j < count_; ++j) {
+      if (at(j).hash == f.hash && at(j).key == f.key)
+        return refuse(fmt::format("duplicate key '{}'", f.key.substr(0, max_quoted_key)));
+    }
+    if (count_ < inline_fields)
+      fields_[count_] = f;
+    else
+      more_.push_back(f);
+    ++count_;
+    pos = *value_end;
+  }
+  if (pos != body_.size())
+    return refuse(fmt::format("{} trailing bytes after the msgpack body", body_.size() - pos));
+  return std::nullopt;
+}
+
+std::optional<std::size_t> field_reader::find(std::string_view key) const {
+  const auto h = signature(key);
+  for (std::size_t i = 0; i < count_; ++i) {
+    auto j = next_ + i;
+    if (j >= count_) j -= count_;
+    const auto& f = at(j);
+    if (f.hash == h && f.key == key) {
+      next_ = j + 1;
+      return j;
+    }
+  }
+  return std::nullopt;
+}
+
+void field_reader::resources(std::string_view key, rlbus::resources& out) {
+  const auto m = get(key, false);
+  if (!m) return;
+  if (m->k != head::kind::map) return fail(key, "expected a map of name -> number");
+  if (m->n > max_resources) return fail(key, fmt::format("more than {} entries", max_resources));
+  auto pos = m->data;
+  for (std::uint64_t i = 0; i < m->n; ++i) {
+    const auto name = *read_head(body_, pos);
+    pos = end_of(body_, pos);
+    const auto val = *read_head(body_, pos);
+    pos = end_of(body_, pos);
+    if (name.k != head::kind::str || name.n == 0 || name.n > max_resource_name)
+      return fail(key, fmt::format("names must be strings of 1-{} bytes", max_resource_name));
+    double value = 0;
+    if (val.k == head::kind::uint) {
+      value = static_cast<double>(val.n);
+    } else if (val.k == head::kind::real) {
+      value = val.real;
+    } else {
+      return fail(key, "values must be non-negative numbers");
+    }
+    if (!std::isfinite(value) || value < 0)
+      return fail(key, "values must be non-negative finite numbers");
+    if (!out.emplace(std::string(body_.substr(name.data, name.n)), value).second)
+      return fail(key, "duplicate resource name");
+  }
 }
 
 namespace {
@@ -235,53 +400,40 @@ void pack_resources(msgpack::packer<msgpack::sbuffer>& pk, msgpack::sbuffer& out
 
 void field_reader::blob(std::string_view key, std::string& out, bool required, bool want_map,
                         bool allow_nil) {
-  const auto* o = get(key, required);
-  if (o == nullptr) return;
-  if (o->type == msgpack::type::NIL) {
+  const auto v = get(key, required);
+  if (!v) return;
+  if (v->k == head::kind::nil) {
     if (!allow_nil) return fail(key, "must not be nil");
-  } else if (want_map && o->type != msgpack::type::MAP) {
+  } else if (want_map && v->k != head::kind::map) {
     return fail(key, "expected a map");
   }
-  // Walk the raw top-level map to the same field: keys and values alternate in order.
-  std::size_t pos = 0;
-  const auto b = static_cast<std::uint8_t>(body_[0]);
-  pos = (b & 0xf0U) == 0x80 ? 1 : b == 0xde ? 3 : 5;
-  for (std::uint32_t i = 0; i < count_; ++i) {
-    const auto* v = &fields_[i].val;
-    const auto key_end = skip_value(body_, pos);
-    if (!key_end) return fail(key, "malformed");
-    const auto value_end = skip_value(body_, *key_end);
-    if (!value_end) return fail(key, "malformed");
-    if (v == o) {
-      out.assign(body_.substr(*key_end, *value_end - *key_end));
-      return;
-    }
-    pos = *value_end;
-  }
-  fail(key, "not found in the raw body");
+  const auto& f = at(last_);
+  out.assign(body_.substr(f.begin, f.end - f.begin));
 }
 
 void field_reader::string_list(std::string_view key, std::vector<std::string>& out,
                                std::size_t max_items, std::size_t max_len) {
-  const auto* o = get(key, false);
-  if (o == nullptr) return;
-  if (o->type != msgpack::type::ARRAY) return fail(key, "expected an array of strings");
-  if (o->via.array.size > max_items) return fail(key, fmt::format("more than {} items", max_items));
-  for (std::uint32_t i = 0; i < o->via.array.size; ++i) {
-    const auto& item = o->via.array.ptr[i];
-    if (item.type != msgpack::type::STR || item.via.str.size > max_len)
+  const auto a = get(key, false);
+  if (!a) return;
+  if (a->k != head::kind::array) return fail(key, "expected an array of strings");
+  if (a->n > max_items) return fail(key, fmt::format("more than {} items", max_items));
+  auto pos = a->data;
+  for (std::uint64_t i = 0; i < a->n; ++i) {
+    const auto item = *read_head(body_, pos);
+    if (item.k != head::kind::str || item.n > max_len)
       return fail(key, fmt::format("items must be strings of at most {} bytes", max_len));
-    out.emplace_back(as_view(item));
+    out.emplace_back(body_.substr(item.data, item.n));
+    pos = item.data + item.n;
   }
 }
 
 void field_reader::binary(std::string_view key, std::string& out, std::size_t max_len,
                           bool required) {
-  const auto* o = get(key, required);
-  if (o == nullptr) return;
-  if (o->type != msgpack::type::BIN) return fail(key, "expected binary");
-  if (o->via.bin.size > max_len) return fail(key, fmt::format("longer than {} bytes", max_len));
-  out.assign(o->via.bin.ptr, o->via.bin.size);
+  const auto v = get(key, required);
+  if (!v) return;
+  if (v->k != head::kind::bin) return fail(key, "expected binary");
+  if (v->n > max_len) return fail(key, fmt::format("longer than {} bytes", max_len));
+  out.assign(body_.substr(v->data, v->n));
 }
 
 }  // namespace rlbus::codec::detail

@@ -1,8 +1,13 @@
-// Helpers shared by the codec's translation units: msgpack unpacking under limits,
-// `field_reader` (typed access to one map's fields that records the first fault instead of
-// throwing) and the canonical packing of numbers. Internal to src/codec.
+// Helpers shared by the codec's translation units: the check of a body against the
+// protocol's limits, `field_reader` (typed access to one map's fields that records the first
+// fault instead of throwing) and the canonical packing of numbers. Internal to src/codec.
+//
+// Bodies are read in place: the field reader walks the bytes once under the limits, noting
+// where each top-level field lies, and then reads a field from there when asked. Decoding
+// builds no msgpack object tree and copies only what ends up in the message.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -18,27 +23,20 @@
 
 namespace rlbus::codec::detail {
 
-/// A decoded body and the zone it lives in. The zone comes from a per-thread spare and goes
-/// back to it on destruction (unless the handle was moved away), so decoding a message does
-/// not allocate a fresh zone each time.
-struct unpacked {
-  msgpack::object_handle handle;
-  std::optional<decode_error> fault;
-  unpacked() = default;
-  unpacked(unpacked&&) = default;
-  unpacked& operator=(unpacked&&) = default;
-  unpacked(const unpacked&) = delete;
-  unpacked& operator=(const unpacked&) = delete;
-  ~unpacked();
+/// What a msgpack value's first bytes say. Integers follow msgpack-c's reading: any integer
+/// format holding a value >= 0 is `uint` (n: the value); below 0 it is `nint`.
+struct head {
+  enum class kind : std::uint8_t { nil, boolean, uint, nint, real, str, bin, array, map, ext };
+  kind k = kind::nil;
+  std::uint64_t n = 0;   // uint: the value; boolean: 0/1; str, bin, ext: bytes; array: items;
+                         // map: pairs
+  double real = 0;       // real: a float32 or float64, as a double
+  std::size_t data = 0;  // offset of the bytes (str, bin, ext) or of the first item
 };
 
-/// Unpacks `body` under `lim`; fault unless it is exactly one map. Strings and binaries in
-/// the result point into `body`, which must outlive it.
-unpacked unpack_map(std::string_view body, const decode_limits& lim);
-
-/// Offset just past the msgpack value starting at `pos` in `buf`, or nullopt if it runs
-/// past the end. Only for bytes that already passed unpack_map (structure is trusted).
-std::optional<std::size_t> skip_value(std::string_view buf, std::size_t pos);
+/// The header of the value at `pos`, or nullopt when it runs past the end of `buf` or is the
+/// never-used byte 0xc1. Payload lengths are not checked against `buf`.
+std::optional<head> read_head(std::string_view buf, std::size_t pos);
 
 /// Resources in canonical form: whole numbers below 2^53 as integers, others as float64.
 void pack_resources(msgpack::packer<msgpack::sbuffer>& pk, msgpack::sbuffer& out,
@@ -50,43 +48,25 @@ inline constexpr std::uint64_t u64_max = ~std::uint64_t{0};
 // Reasons quote input only in short pieces, so an ERROR always fits its own reason limit.
 inline constexpr std::size_t max_quoted_key = 64;
 
-inline std::string_view as_view(const msgpack::object& o) {
-  return {o.via.str.ptr, o.via.str.size};
-}
-
 // Typed access to the fields of one map. Unknown keys are ignored (SPEC §5: forward
 // compatibility); duplicate or non-string keys make the whole body invalid.
 class field_reader {
  public:
-  /// `map` is the decoded body and `body` its bytes (for blob(): values kept verbatim).
-  field_reader(const msgpack::object& map, std::string_view body) : body_(body) {
-    const auto& m = map.via.map;
-    fields_ = m.ptr;
-    for (std::uint32_t i = 0; i < m.size; ++i) {
-      const auto& kv = m.ptr[i];
-      if (kv.key.type != msgpack::type::STR) {
-        fault_ = decode_error{error_code::bad_body, "map key is not a string"};
-        return;
-      }
-      const auto key = as_view(kv.key);
-      if (find(key) != nullptr) {
-        fault_ = decode_error{error_code::bad_body,
-                              fmt::format("duplicate key '{}'", key.substr(0, max_quoted_key))};
-        return;
-      }
-      ++count_;  // the fields before it are checked: find() looks at those
-    }
-  }
+  /// Checks that `body` is exactly one msgpack map within `lim` (collection sizes, string
+  /// and binary lengths, nesting depth, no ext values), complete, with nothing after it and
+  /// with string keys, no two alike; fault() is a BAD_BODY saying what is wrong otherwise.
+  /// The reader keeps views into `body`.
+  field_reader(std::string_view body, const decode_limits& lim);
 
   [[nodiscard]] const std::optional<decode_error>& fault() const { return fault_; }
-  [[nodiscard]] bool has(std::string_view key) const { return find(key) != nullptr; }
+  [[nodiscard]] bool has(std::string_view key) const { return find(key).has_value(); }
 
   void str(std::string_view key, std::string& out, std::size_t max_len, bool required = true) {
-    const auto* o = get(key, required);
-    if (o == nullptr) return;
-    if (o->type != msgpack::type::STR) return fail(key, "expected a string");
-    if (o->via.str.size > max_len) return fail(key, fmt::format("longer than {} bytes", max_len));
-    out.assign(o->via.str.ptr, o->via.str.size);
+    const auto v = get(key, required);
+    if (!v) return;
+    if (v->k != head::kind::str) return fail(key, "expected a string");
+    if (v->n > max_len) return fail(key, fmt::format("longer than {} bytes", max_len));
+    out.assign(body_.substr(v->data, v->n));
   }
 
   template <class U>
@@ -104,10 +84,10 @@ class field_reader {
   }
 
   void boolean(std::string_view key, bool& out, bool required = true) {
-    const auto* o = get(key, required);
-    if (o == nullptr) return;
-    if (o->type != msgpack::type::BOOLEAN) return fail(key, "expected a boolean");
-    out = o->via.boolean;
+    const auto v = get(key, required);
+    if (!v) return;
+    if (v->k != head::kind::boolean) return fail(key, "expected a boolean");
+    out = v->n != 0;
   }
 
   void role(std::string_view key, rlbus::role& out) {
@@ -141,35 +121,7 @@ class field_reader {
       fail(key, "must be 1-128 characters of A-Z a-z 0-9 . _ : @ / -");
   }
 
-  void resources(std::string_view key, rlbus::resources& out) {
-    const auto* o = get(key, false);
-    if (o == nullptr) return;
-    if (o->type != msgpack::type::MAP) return fail(key, "expected a map of name -> number");
-    if (o->via.map.size > max_resources)
-      return fail(key, fmt::format("more than {} entries", max_resources));
-    for (std::uint32_t i = 0; i < o->via.map.size; ++i) {
-      const auto& kv = o->via.map.ptr[i];
-      if (kv.key.type != msgpack::type::STR || kv.key.via.str.size == 0 ||
-          kv.key.via.str.size > max_resource_name)
-        return fail(key, fmt::format("names must be strings of 1-{} bytes", max_resource_name));
-      double value = 0;
-      switch (kv.val.type) {
-        case msgpack::type::POSITIVE_INTEGER:
-          value = static_cast<double>(kv.val.via.u64);
-          break;
-        case msgpack::type::FLOAT32:
-        case msgpack::type::FLOAT64:
-          value = kv.val.via.f64;
-          break;
-        default:
-          return fail(key, "values must be non-negative numbers");
-      }
-      if (!std::isfinite(value) || value < 0)
-        return fail(key, "values must be non-negative finite numbers");
-      if (!out.emplace(std::string(as_view(kv.key)), value).second)
-        return fail(key, "duplicate resource name");
-    }
-  }
+  void resources(std::string_view key, rlbus::resources& out);
 
   /// An opaque value (user data: task_info, info, result ...) kept as its exact bytes, so
   /// it is forwarded unchanged. `allow_nil` accepts nil ("none"); otherwise it must be a
@@ -184,28 +136,39 @@ class field_reader {
   void binary(std::string_view key, std::string& out, std::size_t max_len, bool required);
 
  private:
-  [[nodiscard]] const msgpack::object* find(std::string_view key) const {
-    for (std::uint32_t i = 0; i < count_; ++i)
-      if (as_view(fields_[i].key) == key) return &fields_[i].val;
-    return nullptr;
-  }
+  struct field {
+    std::string_view key;
+    std::uint64_t hash = 0;          // the key's signature: most keys differ in it
+    std::size_t begin = 0, end = 0;  // the value's bytes in the body
+  };
 
-  const msgpack::object* get(std::string_view key, bool required) {
-    if (fault_) return nullptr;
-    const auto* o = find(key);
-    if (o == nullptr && required) fail(key, "missing");
-    return o;
+  [[nodiscard]] const field& at(std::size_t i) const {
+    return i < inline_fields ? fields_[i] : more_[i - inline_fields];
+  }
+  /// Checks the body and notes where its fields lie (the constructor's work).
+  std::optional<decode_error> index(const decode_limits& lim);
+  /// Looks from just after the last field found: fields read in the order they were written
+  /// (canonical order, on both sides) are found at the first try.
+  [[nodiscard]] std::optional<std::size_t> find(std::string_view key) const;
+
+  std::optional<head> get(std::string_view key, bool required) {
+    if (fault_) return std::nullopt;
+    const auto i = find(key);
+    if (!i) {
+      if (required) fail(key, "missing");
+      return std::nullopt;
+    }
+    last_ = *i;
+    return read_head(body_, at(last_).begin);  // never nullopt: the body passed the check
   }
 
   void read_uint(std::string_view key, std::optional<std::uint64_t>& out, std::uint64_t lo,
                  std::uint64_t hi, bool required) {
-    const auto* o = get(key, required);
-    if (o == nullptr) return;
-    if (o->type != msgpack::type::POSITIVE_INTEGER)
-      return fail(key, "expected a non-negative integer");
-    if (o->via.u64 < lo || o->via.u64 > hi)
-      return fail(key, fmt::format("{} is outside {}..{}", o->via.u64, lo, hi));
-    out = o->via.u64;
+    const auto v = get(key, required);
+    if (!v) return;
+    if (v->k != head::kind::uint) return fail(key, "expected a non-negative integer");
+    if (v->n < lo || v->n > hi) return fail(key, fmt::format("{} is outside {}..{}", v->n, lo, hi));
+    out = v->n;
   }
 
   void fail(std::string_view key, std::string_view what) {
@@ -214,9 +177,14 @@ class field_reader {
   }
 
   std::string_view body_;
-  // The decoded map's own entries (no copy): the first count_ have string keys, no two alike.
-  const msgpack::object_kv* fields_ = nullptr;
-  std::uint32_t count_ = 0;
+  // The map's fields in body order: the first inline, the rest (a body may hold up to the
+  // map limit of them) in `more_`.
+  static constexpr std::size_t inline_fields = 16;
+  std::array<field, inline_fields> fields_{};
+  std::vector<field> more_;
+  std::size_t count_ = 0;
+  mutable std::size_t next_ = 0;  // where find() starts
+  std::size_t last_ = 0;          // the field get() found last
   std::optional<decode_error> fault_;
 };
 

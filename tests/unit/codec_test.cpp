@@ -3,9 +3,15 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include <msgpack.hpp>
 
 #include "codec/codec.hpp"
+#include "codec/field_reader.hpp"
 
 using namespace rlbus;
 using codec::error_code;
@@ -363,4 +369,144 @@ TEST_CASE("task messages refuse bad task ids, attempts and shapes", "[unit][code
       .pack("task_info")
       .pack_map(0);
   CHECK(refusal(type(codec::msg_type::submit), {b.data(), b.size()}) == error_code::bad_field);
+}
+
+// The decoder reads bodies in place (codec/field_reader): its own walk decides what is a
+// well-formed body within the limits. msgpack-c's unpacker, given the same limits, is the
+// reference: on every mutation of a set of valid bodies both must give the same verdict,
+// and an accepted body must have the same top-level keys, each with the same value bytes.
+TEST_CASE("the in-place body check agrees with msgpack-c's unpacker", "[unit][codec]") {
+  const codec::decode_limits lim{};
+  const std::vector<std::string> seeds = {
+      codec::encode_body(codec::hello{role::learner, "l-1", 500, {{"gpu", 2}, {"cpu", 1.5}}, 7}),
+      codec::encode_body(codec::error{402, "bad", 1}),
+      codec::encode_body(codec::data_ready{"t-1", 2, "d-9", "buf",
+                                           "\x82\xa1x\xd0\xfb\xa1y\xcb" + std::string(8, '\x01'),
+                                           std::string(40, 'p'), 17, 3}),
+      unhex("83a161dc0003c0c2c3a162d1ff00a163ca3f800000"),  // array16, nint16, float32
+      unhex("82a16191c7010161a162d40102"),                  // ext values (refused)
+      unhex("81a17891919191919191919191919191919100"),      // nesting 16 deep: the limit
+      unhex("81a1789191919191919191919191919191919100"),    // 17 deep: refused
+  };
+  // The reference: unpack with limits, a single map, no trailing bytes, string keys, no
+  // duplicate key; accepted bodies give each value by key (re-packed, and as read).
+  struct value {
+    std::string packed;
+    msgpack::object_handle read;
+  };
+  const auto reference =
+      [&](const std::string& body) -> std::optional<std::vector<std::pair<std::string, value>>> {
+    if (body.empty()) return std::nullopt;
+    const msgpack::unpack_limit limit(lim.max_array, lim.max_map, lim.max_str, lim.max_bin, 0,
+                                      lim.max_depth);
+    std::size_t off = 0;
+    msgpack::object_handle h;
+    try {
+      h = msgpack::unpack(body.data(), body.size(), off, nullptr, nullptr, limit);
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+    if (off != body.size() || h.get().type != msgpack::type::MAP) return std::nullopt;
+    std::vector<std::pair<std::string, value>> out;
+    for (std::uint32_t i = 0; i < h.get().via.map.size; ++i) {
+      const auto& kv = h.get().via.map.ptr[i];
+      if (kv.key.type != msgpack::type::STR) return std::nullopt;
+      std::string key(kv.key.via.str.ptr, kv.key.via.str.size);
+      for (const auto& [k, v] : out)
+        if (k == key) return std::nullopt;
+      msgpack::sbuffer packed;
+      msgpack::pack(packed, kv.val);
+      out.emplace_back(std::move(key),
+                       value{std::string(packed.data(), packed.size()), msgpack::clone(kv.val)});
+    }
+    return out;
+  };
+  std::uint64_t rng = 0x2545F4914F6CDD1DULL;
+  const auto next = [&] {
+    rng ^= rng << 13U;
+    rng ^= rng >> 7U;
+    rng ^= rng << 17U;
+    return rng;
+  };
+  std::size_t agreed_accept = 0;
+  std::size_t agreed_refuse = 0;
+  for (int i = 0; i < 60'000; ++i) {
+    std::string body = seeds[next() % seeds.size()];
+    const int edits = static_cast<int>(next() % 4);
+    for (int e = 0; e < edits && !body.empty(); ++e) {
+      const auto at = next() % body.size();
+      switch (next() % 4) {
+        case 0:
+          body[at] = static_cast<char>(next());
+          break;
+        case 1:
+          body.resize(at);
+          break;
+        case 2:
+          body.insert(at, 1, static_cast<char>(0xc4 + next() % 28));  // typed headers
+          break;
+        default:
+          body.insert(at, body.substr(0, next() % (body.size() + 1)));
+          break;
+      }
+    }
+    const auto want = reference(body);
+    codec::detail::field_reader reader(body, lim);
+    const bool accepted = !reader.fault();
+    INFO("body " << i << ": " << body.size() << " bytes");
+    REQUIRE(accepted == want.has_value());
+    if (!accepted) {
+      ++agreed_refuse;
+      continue;
+    }
+    ++agreed_accept;
+    // Same keys; each value's bytes as the reader keeps them (blob) re-packed by msgpack-c
+    // are what msgpack-c packs for its own reading of them; and a value's head reads as
+    // msgpack-c reads it (type, integer, float, length).
+    using kind = codec::detail::head::kind;
+    for (const auto& [key, v] : *want) {
+      std::string raw;
+      reader.blob(key, raw, true, false, true);
+      REQUIRE_FALSE(reader.fault());
+      std::size_t off = 0;
+      const auto again = msgpack::unpack(raw.data(), raw.size(), off);
+      msgpack::sbuffer repacked;
+      msgpack::pack(repacked, again.get());
+      CHECK(std::string(repacked.data(), repacked.size()) == v.packed);
+      const auto h = codec::detail::read_head(raw, 0);
+      REQUIRE(h);
+      const auto& o = v.read.get();
+      switch (o.type) {
+        case msgpack::type::POSITIVE_INTEGER:
+          CHECK((h->k == kind::uint && h->n == o.via.u64));
+          break;
+        case msgpack::type::NEGATIVE_INTEGER:
+          CHECK((h->k == kind::nint && static_cast<std::int64_t>(h->n) == o.via.i64));
+          break;
+        case msgpack::type::FLOAT32:
+        case msgpack::type::FLOAT64:
+          CHECK((h->k == kind::real && (h->real == o.via.f64 || std::isnan(o.via.f64))));
+          break;
+        case msgpack::type::BOOLEAN:
+          CHECK((h->k == kind::boolean && (h->n != 0) == o.via.boolean));
+          break;
+        case msgpack::type::STR:
+          CHECK((h->k == kind::str && h->n == o.via.str.size));
+          break;
+        case msgpack::type::BIN:
+          CHECK((h->k == kind::bin && h->n == o.via.bin.size));
+          break;
+        case msgpack::type::ARRAY:
+          CHECK((h->k == kind::array && h->n == o.via.array.size));
+          break;
+        case msgpack::type::MAP:
+          CHECK((h->k == kind::map && h->n == o.via.map.size));
+          break;
+        default:
+          CHECK(h->k == kind::nil);
+      }
+    }
+  }
+  CHECK(agreed_accept > 1000);
+  CHECK(agreed_refuse > 1000);
 }
