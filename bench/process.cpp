@@ -1,19 +1,15 @@
-// See process.hpp. fork() + execv() rather than posix_spawn(): only a forked child can ask
-// for PR_SET_PDEATHSIG and set its CPU affinity before it executes the program. Between fork
-// and exec the child calls async-signal-safe functions only (the bench has threads).
+// See process.hpp. The children are util::subprocess, which can ask for PR_SET_PDEATHSIG and
+// set their CPU affinity before they execute the program.
 #include "process.hpp"
 
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <climits>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -21,17 +17,6 @@
 #include <thread>
 
 namespace rlbus::bench {
-
-namespace {
-
-cpu_set_t to_set(const cpu_list& cpus) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (const int c : cpus) CPU_SET(c, &set);
-  return set;
-}
-
-}  // namespace
 
 cpu_list parse_cpus(const std::string& text) {
   cpu_list out;
@@ -55,7 +40,9 @@ cpu_list parse_cpus(const std::string& text) {
 }
 
 void pin_self(const cpu_list& cpus) {
-  const auto set = to_set(cpus);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (const int c : cpus) CPU_SET(c, &set);
   if (::sched_setaffinity(0, sizeof set, &set) != 0)
     throw std::runtime_error(std::string("sched_setaffinity: ") + std::strerror(errno));
 }
@@ -72,64 +59,58 @@ std::uint64_t raise_fd_limit() {
 }
 
 std::string self_path() {
-  char buf[PATH_MAX];
-  const auto n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) throw std::runtime_error("cannot resolve /proc/self/exe");
-  return {buf, static_cast<std::size_t>(n)};
+  auto path = util::own_path();
+  if (path.empty()) throw std::runtime_error("cannot resolve /proc/self/exe");
+  return path;
 }
 
-child_process::child_process(std::vector<std::string> argv, std::string log_path,
-                             const cpu_list& cpus, bool with_stdin)
-    : name_(argv.at(0)), log_path_(std::move(log_path)) {
-  std::vector<char*> args;
-  for (auto& a : argv) args.push_back(a.data());
-  args.push_back(nullptr);
-  const auto set = to_set(cpus);
-  const bool pin = !cpus.empty();
-  const int log_fd = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (log_fd < 0) throw std::runtime_error("cannot create " + log_path_);
+namespace {
+
+// Starts the child with its output appended to `log_path`; `stdin_fd` gets the bench's end of
+// its standard input (with_stdin).
+util::subprocess start(std::vector<std::string> argv, const std::string& log_path,
+                       const cpu_list& cpus, bool with_stdin, int& stdin_fd) {
+  const int log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (log_fd < 0) throw std::runtime_error("cannot create " + log_path);
   // A socket pair rather than a pipe: send(MSG_NOSIGNAL) to a dead child fails instead of
-  // raising SIGPIPE in the bench. Both ends close on exec; the child dup2()s its end to 0.
+  // raising SIGPIPE in the bench. Both ends close on exec; the child gets its end as fd 0.
   int in_pair[2] = {-1, -1};
   if (with_stdin && ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in_pair) != 0) {
     ::close(log_fd);
     throw std::runtime_error("socketpair failed: " + std::string(std::strerror(errno)));
   }
-  const pid_t parent = ::getpid();
-  pid_ = ::fork();
-  if (pid_ == 0) {
-    // The child: die with the bench, pin, redirect output, become the program.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);  // the bench died before prctl took effect
-    if (pin && ::sched_setaffinity(0, sizeof set, &set) != 0) ::_exit(126);
-    if (in_pair[1] >= 0) ::dup2(in_pair[1], 0);
-    ::dup2(log_fd, 1);
-    ::dup2(log_fd, 2);
-    ::execv(args[0], args.data());
-    ::_exit(127);
+  util::spawn_options o;
+  o.stdin_fd = in_pair[1];
+  o.stdout_fd = log_fd;
+  o.stderr_fd = log_fd;
+  o.death_signal = SIGKILL;  // dies with the bench's main thread
+  o.cpus = cpus;
+  const auto close_child_ends = [&] {
+    ::close(log_fd);
+    if (in_pair[1] >= 0) ::close(in_pair[1]);
+  };
+  try {
+    util::subprocess proc(std::move(argv), o);
+    close_child_ends();
+    stdin_fd = in_pair[0];
+    return proc;
+  } catch (...) {
+    close_child_ends();
+    if (in_pair[0] >= 0) ::close(in_pair[0]);
+    throw;
   }
-  ::close(log_fd);
-  if (in_pair[1] >= 0) ::close(in_pair[1]);
-  stdin_fd_ = in_pair[0];
-  if (pid_ < 0) {
-    if (stdin_fd_ >= 0) ::close(stdin_fd_);
-    stdin_fd_ = -1;
-  }
-  if (pid_ < 0) throw std::runtime_error("fork failed: " + std::string(std::strerror(errno)));
 }
+
+}  // namespace
+
+child_process::child_process(std::vector<std::string> argv, std::string log_path,
+                             const cpu_list& cpus, bool with_stdin)
+    : name_(argv.at(0)),
+      log_path_(std::move(log_path)),
+      proc_(start(std::move(argv), log_path_, cpus, with_stdin, stdin_fd_)) {}
 
 child_process::~child_process() {
   stop();
-}
-
-bool child_process::reap(int flags) {
-  if (done_) return true;
-  int st = 0;
-  const auto r = ::waitpid(pid_, &st, flags);
-  if (r != pid_) return false;
-  status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  done_ = true;
-  return true;
 }
 
 bool child_process::send_line(const std::string& line) {
@@ -150,18 +131,7 @@ int child_process::stop(std::chrono::milliseconds grace) {
     ::close(stdin_fd_);
     stdin_fd_ = -1;
   }
-  if (done_ || pid_ <= 0) return status_;
-  ::kill(pid_, SIGTERM);
-  const auto deadline = std::chrono::steady_clock::now() + grace;
-  while (!reap(WNOHANG)) {
-    if (std::chrono::steady_clock::now() >= deadline) {
-      ::kill(pid_, SIGKILL);
-      reap(0);
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return status_;
+  return util::exit_code(proc_.stop(grace));
 }
 
 std::string child_process::log() const {
@@ -179,9 +149,10 @@ std::string child_process::wait_for_line(const std::string& needle,
     std::string line;
     while (std::getline(ss, line))
       if (line.find(needle) != std::string::npos) return line;
-    if (reap(WNOHANG))
-      throw std::runtime_error(name_ + " exited with status " + std::to_string(status_) +
-                               " before saying '" + needle + "':\n" + log());
+    if (const auto st = proc_.poll_exit())
+      throw std::runtime_error(name_ + " exited with status " +
+                               std::to_string(util::exit_code(*st)) + " before saying '" + needle +
+                               "':\n" + log());
     if (std::chrono::steady_clock::now() >= deadline)
       throw std::runtime_error(name_ + " did not say '" + needle + "' in time:\n" + log());
     std::this_thread::sleep_for(std::chrono::milliseconds(2));

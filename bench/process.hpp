@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "util/subprocess.hpp"
+
 namespace rlbus::bench {
 
 /// CPUs to pin to (empty: leave the scheduler free).
@@ -53,19 +55,16 @@ class child_process {
   /// Writes `line` and a newline to the child's standard input (with_stdin only). Returns
   /// false when the child is gone or has no such input (never raises SIGPIPE).
   bool send_line(const std::string& line);
-  [[nodiscard]] pid_t pid() const noexcept { return pid_; }
+  [[nodiscard]] pid_t pid() const noexcept { return proc_.pid(); }
   [[nodiscard]] const std::string& log_path() const noexcept { return log_path_; }
   /// Everything the child wrote so far.
   [[nodiscard]] std::string log() const;
 
  private:
-  bool reap(int flags);
   std::string name_;
   std::string log_path_;
-  pid_t pid_ = -1;
-  int stdin_fd_ = -1;  // the bench's end of the child's standard input
-  int status_ = -1;
-  bool done_ = false;
+  int stdin_fd_ = -1;  // the bench's end of the child's standard input (set as proc_ starts)
+  util::subprocess proc_;
 };
 
 /// The word after "`key` " in `line` (e.g. the endpoint after "router "); "" when absent.

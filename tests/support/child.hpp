@@ -7,13 +7,16 @@
 #include <string>
 #include <vector>
 
+#include "util/subprocess.hpp"
+
 namespace rlbus::test {
 
 class child {
  public:
-  /// Starts `path` with `args`; throws std::runtime_error if it cannot.
+  /// Starts `path` with `args`; throws std::runtime_error if it cannot (a failed exec is
+  /// exit status 127).
   child(const std::string& path, const std::vector<std::string>& args);
-  ~child();  // kills the process if it still runs
+  ~child() = default;  // kills the process if it still runs
   child(const child&) = delete;
   child& operator=(const child&) = delete;
 
@@ -22,17 +25,15 @@ class child {
                                            std::chrono::milliseconds timeout);
   /// Everything read so far.
   [[nodiscard]] const std::string& output() const { return out_; }
-  void signal(int sig);
+  void signal(int sig) { proc_.signal(sig); }
   /// Exit status (or 128 + signal) within `timeout`, nullopt if it is still running.
   std::optional<int> wait(std::chrono::milliseconds timeout);
 
  private:
   bool read_some(std::chrono::milliseconds timeout);
-  int pid_ = -1;
-  int fd_ = -1;
+  util::subprocess proc_;
   std::string out_;
   std::size_t scanned_ = 0;
-  std::optional<int> status_;
 };
 
 /// Runs a command to completion (with a deadline) and returns {exit status, output}.
