@@ -668,20 +668,22 @@ void task_manager::erase_task(const std::string& id) {
 void task_manager::emit(task& t, std::string_view event, codec::blob body,
                         std::string_view detail) {
   auto& s = streams_[t.owner];
-  codec::task_event e{++s.seq, t.id, t.attempt, std::string(event), t.worker, std::move(body)};
+  const auto size = body.size();
+  s.ring.emplace_back(
+      codec::task_event{++s.seq, t.id, t.attempt, std::string(event), t.worker, std::move(body)});
   if (!s.windowed) {  // v1: sent as made; an undeliverable one leaves a gap (§12.8.2)
-    sink_.send_to(t.owner, e);
+    sink_.send_to(t.owner, s.ring.back());
     s.next = s.seq + 1;
     s.sent_max = s.seq;
   }
-  if (event == "data") s.max_data_bytes = std::max(s.max_data_bytes, e.body.size());
+  if (event == "data") s.max_data_bytes = std::max(s.max_data_bytes, size);
   // The ring is bounded in events and in bytes (payloads can be large).
-  s.ring_bytes += e.body.size();
-  s.ring.push_back(std::move(e));
+  s.ring_bytes += size;
   while (s.ring.size() > cfg_.stream_ring || s.ring_bytes > cfg_.stream_ring_bytes) {
-    const auto size = s.ring.front().body.size();
-    if (s.ring.front().seq <= s.acked) s.acked_bytes -= size;
-    s.ring_bytes -= size;
+    const auto& oldest = stream::event(s.ring.front());
+    const auto bytes = oldest.body.size();
+    if (oldest.seq <= s.acked) s.acked_bytes -= bytes;
+    s.ring_bytes -= bytes;
     s.ring.pop_front();
   }
   pump(t.owner, s);
@@ -699,13 +701,14 @@ void task_manager::emit(task& t, std::string_view event, codec::blob body,
 void task_manager::stream::set_acked(std::uint64_t seq) {
   // acked_bytes stays the bytes of the ring's events at or below `acked`.
   const auto count_upto = [&](std::uint64_t v) -> std::size_t {
-    if (ring.empty() || v < ring.front().seq) return 0;
-    return static_cast<std::size_t>(std::min<std::uint64_t>(v - ring.front().seq + 1, ring.size()));
+    if (ring.empty() || v < event(ring.front()).seq) return 0;
+    return static_cast<std::size_t>(
+        std::min<std::uint64_t>(v - event(ring.front()).seq + 1, ring.size()));
   };
   const auto from = count_upto(acked);
   const auto to = count_upto(seq);
-  for (auto i = from; i < to; ++i) acked_bytes += ring[i].body.size();
-  for (auto i = to; i < from; ++i) acked_bytes -= ring[i].body.size();
+  for (auto i = from; i < to; ++i) acked_bytes += event(ring[i]).body.size();
+  for (auto i = to; i < from; ++i) acked_bytes -= event(ring[i]).body.size();
   acked = seq;
 }
 
@@ -749,7 +752,7 @@ void task_manager::pump(const std::string& owner, stream& s) {
     return s.acked > ~std::uint64_t{0} - window ? ~std::uint64_t{0} : s.acked + window;
   };
   while (s.next <= s.seq && s.next <= limit()) {
-    const auto front = s.ring.empty() ? s.seq + 1 : s.ring.front().seq;
+    const auto front = s.ring.empty() ? s.seq + 1 : stream::event(s.ring.front()).seq;
     if (s.next < front) {
       if (!sink_.send_to(owner, codec::stream_gap{s.next, front - 1})) return;
       spdlog::warn("coordinator {}: events {}..{} of its stream are gone from the ring", owner,

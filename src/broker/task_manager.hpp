@@ -139,7 +139,11 @@ class task_manager {
   };
   struct stream {
     std::uint64_t seq = 0;  // the last event made: the head
-    std::deque<codec::task_event> ring;
+    // Each a TASK_EVENT, held as the message it is sent as, so sending never copies it.
+    std::deque<codec::message> ring;
+    [[nodiscard]] static const codec::task_event& event(const codec::message& m) {
+      return std::get<codec::task_event>(m);
+    }
     std::size_t ring_bytes = 0;
     // Flow control (§12.9), off until the coordinator's first ACK or REPLAY: until then
     // every event is sent as it is made, as in v1.
