@@ -1,6 +1,6 @@
-// See field_reader.hpp. check_map() walks a body's bytes once under the limits (msgpack-c's
-// unpacker would build an object tree and allocate a zone for the same verdict); the field
-// reader then notes where each top-level field lies and reads a field only when asked.
+// See field_reader.hpp. The field reader walks a body's bytes once under the limits
+// (msgpack-c's unpacker would build an object tree in a zone for the same verdict), noting
+// where each top-level field lies, and reads a field only when asked.
 #include "codec/field_reader.hpp"
 
 #include <array>
@@ -165,15 +165,15 @@ std::optional<head> read_head(std::string_view buf, std::size_t pos) {
 
 namespace {
 
-// The walk of check_map(): one value and everything in it, depth-first. Sizes are checked
-// against the limits before anything is counted, so a header that claims a billion items
+// The field reader's check of a body: one value and everything in it, depth-first. Sizes are
+// checked against the limits before anything is counted, so a header that claims a billion items
 // costs nothing; every item takes at least one byte, so no count can outrun the input.
 class checker {
  public:
   checker(std::string_view buf, const decode_limits& lim) : buf_(buf), lim_(lim) {}
 
   // The offset just past the value at `pos` (`depth`: containers around it), or nullopt
-  // with fault() set.
+  // with `fault` set. Recursion is bounded by the depth limit.
   std::optional<std::size_t> value(std::size_t pos, std::size_t depth) {
     if (pos >= buf_.size()) return truncated();
     // The common small cases first: a positive fixint, and a fixstr (every key).
@@ -241,10 +241,6 @@ class checker {
   std::string_view buf_;
   const decode_limits& lim_;
 };
-
-}  // namespace
-
-namespace {
 
 // A key's signature: its length and three of its bytes. Telling keys apart by it is cheap
 // and, keys being few and different words, rarely leaves a full comparison to make.
