@@ -292,29 +292,43 @@ class cost_run {
     sock.send(zmq::buffer(f.body), zmq::send_flags::none);
   }
 
+  // What both broker rows begin with: a coordinator and one worker of `kind` on the broker,
+  // the worker's task started (each end with a context of its own, as separate processes).
+  struct started_task {
+    zmq::context_t coord_ctx{1};
+    zmq::context_t worker_ctx{1};
+    wire_peer coord;
+    wire_peer worker;
+    codec::task_start start;
+
+    started_task(const std::string& router, rlbus::role kind)
+        : coord(coord_ctx, router), worker(worker_ctx, router) {
+      const auto name = std::string(to_string(kind));
+      coord.hello(rlbus::role::coordinator, "cost-coord");
+      worker.hello(kind, "cost-" + name, {{"wire", 1}});
+      codec::submit task;
+      // The ids of the committed results (bench/results/cost.json): their lengths count.
+      task.task_id = kind == rlbus::role::collector ? "cost-collect" : "cost-learn";
+      task.kind = kind;
+      task.requirements = {{"wire", 1}};
+      task.start_timeout_ms = task.step_timeout_ms = task.close_timeout_ms = task.task_timeout_ms =
+          long_timeout_ms;
+      coord.send(task);
+      if (!coord.expect<codec::submitted>("SUBMITTED", 60s).accepted)
+        throw std::runtime_error("the broker refused the cost run's " + name + " task");
+      start = worker.expect<codec::task_start>("TASK_START", 60s);
+      worker.send(codec::started{start.task_id, start.attempt});
+      while (coord.expect<codec::task_event>("the started event", 60s).event != "started") {
+      }
+    }
+  };
+
   // DATA from one collector -> broker -> TASK_EVENT data to the coordinator (and its copy
   // on the PUB), as in the throughput scenario.
   void broker_data(profiled& p, std::uint64_t count) {
-    const auto router = word_after(p.line, "router");
-    zmq::context_t coord_ctx(1);
-    zmq::context_t collector_ctx(1);
-    wire_peer coord(coord_ctx, router);
-    coord.hello(rlbus::role::coordinator, "cost-coord");
-    wire_peer collector(collector_ctx, router);
-    collector.hello(rlbus::role::collector, "cost-collector", {{"wire", 1}});
-    codec::submit task;
-    task.task_id = "cost-collect";
-    task.kind = rlbus::role::collector;
-    task.requirements = {{"wire", 1}};
-    task.start_timeout_ms = task.step_timeout_ms = task.close_timeout_ms = task.task_timeout_ms =
-        long_timeout_ms;
-    coord.send(task);
-    if (!coord.expect<codec::submitted>("SUBMITTED", 60s).accepted)
-      throw std::runtime_error("the broker refused the cost run's collector task");
-    const auto start = collector.expect<codec::task_start>("TASK_START", 60s);
-    collector.send(codec::started{start.task_id, start.attempt});
-    while (coord.expect<codec::task_event>("the started event", 60s).event != "started") {
-    }
+    started_task st(word_after(p.line, "router"), rlbus::role::collector);
+    auto& coord = st.coord;
+    const auto& start = st.start;
     const std::string payload(s_.data_payload, 'x');
     const auto data = encode(codec::data_ready{start.task_id, start.attempt, "d", "bench",
                                                codec::empty_map_blob, payload});
@@ -323,7 +337,7 @@ class cost_run {
     std::uint64_t last_seq = coord.last_seq();
     std::vector<zmq::message_t> msg;
     pipeline(
-        count, s_.window, [&] { send_frames(collector.socket(), data); },
+        count, s_.window, [&] { send_frames(st.worker.socket(), data); },
         [&] {
           // Anything else the broker may send the coordinator (a heartbeat) is passed over.
           while (true) {
@@ -343,26 +357,10 @@ class cost_run {
   // A learner's data request through the broker and back, one at a time, as in the
   // latency scenario: GET_DATA -> TASK_EVENT data_request -> DATA_REPLY -> LEARN.
   void broker_steps(profiled& p, std::uint64_t count) {
-    const auto router = word_after(p.line, "router");
-    zmq::context_t coord_ctx(1);
-    zmq::context_t learner_ctx(1);
-    wire_peer coord(coord_ctx, router);
-    coord.hello(rlbus::role::coordinator, "cost-coord");
-    wire_peer learner(learner_ctx, router);
-    learner.hello(rlbus::role::learner, "cost-learner", {{"wire", 1}});
-    codec::submit task;
-    task.task_id = "cost-learn";
-    task.kind = rlbus::role::learner;
-    task.requirements = {{"wire", 1}};
-    task.start_timeout_ms = task.step_timeout_ms = task.close_timeout_ms = task.task_timeout_ms =
-        long_timeout_ms;
-    coord.send(task);
-    if (!coord.expect<codec::submitted>("SUBMITTED", 60s).accepted)
-      throw std::runtime_error("the broker refused the cost run's learner task");
-    const auto start = learner.expect<codec::task_start>("TASK_START", 60s);
-    learner.send(codec::started{start.task_id, start.attempt});
-    while (coord.expect<codec::task_event>("the started event", 60s).event != "started") {
-    }
+    started_task st(word_after(p.line, "router"), rlbus::role::learner);
+    auto& coord = st.coord;
+    auto& learner = st.worker;
+    const auto& start = st.start;
     const auto data = bin_blob(s_.data_payload);
     for (std::uint64_t r = 1; r <= count; ++r) {
       learner.send(codec::get_data{start.task_id, start.attempt, r, "bench", 1, r});

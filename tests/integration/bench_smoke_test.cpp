@@ -34,6 +34,16 @@ bool http_baseline_possible() {
   return std::system("/usr/bin/python3 -c 'import flask, requests' >/dev/null 2>&1") == 0;
 }
 
+// The JSON report a run wrote to `path`, parsed; the file is removed.
+nlohmann::json take_report(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE(in);
+  auto report = nlohmann::json::parse(in, nullptr, false);
+  std::remove(path.c_str());
+  REQUIRE_FALSE(report.is_discarded());
+  return report;
+}
+
 }  // namespace
 
 TEST_CASE("rlbus-bench --quick runs and writes a report that parses", "[bench-smoke]") {
@@ -46,11 +56,7 @@ TEST_CASE("rlbus-bench --quick runs and writes a report that parses", "[bench-sm
   REQUIRE(status == 0);
   CHECK_THAT(out, Catch::Contains("scenario") && Catch::Contains("r/proxy"));
 
-  std::ifstream in(json_path);
-  REQUIRE(in);
-  const auto report = nlohmann::json::parse(in, nullptr, false);
-  std::remove(json_path.c_str());
-  REQUIRE_FALSE(report.is_discarded());
+  const auto report = take_report(json_path);
   CHECK(report.at("schema") == "rlbus-bench/1");
   CHECK(report.at("machine").at("nproc").get<int>() > 0);
   const int trials = report.at("settings").at("trials").get<int>();
@@ -113,11 +119,7 @@ TEST_CASE("rlbus-bench scale --quick runs and reports the scale rows", "[bench-s
   REQUIRE(status == 0);
   CHECK_THAT(out, Catch::Contains("idle 10 workers"));
 
-  std::ifstream in(json_path);
-  REQUIRE(in);
-  const auto report = nlohmann::json::parse(in, nullptr, false);
-  std::remove(json_path.c_str());
-  REQUIRE_FALSE(report.is_discarded());
+  const auto report = take_report(json_path);
   std::set<std::string> seen;
   for (const auto& row : report.at("rows")) {
     REQUIRE(row.at("scenario") == "scale");
@@ -161,11 +163,7 @@ TEST_CASE("rlbus-bench cost --quick counts instructions for the broker and both 
                  std::chrono::seconds(240));
   INFO(out);
   REQUIRE(status == 0);
-  std::ifstream in(json_path);
-  REQUIRE(in);
-  const auto report = nlohmann::json::parse(in, nullptr, false);
-  std::remove(json_path.c_str());
-  REQUIRE_FALSE(report.is_discarded());
+  const auto report = take_report(json_path);
   std::set<std::string> seen;
   for (const auto& row : report.at("rows")) {
     REQUIRE(row.at("scenario") == "cost");

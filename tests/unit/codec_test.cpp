@@ -45,6 +45,46 @@ error_code refusal(std::uint8_t type, const std::string& body) {
 
 constexpr auto hello_t = static_cast<std::uint8_t>(codec::msg_type::hello);
 
+/// A deterministic stream of pseudo-random numbers (xorshift64).
+class xorshift {
+ public:
+  explicit xorshift(std::uint64_t seed) : state_(seed) {}
+  std::uint64_t operator()() {
+    state_ ^= state_ << 13U;
+    state_ ^= state_ >> 7U;
+    state_ ^= state_ << 17U;
+    return state_;
+  }
+
+ private:
+  std::uint64_t state_;
+};
+
+/// Applies up to `max_edits` random edits to `body`: a byte changed, a cut, an inserted
+/// header byte drawn from `header_base` + 0..header_span-1, or a splice of its own start.
+void mutate(std::string& body, xorshift& next, int min_edits, int max_edits,
+            std::uint8_t header_base, unsigned header_span) {
+  const int edits =
+      min_edits + static_cast<int>(next() % static_cast<unsigned>(max_edits - min_edits + 1));
+  for (int e = 0; e < edits && !body.empty(); ++e) {
+    const auto at = next() % body.size();
+    switch (next() % 4) {
+      case 0:
+        body[at] = static_cast<char>(next());
+        break;
+      case 1:
+        body.resize(at);
+        break;
+      case 2:
+        body.insert(at, 1, static_cast<char>(header_base + next() % header_span));
+        break;
+      default:
+        body.insert(at, body.substr(0, next() % (body.size() + 1)));
+        break;
+    }
+  }
+}
+
 std::string hello_with(const std::function<void(msgpack::packer<msgpack::sbuffer>&)>& extra,
                        std::uint32_t n_extra) {
   msgpack::sbuffer buf;
@@ -239,36 +279,13 @@ TEST_CASE("mutated encodings never crash the decoder and always get a verdict", 
       {0x04, codec::encode_body(codec::disconnect{410, "gone"})},
       {0x05, codec::encode_body(codec::error{402, "bad", 1})},
   };
-  std::uint64_t rng = 0x9E3779B97F4A7C15ULL;
-  const auto next = [&] {
-    rng ^= rng << 13U;
-    rng ^= rng >> 7U;
-    rng ^= rng << 17U;
-    return rng;
-  };
+  xorshift next(0x9E3779B97F4A7C15ULL);
   std::size_t accepted = 0;
   std::size_t refused = 0;
   for (int i = 0; i < 50'000; ++i) {
     const auto& [type, seed] = seeds[next() % seeds.size()];
     std::string body = seed;
-    const int edits = 1 + static_cast<int>(next() % 4);
-    for (int e = 0; e < edits && !body.empty(); ++e) {
-      const auto at = next() % body.size();
-      switch (next() % 4) {
-        case 0:
-          body[at] = static_cast<char>(next());
-          break;
-        case 1:
-          body.resize(at);
-          break;
-        case 2:
-          body.insert(at, 1, static_cast<char>(0xdc + next() % 4));
-          break;  // big headers
-        default:
-          body.insert(at, body.substr(0, next() % (body.size() + 1)));
-          break;
-      }
-    }
+    mutate(body, next, 1, 4, 0xdc, 4);  // array and map headers: big counts
     auto r = codec::decode_body(type, body);
     if (r) {
       ++accepted;
@@ -421,35 +438,12 @@ TEST_CASE("the in-place body check agrees with msgpack-c's unpacker", "[unit][co
     }
     return out;
   };
-  std::uint64_t rng = 0x2545F4914F6CDD1DULL;
-  const auto next = [&] {
-    rng ^= rng << 13U;
-    rng ^= rng >> 7U;
-    rng ^= rng << 17U;
-    return rng;
-  };
+  xorshift next(0x2545F4914F6CDD1DULL);
   std::size_t agreed_accept = 0;
   std::size_t agreed_refuse = 0;
   for (int i = 0; i < 60'000; ++i) {
     std::string body = seeds[next() % seeds.size()];
-    const int edits = static_cast<int>(next() % 4);
-    for (int e = 0; e < edits && !body.empty(); ++e) {
-      const auto at = next() % body.size();
-      switch (next() % 4) {
-        case 0:
-          body[at] = static_cast<char>(next());
-          break;
-        case 1:
-          body.resize(at);
-          break;
-        case 2:
-          body.insert(at, 1, static_cast<char>(0xc4 + next() % 28));  // typed headers
-          break;
-        default:
-          body.insert(at, body.substr(0, next() % (body.size() + 1)));
-          break;
-      }
-    }
+    mutate(body, next, 0, 3, 0xc4, 28);  // every typed header from bin8 to map32
     const auto want = reference(body);
     codec::detail::field_reader reader(body, lim);
     const bool accepted = !reader.fault();
