@@ -352,14 +352,7 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
         ++counts_.data_duplicates;
         return std::nullopt;
       }
-      // Past the next index: those before it went missing on the way. Dropped, and the
-      // worker is asked to send again from the first missing one; once per gap and then
-      // every 64th, so a worker that keeps sending cannot make the broker answer each DATA.
-      if (*d->index - 1 > t.data_relayed) {
-        ++counts_.data_out_of_order;
-        if (t.out_of_order++ % 64 == 0) send_data_ack(t, true);
-        return std::nullopt;
-      }
+      if (past_next(t, *d->index)) return std::nullopt;
     }
     if (t.credited && t.data_accepted >= t.data_limit)
       return refuse(codec::error_code::no_credit,
@@ -445,12 +438,7 @@ std::optional<refusal> task_manager::on_data_lost(task& t, const codec::data_los
     return refuse(
         codec::error_code::bad_index,
         fmt::format("task '{}': DATA_LOST from {} to {} is backwards", t.id, l.first, l.last));
-  // Past the next index, like a DATA: what comes before it went missing on the way.
-  if (l.first - 1 > t.data_relayed) {
-    ++counts_.data_out_of_order;
-    if (t.out_of_order++ % 64 == 0) send_data_ack(t, true);
-    return std::nullopt;
-  }
+  if (past_next(t, l.first)) return std::nullopt;     // as for a DATA
   if (l.last <= t.data_relayed) return std::nullopt;  // all of them got here after all
   const auto first = t.data_relayed + 1;
   const auto count = l.last - t.data_relayed;
@@ -470,6 +458,16 @@ std::optional<refusal> task_manager::on_data_lost(task& t, const codec::data_los
        fmt::format("{}..{}", first, l.last));
   if (t.credited) grant(streams_[t.owner], nullptr);
   return std::nullopt;
+}
+
+// Past the next index: those before it went missing on the way. Dropped, and the worker is
+// asked to send again from the first missing one; once per gap and then every 64th, so a
+// worker that keeps sending cannot make the broker answer each message.
+bool task_manager::past_next(task& t, std::uint64_t index) {
+  if (index - 1 <= t.data_relayed) return false;
+  ++counts_.data_out_of_order;
+  if (t.out_of_order++ % 64 == 0) send_data_ack(t, true);
+  return true;
 }
 
 void task_manager::send_data_ack(task& t, bool resend) {

@@ -182,6 +182,9 @@ class task_manager {
   std::optional<refusal> on_worker_message(const std::string& from, codec::message&& m,
                                            util::time_point now);
   std::optional<refusal> on_data_lost(task& t, const codec::data_lost& l, util::time_point now);
+  /// Whether `index` lies past the attempt's next DATA index (a gap): counted, and a resend
+  /// asked for now and then.
+  bool past_next(task& t, std::uint64_t index);
   void send_data_ack(task& t, bool resend);
   task* owned_task(const std::string& coordinator, const std::string& task_id,
                    std::optional<refusal>& why);

@@ -250,32 +250,6 @@ std::uint64_t signature(std::string_view s) {
   return s.size() | byte(0) << 32U | byte(s.size() / 2) << 40U | byte(s.size() - 1) << 48U;
 }
 
-// The end of the value at `pos` in a body that passed the check (so nothing is checked).
-std::size_t end_of(std::string_view buf, std::size_t pos) {
-  std::uint64_t pending = 1;  // values still to pass; containers add their items
-  while (pending > 0) {
-    --pending;
-    const auto h = *read_head(buf, pos);
-    switch (h.k) {
-      case head::kind::str:
-      case head::kind::bin:
-        pos = h.data + h.n;
-        break;
-      case head::kind::array:
-        pending += h.n;
-        pos = h.data;
-        break;
-      case head::kind::map:
-        pending += 2 * h.n;
-        pos = h.data;
-        break;
-      default:  // ext never passes the check
-        pos = h.data;
-    }
-  }
-  return pos;
-}
-
 }  // namespace
 
 field_reader::field_reader(std::string_view body, const decode_limits& lim)
@@ -347,12 +321,13 @@ void field_reader::resources(std::string_view key, rlbus::resources& out) {
   if (m->n > max_resources) return fail(key, fmt::format("more than {} entries", max_resources));
   auto pos = m->data;
   for (std::uint64_t i = 0; i < m->n; ++i) {
+    // Each entry is checked before the next is looked for: a name is a str and a value a
+    // number, and neither goes past its own head and bytes.
     const auto name = *read_head(body_, pos);
-    pos = end_of(body_, pos);
-    const auto val = *read_head(body_, pos);
-    pos = end_of(body_, pos);
     if (name.k != head::kind::str || name.n == 0 || name.n > max_resource_name)
       return fail(key, fmt::format("names must be strings of 1-{} bytes", max_resource_name));
+    const auto val = *read_head(body_, name.data + name.n);
+    pos = val.data;
     double value = 0;
     if (val.k == head::kind::uint) {
       value = static_cast<double>(val.n);
@@ -403,7 +378,7 @@ void field_reader::blob(std::string_view key, std::string& out, bool required, b
   } else if (want_map && v->k != head::kind::map) {
     return fail(key, "expected a map");
   }
-  const auto& f = at(last_);
+  const auto& f = at(next_ - 1);  // the field get() just found
   out.assign(body_.substr(f.begin, f.end - f.begin));
 }
 

@@ -158,8 +158,7 @@ class field_reader {
       if (required) fail(key, "missing");
       return std::nullopt;
     }
-    last_ = *i;
-    return read_head(body_, at(last_).begin);  // never nullopt: the body passed the check
+    return read_head(body_, at(*i).begin);  // never nullopt: the body passed the check
   }
 
   void read_uint(std::string_view key, std::optional<std::uint64_t>& out, std::uint64_t lo,
@@ -183,8 +182,7 @@ class field_reader {
   std::array<field, inline_fields> fields_{};
   std::vector<field> more_;
   std::size_t count_ = 0;
-  mutable std::size_t next_ = 0;  // where find() starts
-  std::size_t last_ = 0;          // the field get() found last
+  mutable std::size_t next_ = 0;  // where find() starts: just after the field found last
   std::optional<decode_error> fault_;
 };
 

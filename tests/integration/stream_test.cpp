@@ -279,6 +279,18 @@ worker_options cut_collector(const cuttable_link& link, std::size_t max_unconfir
   return o;
 }
 
+/// Takes a `phased` collector of 200 / 350 through a cut: its first 200 DATA arrive, the
+/// link is cut under the next 150, and the rest follow once it has resumed its session.
+void through_a_cut(data_log& log, cuttable_link& link, const worker& w, std::atomic<int>& phase) {
+  REQUIRE(wait_until([&] { return log.size() == 200; }, 10s));
+  link.cut_existing();  // the next 150 DATA go into a connection that drops them
+  phase = 2;
+  // The worker notices the silence, reconnects through the link and resumes its session.
+  REQUIRE(wait_until([&] { return w.welcomes() >= 2; }, 10s));
+  phase = 3;
+  REQUIRE(wait_until([&] { return log.done(1); }, 20s));
+}
+
 struct lost_ranges {
   std::mutex mu;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;  // DATA indexes: 1 = "d-0"
@@ -312,13 +324,7 @@ TEST_CASE("a collector cut off mid-stream gets every DATA through exactly once",
   const auto token = w.session();
   REQUIRE(coord.submit(collector_task("collect"))->accepted);
 
-  REQUIRE(wait_until([&] { return log.size() == 200; }, 10s));
-  link.cut_existing();  // the next 150 DATA go into a connection that drops them
-  phase = 2;
-  // The worker notices the silence, reconnects through the link and resumes its session.
-  REQUIRE(wait_until([&] { return w.welcomes() >= 2; }, 10s));
-  phase = 3;
-  REQUIRE(wait_until([&] { return log.done(1); }, 20s));
+  through_a_cut(log, link, w, phase);
 
   CHECK_FALSE(emit_failed);
   CHECK(w.session() == token);  // resumed: the same attempt went on
@@ -361,12 +367,7 @@ TEST_CASE("DATA a collector cannot keep across a cut is reported lost, not skipp
   const auto token = w.session();
   REQUIRE(coord.submit(collector_task("collect"))->accepted);
 
-  REQUIRE(wait_until([&] { return log.size() == 200; }, 10s));
-  link.cut_existing();
-  phase = 2;
-  REQUIRE(wait_until([&] { return w.welcomes() >= 2; }, 10s));
-  phase = 3;
-  REQUIRE(wait_until([&] { return log.done(1); }, 20s));
+  through_a_cut(log, link, w, phase);
 
   CHECK_FALSE(emit_failed);
   CHECK(w.session() == token);
