@@ -315,9 +315,13 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
   if (it == tasks_.end())
     return refuse(codec::error_code::unknown_task, fmt::format("you hold no task '{}'", *task_id));
   task& t = it->second;
+  // Fencing (§12.7.5): an earlier attempt is stale whoever names it; the current one is
+  // stale only for the worker it ended on while the task waits to be assigned again. A
+  // worker that ran an earlier attempt and names the one now running elsewhere holds
+  // nothing: 406, like any stranger.
   const bool current = t.worker == from && attempt == t.attempt;
-  const bool ended =
-      attempt < t.attempt || (attempt == t.attempt && t.last_worker == from && t.worker != from);
+  const bool ended = attempt < t.attempt ||
+                     (attempt == t.attempt && t.st == state::queued && t.last_worker == from);
   if (!current && !ended)
     return refuse(codec::error_code::unknown_task, fmt::format("you hold no task '{}'", *task_id));
   if (ended) {

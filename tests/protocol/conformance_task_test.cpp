@@ -1591,6 +1591,9 @@ TEST_CASE_METHOD(fixture, "SPEC 12.7.5: fencing judges a worker message by its a
   next_event(coord, "t", "assigned");
   refused(l, info(1), error_code::stale_attempt);  // 1: a < n, whoever sends it
   refused(w2, info(1), error_code::stale_attempt);
+  // 4: w2 ran attempt 1, not attempt n = 2, which runs on w3: it neither holds nor held n.
+  refused(w2, info(2), error_code::unknown_task);
+  refused(w2, codec::started{"t", 2}, error_code::unknown_task);
   coord.send(codec::cancel{"t", "x"});
   next_a<codec::task_abort>(w3);
   next_event(coord, "t", "cancelled");
