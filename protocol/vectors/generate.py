@@ -308,9 +308,19 @@ VALID += [
 ]
 
 
+# Who sends an invalid vector to a live broker to be answered exactly `error_code` (SPEC
+# §5.6.1): HELLO from a connection without a session; other types from an idle session of the
+# role that sends them, or, for a type only the broker sends, of a role that receives it.
+SENDERS = {"HELLO": "none", "DISCONNECT": "collector", "EVENT": "collector",
+           "SUBMIT": "coordinator", "REPLAY": "coordinator", "ACK": "coordinator",
+           "CAPACITY": "coordinator", "STREAM_GAP": "coordinator",
+           "GET_DATA": "learner", "POLICY": "learner"}
+
+
 def invalid(name, body_hex, code, note, type_name="HELLO"):
     return {"name": name, "type": type_name, "note": note, "header_hex": header(TYPES[type_name]),
-            "body_hex": body_hex, "error_code": code}
+            "body_hex": body_hex, "error_code": code,
+            "sender": SENDERS.get(type_name, "collector")}
 
 
 GOOD = {"role": "collector", "id": "c0", "heartbeat_ms": 1000, "resources": {}}
@@ -326,9 +336,14 @@ def with_field(key, value):
     return pack(d)
 
 
-deep = 0
-for _ in range(40):
-    deep = [deep]
+def nested(levels):
+    value = 0
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+deep = nested(40)
 
 INVALID = [
     invalid("array32_bomb", "dd1e1e1e1e1e", 401,
@@ -343,6 +358,8 @@ INVALID = [
             401, "{'id': 'a', 'id': 'b'}"),
     invalid("ext_type", "81" + "a178" + "d40100", 401, "an ext value (fixext1)"),
     invalid("too_deep", with_field("extra", deep), 401, "an unknown field nested 40 deep"),
+    invalid("too_deep_by_one", with_field("extra", nested(16)), 401,
+            "the top map and 16 arrays inside it: 17 levels, one past the limit (15 arrays pass)"),
     invalid("missing_id", without("id"), 402, "HELLO without id"),
     invalid("missing_role", without("role"), 402, "HELLO without role"),
     invalid("role_wrong_type", with_field("role", 1), 402, "role is an integer"),

@@ -23,10 +23,12 @@ void config::validate() const {
   require(heartbeat_max_ms <= codec::max_heartbeat_ms,
           fmt::format("heartbeat maximum must be at most {} ms", codec::max_heartbeat_ms));
   require(heartbeat_min_ms <= heartbeat_max_ms, "heartbeat minimum must not exceed the maximum");
-  require(status_interval_ms >= 10, "status interval must be at least 10 ms");
+  require(status_interval_ms >= 10 && status_interval_ms <= 86'400'000,
+          "status interval must be 10..86400000 ms");
   require(max_message >= 1024, "max message must be at least 1024 bytes");
-  require(max_peers >= 1, "max peers must be at least 1");
-  require(max_faults >= 1, "max faults must be at least 1");
+  require(max_peers >= 1 && max_peers <= 10'000'000, "max peers must be 1..10000000");
+  require(max_faults >= 1 && max_faults <= 1'000'000, "max faults must be 1..1000000");
+  require(shutdown_linger_ms <= 86'400'000, "shutdown linger must be at most 86400000 ms");
   require(max_queue >= 1, "max queue must be at least 1");
   require(max_attempts >= 1 && max_attempts <= 1000, "max attempts must be 1..1000");
   const std::pair<std::uint32_t, std::string_view> timeouts[] = {{start_timeout_ms, "start"},
@@ -45,7 +47,9 @@ void config::validate() const {
   require(drain_ms <= 86'400'000, "drain must be at most 86400000 ms");
   // The held events of a full window must fit the ring with room to spare.
   require(stream_window >= 1 && stream_window <= stream_ring / 2,
-          "stream window must be 1..half the stream ring");
+          fmt::format("stream window (--stream-window) is {} but must be 1..{}, half the stream "
+                      "ring (--stream-ring {})",
+                      stream_window, stream_ring / 2, stream_ring));
 }
 
 std::string normalize_endpoint(std::string endpoint) {

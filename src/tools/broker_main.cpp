@@ -1,5 +1,6 @@
 // rlbus-broker: the broker binary. Flags -> config, signals -> request_stop(), errors at
 // start-up -> a clear message and a non-zero exit code (2: usage or config, 1: cannot bind).
+#include <algorithm>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -60,19 +61,24 @@ int main(int argc, char** argv) {
                  "largest heartbeat interval (ms) a peer may use")
       ->capture_default_str();
   app.add_option("--status-interval", cfg.status_interval_ms,
-                 "period (ms) of the broker.heartbeat event")
-      ->capture_default_str();
+                 "period (ms) of the broker.heartbeat event (10..86400000)")
+      ->capture_default_str()
+      ->check(CLI::Range(10U, day_ms));
   app.add_option("--max-message", cfg.max_message,
                  "largest inbound frame in bytes; a peer sending more is disconnected")
       ->capture_default_str();
-  app.add_option("--max-peers", cfg.max_peers, "most sessions at once; more HELLOs get BUSY")
-      ->capture_default_str();
+  app.add_option("--max-peers", cfg.max_peers,
+                 "most sessions at once (1..10000000); more HELLOs get BUSY")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{10'000'000}));
   app.add_option("--max-faults", cfg.max_faults,
-                 "bad messages a peer may send before it is disconnected")
-      ->capture_default_str();
+                 "bad messages a peer may send before it is disconnected (1..1000000)")
+      ->capture_default_str()
+      ->check(CLI::Range(1U, 1'000'000U));
   app.add_option("--shutdown-linger", cfg.shutdown_linger_ms,
-                 "ms to let final DISCONNECTs leave at shutdown")
-      ->capture_default_str();
+                 "ms to let final DISCONNECTs leave at shutdown (0..86400000)")
+      ->capture_default_str()
+      ->check(CLI::Range(0U, day_ms));
   app.add_option("--drain-ms", cfg.drain_ms,
                  "on the first SIGINT/SIGTERM, ms that running tasks get to end on their own "
                  "before they are aborted (0 = stop at once)")
@@ -126,6 +132,13 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{1024}, std::size_t{1} << 40U))
       ->group(tasks);
+  auto* window =
+      app.add_option("--stream-window", cfg.stream_window,
+                     "most task events in flight, not yet acknowledged, to a coordinator that "
+                     "acknowledges; 1 to half of --stream-ring (default: 1024, or half the ring "
+                     "when that is smaller)")
+          ->check(CLI::Range(std::size_t{1}, std::size_t{50'000'000}))
+          ->group(tasks);
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
@@ -137,6 +150,9 @@ int main(int argc, char** argv) {
     app.exit(e);
     return 2;
   }
+  // The window's default follows a small ring, so every ring size the flag allows works
+  // without naming a window as well.
+  if (window->count() == 0) cfg.stream_window = std::min<std::size_t>(1024, cfg.stream_ring / 2);
 
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
@@ -145,6 +161,11 @@ int main(int argc, char** argv) {
     rlbus::broker::server server(ctx, cfg);
     g_server = &server;
     install_signal_handlers();
+    // One line for whoever started the broker to read the endpoints from (SPEC §1.4.1): a
+    // port 0 or * is resolved to the one bound. Written once signals stop the broker cleanly.
+    std::printf("rlbus-broker listening router=%s events=%s\n", server.router_endpoint().c_str(),
+                server.events_endpoint().c_str());
+    std::fflush(stdout);
     server.run();
     g_server = nullptr;
     return 0;

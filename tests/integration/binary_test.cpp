@@ -52,7 +52,7 @@ TEST_CASE("--help documents every flag", "[binary]") {
         "--max-faults",       "--shutdown-linger", "--drain-ms",      "--log-level",
         "--max-queue",        "--start-timeout",   "--step-timeout",  "--close-timeout",
         "--task-timeout",     "--max-attempts",    "--no-data-retry", "--stream-ring",
-        "--stream-ring-bytes"})
+        "--stream-ring-bytes", "--stream-window"})
     CHECK_THAT(out, Catch::Contains(flag));
   // Each task default is documented with its value.
   for (const char* value : {"10000", "60000", "30000", "3600000", "65536", "67108864"})
@@ -67,13 +67,71 @@ TEST_CASE("task settings out of range exit 2 naming the flag", "[binary]") {
       {"--drain-ms", "86400001"},    {"--drain-ms", "-1"},
       {"--max-queue", "0"},          {"--stream-ring", "15"},
       {"--stream-ring-bytes", "10"}, {"--no-data-retry", "86400001"},
-      {"--start-timeout", "soon"}};
+      {"--start-timeout", "soon"},   {"--status-interval", "9"},
+      {"--status-interval", "86400001"}, {"--max-faults", "0"},
+      {"--max-faults", "1000001"},   {"--max-peers", "0"},
+      {"--max-peers", "10000001"},   {"--shutdown-linger", "86400001"},
+      {"--shutdown-linger", "-1"},   {"--stream-window", "0"}};
   for (const auto& args : bad) {
     INFO(args[0] << " " << args[1]);
     const auto [status, out] = run_to_end(broker_bin(), args);
     CHECK(status == 2);
     CHECK_THAT(out, Catch::Contains(args[0]));
   }
+}
+
+// SPEC §1.4: the stream window is 1 to half the stream ring, and by default follows a ring
+// too small for the usual 1024.
+TEST_CASE("--stream-window is checked against the ring and follows a small one", "[binary]") {
+  auto [status, out] = run_to_end(broker_bin(), {"--stream-ring", "16", "--stream-window", "9"});
+  CHECK(status == 2);
+  CHECK_THAT(out, Catch::Contains("--stream-window"));
+  CHECK_THAT(out, Catch::Contains("1..8"));
+  for (const std::vector<std::string>& extra : {std::vector<std::string>{},
+                                               std::vector<std::string>{"--stream-window", "8"}}) {
+    std::vector<std::string> args{"--router", "tcp://127.0.0.1:0", "--events",
+                                  "tcp://127.0.0.1:0", "--stream-ring", "16"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    child broker(broker_bin(), args);
+    INFO(broker.output());
+    REQUIRE(broker.wait_for_line("rlbus-broker listening", 10s));
+    broker.signal(SIGTERM);
+    const auto code = broker.wait(10s);
+    REQUIRE(code);
+    CHECK(*code == 0);
+  }
+}
+
+// SPEC §1.4: one machine-readable line names the bound endpoints, a port 0 resolved.
+TEST_CASE("the broker prints the endpoints it bound on one line", "[binary]") {
+  child broker(broker_bin(), {"--router", "tcp://127.0.0.1:0", "--events", "tcp://127.0.0.1:0",
+                              "--status-interval", "50"});
+  const auto line = broker.wait_for_line("rlbus-broker listening ", 10s);
+  INFO(broker.output());
+  REQUIRE(line);
+  const auto value_of = [&](const std::string& key) {
+    const auto at = line->find(" " + key + "=");
+    REQUIRE(at != std::string::npos);
+    const auto from = at + key.size() + 2;
+    const auto end = line->find_first_of(" \r\n", from);
+    return line->substr(from, end == std::string::npos ? std::string::npos : end - from);
+  };
+  const auto router = value_of("router");
+  const auto events_ep = value_of("events");
+  CHECK(router.rfind("tcp://127.0.0.1:", 0) == 0);
+  CHECK(router != "tcp://127.0.0.1:0");
+  CHECK(events_ep.rfind("tcp://127.0.0.1:", 0) == 0);
+  CHECK(events_ep != router);
+  zmq::context_t ctx;
+  event_listener events(ctx, events_ep);
+  raw_peer p(ctx, router);
+  p.send(codec::hello{role::collector, "by-line", 30'000, {}, {}});
+  REQUIRE(p.recv_a<codec::welcome>());
+  CHECK(events.next("broker.heartbeat"));
+  broker.signal(SIGTERM);
+  const auto code = broker.wait(10s);
+  REQUIRE(code);
+  CHECK(*code == 0);
 }
 
 TEST_CASE("bad flags and settings exit 2 with a message", "[binary]") {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "codec/codec.hpp"
+#include "support/support.hpp"
 
 using namespace rlbus;
 using json = nlohmann::json;
@@ -118,6 +119,36 @@ TEST_CASE("invalid vectors are refused with their stated code", "[protocol][vect
     auto decoded = codec::decode_body(header->type, unhex(v["body_hex"]));
     REQUIRE_FALSE(decoded);
     CHECK(static_cast<int>(decoded.error().code) == v["error_code"].get<int>());
+  }
+}
+
+// SPEC §5.6.1: `sender` says where a vector goes to be answered with exactly its code; sent
+// from there to a live broker, each one is.
+TEST_CASE("invalid vectors sent from their sender get their code from a live broker",
+          "[protocol][vectors]") {
+  const auto doc = load("vectors/invalid.json");
+  broker::server_thread broker{test::test_config()};
+  zmq::context_t ctx;
+  int n = 0;
+  for (const auto& v : doc["vectors"]) {
+    const auto sender = v["sender"].get<std::string>();
+    INFO("vector " << v["name"].get<std::string>() << " from " << sender);
+    test::raw_peer p(ctx, broker.get().router_endpoint());
+    if (sender != "none") {
+      const auto r = sender == "coordinator" ? role::coordinator
+                     : sender == "learner"   ? role::learner
+                                             : role::collector;
+      REQUIRE((r != role::collector || sender == "collector"));
+      p.send(codec::hello{r, "vector-" + std::to_string(++n), 30'000, {}, {}});
+      REQUIRE(p.recv_a<codec::welcome>());
+    }
+    const auto header = unhex(v["header_hex"]);
+    p.send_frames({header, unhex(v["body_hex"])});
+    const auto e = p.recv_a<codec::error>();
+    REQUIRE(e);
+    INFO(e->reason);
+    CHECK(static_cast<int>(e->code) == v["error_code"].get<int>());
+    CHECK(e->ref_type == static_cast<std::uint8_t>(header[3]));
   }
 }
 

@@ -174,6 +174,17 @@ TEST_CASE("the decoder refuses oversized, deep, truncated and trailing input", "
                                },
                                1)) == error_code::bad_body);
   }
+  SECTION("the top map is the first level: 15 containers under it pass, 16 do not") {
+    const auto nested = [](int levels) {
+      return [levels](auto& pk) {
+        pk.pack("deep");
+        for (int i = 0; i < levels; ++i) pk.pack_array(1);
+        pk.pack(0);
+      };
+    };
+    CHECK(codec::decode_body(hello_t, hello_with(nested(15), 1)));
+    CHECK(refusal(hello_t, hello_with(nested(16), 1)) == error_code::bad_body);
+  }
   SECTION("every truncation of a valid body") {
     const auto body =
         codec::encode_body(codec::hello{role::collector, "c0", 1000, {{"cpu", 1}}, 5});

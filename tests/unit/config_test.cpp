@@ -36,6 +36,34 @@ TEST_CASE("out-of-range settings are refused with the setting's name", "[unit][c
   cfg.stream_ring = 100;
   cfg.stream_window = 51;  // the held events of a full window must fit the ring twice
   CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("stream window"));
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("1..50"));
+  cfg.stream_window = 50;
+  CHECK_NOTHROW(cfg.validate());
+}
+
+TEST_CASE("session settings have upper bounds as well", "[unit][config]") {
+  broker::config cfg;
+  cfg.status_interval_ms = 9;
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("status interval"));
+  cfg.status_interval_ms = 86'400'001;
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("status interval"));
+  cfg = {};
+  cfg.max_faults = 0;
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("max faults"));
+  cfg.max_faults = 1'000'001;
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("max faults"));
+  cfg.max_faults = 1'000'000;
+  CHECK_NOTHROW(cfg.validate());
+  cfg = {};
+  cfg.max_peers = 0;
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("max peers"));
+  cfg.max_peers = 10'000'001;
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("max peers"));
+  cfg = {};
+  cfg.shutdown_linger_ms = 86'400'001;
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("shutdown linger"));
+  cfg.shutdown_linger_ms = 0;
+  CHECK_NOTHROW(cfg.validate());
 }
 
 TEST_CASE("port 0 means any free port", "[unit][config]") {
