@@ -1,0 +1,152 @@
+"""Small helpers shared by the DI-engine compatibility layer.
+
+They turn DI-engine's loosely typed values into what the rlbus wire accepts: JSON-like
+user data (DI-engine's HTTP transport spoke JSON, so its dicts are JSON-clean but may be
+EasyDicts, tuples or numpy scalars), peer and task ids that obey the id rule, numeric
+resources, and the broker endpoint from config or environment.
+"""
+
+import importlib
+import logging
+import math
+import os
+import re
+
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:7235"
+ENDPOINT_ENV = "RLBUS_ENDPOINT"
+WORKER_ID_ENV = "RLBUS_WORKER_ID"
+
+_ID_RE = re.compile(r"^[A-Za-z0-9._:@/-]{1,128}$")
+_ID_BAD_CHAR = re.compile(r"[^A-Za-z0-9._:@/-]")
+
+log = logging.getLogger("rlbus.compat")
+
+# The SDK module, looked up lazily so that unit tests can put a stand-in in its place.
+_sdk_override = None
+
+
+def sdk():
+    """The `rlbus` SDK module (or the stand-in installed with set_sdk)."""
+    if _sdk_override is not None:
+        return _sdk_override
+    return importlib.import_module("rlbus")
+
+
+def set_sdk(module):
+    """Use `module` instead of the real SDK (tests); None restores the real one."""
+    global _sdk_override
+    _sdk_override = module
+
+
+def _cfg_get(cfg, key, default=None):
+    if cfg is None:
+        return default
+    if isinstance(cfg, dict):
+        return cfg.get(key, default)
+    return getattr(cfg, key, default)
+
+
+def cfg_get(cfg, *keys, default=None):
+    """First present, non-None value among `keys` of a dict/EasyDict/object config."""
+    for key in keys:
+        value = _cfg_get(cfg, key)
+        if value is not None:
+            return value
+    return default
+
+
+def resolve_endpoint(cfg=None, explicit=None):
+    """The broker's ROUTER endpoint: an explicit argument, then the config's `broker`
+    (or `rlbus.endpoint`), then $RLBUS_ENDPOINT, then tcp://127.0.0.1:7235."""
+    if explicit:
+        return str(explicit)
+    value = cfg_get(cfg, "broker", "rlbus_endpoint")
+    if not value:
+        value = cfg_get(cfg_get(cfg, "rlbus"), "endpoint")
+    if not value:
+        value = os.environ.get(ENDPOINT_ENV)
+    return str(value) if value else DEFAULT_ENDPOINT
+
+
+def valid_id(text):
+    return isinstance(text, str) and bool(_ID_RE.match(text))
+
+
+def clean_id(text, fallback="worker"):
+    """`text` made to obey the peer/task id rule: other characters become '_', cut to 128."""
+    text = _ID_BAD_CHAR.sub("_", str(text))[:128]
+    return text or fallback
+
+
+def plain(value):
+    """A copy of `value` as JSON would have carried it: dicts with str keys, lists for
+    tuples/sets, numbers and strings as they are, numpy values as Python values.
+    Anything else becomes its str(), as the HTTP transport could not have sent it either."""
+    if value is None or isinstance(value, (bool, str, bytes)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [plain(v) for v in value]
+    tolist = getattr(value, "tolist", None)  # numpy arrays and scalars
+    if callable(tolist):
+        try:
+            return plain(tolist())
+        except Exception:  # noqa: BLE001 - fall through to str()
+            pass
+    return str(value)
+
+
+def coerce_resources(raw, logger=None):
+    """DI-engine resource dicts -> the wire's {name: non-negative finite number}.
+
+    Numbers stay, numeric strings ('20', '1.5') are parsed, anything else (e.g. 'xxx',
+    negative or infinite values, bad names) is dropped and logged. At most 32 entries."""
+    logger = logger or log
+    out = {}
+    if not isinstance(raw, dict):
+        if raw is not None:
+            logger.warning("resources %r are not a dict: none announced", raw)
+        return out
+    for name, value in raw.items():
+        name_s = str(name)
+        if not (1 <= len(name_s.encode("utf-8")) <= 64):
+            logger.warning("resource name %r is empty or longer than 64 bytes: dropped", name)
+            continue
+        number = None
+        if isinstance(value, bool):
+            number = float(int(value))
+        elif isinstance(value, (int, float)):
+            number = float(value)
+        elif isinstance(value, str):
+            try:
+                number = float(value.strip())
+            except ValueError:
+                number = None
+        else:
+            item = getattr(value, "item", None)
+            if callable(item):
+                try:
+                    number = float(item())
+                except (TypeError, ValueError):
+                    number = None
+        if number is None or not math.isfinite(number) or number < 0:
+            logger.warning("resource %s=%r is not a non-negative number: dropped", name_s, value)
+            continue
+        out[name_s] = int(number) if number.is_integer() and number < 2**53 else number
+    if len(out) > 32:
+        logger.warning("more than 32 resources: only the first 32 by name are announced")
+        out = dict(sorted(out.items())[:32])
+    return out
+
+
+def seconds_to_ms(value):
+    """A timeout in seconds (config) -> whole ms in the wire's 1..86400000, None stays."""
+    if value is None:
+        return None
+    ms = int(round(float(value) * 1000))
+    return max(1, min(ms, 86400000))

@@ -1,0 +1,87 @@
+"""patch_dingengine(): make an installed DI-engine use rlbus for its parallel mode.
+
+DI-engine binds the classes this layer replaces at import time: the comm collector and
+learner slaves subclass ding.interaction.Slave when their modules are imported, and
+ding.worker.coordinator.coordinator imports CommCoordinator into its own namespace. So the
+order matters: first ding.interaction (and ding.interaction.slave) get the rlbus Slave,
+then the coordinator module is imported (which imports the comm classes, now built on the
+rlbus Slave) and its CommCoordinator name is swapped. Call it before anything imports
+ding.worker. Without DI-engine installed it does nothing and returns False.
+"""
+
+import importlib
+import logging
+import sys
+
+from .coordinator import CommCoordinator
+from .slave import Slave
+
+log = logging.getLogger("rlbus.compat")
+
+_SLAVE_MODULES = ("ding.interaction", "ding.interaction.slave")
+_COORDINATOR_MODULES = ("ding.worker.coordinator.coordinator",
+                        "ding.worker.coordinator.comm_coordinator")
+# Modules whose classes subclass Slave at import time.
+_COMM_MODULES = ("ding.worker.collector.comm.flask_fs_collector",
+                 "ding.worker.learner.comm.flask_fs_learner",
+                 "ding.worker.collector.comm.utils",
+                 "ding.worker.learner.comm.utils")
+
+_saved = {}  # (module, name) -> original value
+
+
+def _swap(module, name, value):
+    key = (module.__name__, name)
+    current = getattr(module, name, None)
+    if current is value:
+        return
+    _saved.setdefault(key, current)
+    setattr(module, name, value)
+
+
+def _try_import(name):
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        log.debug("patch_dingengine: %s not importable (%s)", name, exc)
+        return None
+
+
+def patch_dingengine():
+    """Installs the rlbus Slave and CommCoordinator into an importable `ding`.
+
+    Returns True when DI-engine's coordinator now builds the rlbus CommCoordinator, False
+    when there is no DI-engine (nothing is changed then). Idempotent."""
+    if _try_import("ding") is None:
+        return False
+    late = [m for m in _COMM_MODULES if m in sys.modules]
+    if late:
+        log.warning("patch_dingengine: %s already imported; classes there keep the HTTP "
+                    "Slave base (call patch_dingengine() before importing ding.worker)",
+                    ", ".join(late))
+    patched = False
+    for name in _SLAVE_MODULES:
+        module = _try_import(name)
+        if module is not None and hasattr(module, "Slave"):
+            _swap(module, "Slave", Slave)
+            patched = True
+    if not patched:
+        log.warning("patch_dingengine: ding.interaction has no Slave to replace")
+    swapped = False
+    for name in _COORDINATOR_MODULES:
+        module = _try_import(name)
+        if module is not None and hasattr(module, "CommCoordinator"):
+            _swap(module, "CommCoordinator", CommCoordinator)
+            swapped = True
+    if not swapped:
+        log.warning("patch_dingengine: no CommCoordinator found to replace")
+    return swapped
+
+
+def unpatch_dingengine():
+    """Puts back what patch_dingengine() replaced (classes built meanwhile keep theirs)."""
+    for (modname, name), value in list(_saved.items()):
+        module = sys.modules.get(modname)
+        if module is not None:
+            setattr(module, name, value)
+    _saved.clear()

@@ -1,0 +1,483 @@
+"""Slave: DI-engine's ding.interaction.Slave surface, run as an rlbus worker.
+
+In DI-engine's HTTP mode a worker is a `Slave` subclass whose `_process_task(task)` answers
+one request at a time, named by task['name']: `resource`, `<role>_start_task`, repeated
+`collector_data_task` (or `learner_get_data_task` + `learner_learn_task`) and
+`<role>_close_task`. The master drove that lock-step from the coordinator. Here the rlbus
+Worker receives the task and this class drives the same calls, in the same order, on the
+worker's side:
+
+    HELLO            <- _process_task({'name': 'resource'}) (numbers announced)
+    TASK_START       -> _process_task({'name': '<role>_start_task', 'task_info': {...}})
+    collector        -> _process_task({'name': 'collector_data_task'}) until closed;
+                        a result with 'data_id' becomes DATA, anything else INFO
+    learner          -> get_data_task, GET_DATA (waits for the batch), learn_task(data),
+                        LEARN_INFO with the learn result's 'info'
+    TASK_CLOSE       -> _process_task({'name': '<role>_close_task'}) -> RESULT
+
+After an info that says it is done (`collector_done` / `learner_done`) no further step is
+pulled until the coordinator's close arrives (or `done_wait_s` passes): that is where the
+HTTP master stopped asking. Steps run on a helper thread, so a step that blocks (a data
+pull with no data) never keeps the worker from seeing a close or an abort, and a long step
+keeps its attempt alive (TASK_ALIVE) instead of running into the step timeout.
+
+An existing subclass becomes an rlbus worker unchanged: patch_dingengine() installs this
+class as DI-engine's Slave before the comm classes are imported.
+"""
+
+import logging
+import os
+import queue
+import threading
+import time
+
+from ._util import (WORKER_ID_ENV, clean_id, coerce_resources, plain, resolve_endpoint,
+                    sdk)
+from .exceptions import is_named, is_task_fail
+
+_ABANDONED = object()
+_MAX_REASON = 1024
+
+
+def _reason(text):
+    data = str(text).encode("utf-8")[:_MAX_REASON]
+    return data.decode("utf-8", "ignore")
+
+
+class StepFailed(Exception):
+    """A step raised TaskFail / TaskRefuse: `reason` and `result` for TASK_FAILED."""
+
+    def __init__(self, reason, result):
+        Exception.__init__(self, reason)
+        self.reason = reason
+        self.result = result
+
+
+class _Pending:
+    __slots__ = ("done", "value", "error")
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.value = None
+        self.error = None
+
+
+class _StepRunner:
+    """One thread that runs steps one after another, like the HTTP slave's task thread."""
+
+    def __init__(self, call, name):
+        self._call = call
+        self._queue = queue.Queue()
+        self.current = None
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, step):
+        pending = _Pending()
+        self.current = pending
+        self._queue.put((step, pending))
+        return pending
+
+    @property
+    def busy(self):
+        return self.current is not None and not self.current.done.is_set()
+
+    def stop(self):
+        self._queue.put(None)
+
+    def join(self, timeout=None):
+        self._thread.join(timeout)
+
+    def _loop(self):
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            step, pending = item
+            try:
+                pending.value = self._call(step)
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                pending.error = exc
+            pending.done.set()
+
+
+class Slave:
+    """Drop-in for ding.interaction.Slave over an rlbus Worker.
+
+    DI-engine's arguments keep their meaning where one exists: host and port name the
+    worker (id "host:port" unless `worker_id` or $RLBUS_WORKER_ID says otherwise) and
+    heartbeat_span is the heartbeat interval; request_retries, request_retry_waiting and
+    channel have no rlbus counterpart and are kept only for the constructor's shape.
+    Extra keyword arguments: endpoint (else $RLBUS_ENDPOINT, else tcp://127.0.0.1:7235),
+    worker_id, role ('collector' / 'learner'; else the class attribute rlbus_role, else
+    guessed from the class names) and ready_timeout (seconds start() waits for the broker).
+    """
+
+    rlbus_role = None
+    #: seconds to wait for the coordinator's close after an info that says "done".
+    done_wait_s = 10.0
+    #: while a step runs longer than this, TASK_ALIVE keeps its attempt from timing out.
+    keep_alive_s = 5.0
+    #: seconds one GET_DATA waits before the request is made again.
+    get_data_timeout_s = 30.0
+    #: consecutive failed data steps after which the attempt fails.
+    max_step_failures = 10
+
+    def __init__(self, host=None, port=None, heartbeat_span=None, request_retries=None,
+                 request_retry_waiting=None, channel=None, *, endpoint=None, worker_id=None,
+                 role=None, ready_timeout=10.0):
+        self._rlbus_host = host or "0.0.0.0"
+        self._rlbus_port = port if port is not None else 7236
+        span = 3.0 if heartbeat_span is None else max(float(heartbeat_span), 0.2)
+        self._rlbus_heartbeat_ms = int(span * 1000)
+        self._rlbus_request_retries = request_retries
+        self._rlbus_request_retry_waiting = request_retry_waiting
+        self._rlbus_channel = channel
+        self._rlbus_endpoint = resolve_endpoint(explicit=endpoint)
+        wid = worker_id or os.environ.get(WORKER_ID_ENV) or "{}:{}".format(
+            self._rlbus_host, self._rlbus_port)
+        self._rlbus_id = clean_id(wid)
+        self._rlbus_role = role or self.rlbus_role or _guess_role(type(self))
+        if self._rlbus_role not in ("collector", "learner"):
+            raise ValueError("Slave role must be 'collector' or 'learner' (got {!r}); pass role= "
+                             "or set the class attribute rlbus_role".format(self._rlbus_role))
+        self._rlbus_ready_timeout = float(ready_timeout)
+        self._rlbus_log = logging.getLogger("rlbus.compat.slave")
+        self._rlbus_worker = None
+        self._rlbus_raw_resources = {}
+        self._rlbus_resources = {}
+        self._rlbus_stop = threading.Event()
+        self._rlbus_keeper = None
+        self._rlbus_was_ready = False
+        self._rlbus_runner = None
+        self._rlbus_runner_lock = threading.Lock()
+        self._rlbus_runners = []
+
+    # ----------------------------------------------------------------- public surface
+
+    @property
+    def worker_id(self):
+        return self._rlbus_id
+
+    @property
+    def role(self):
+        return self._rlbus_role
+
+    @property
+    def resources(self):
+        """The resources announced to the broker (numbers only)."""
+        return dict(self._rlbus_resources)
+
+    @property
+    def worker(self):
+        """The rlbus.Worker underneath (None before start())."""
+        return self._rlbus_worker
+
+    def start(self):
+        """Asks the subclass for its resources, connects to the broker and returns once
+        the broker welcomed this worker (or after ready_timeout, the worker then keeps
+        trying on its own). A thread that is not a daemon keeps the process alive until
+        shutdown(), as the HTTP server did. Raises ConnectionRefuse from
+        _before_connection, and ConnectionError when the broker refuses the worker."""
+        if self._rlbus_worker is not None:
+            return
+        self._rlbus_stop.clear()
+        self._before_connection({"endpoint": self._rlbus_endpoint, "worker_id": self._rlbus_id,
+                                 "role": self._rlbus_role})
+        try:
+            raw = self._rlbus_call({"name": "resource"})
+        except StepFailed as exc:
+            self._rlbus_log.warning("slave %s: resource task failed (%s): no resources announced",
+                                    self._rlbus_id, exc.reason)
+            raw = {}
+        self._rlbus_raw_resources = plain(raw) if isinstance(raw, dict) else {}
+        self._rlbus_resources = coerce_resources(raw, self._rlbus_log)
+        self._rlbus_worker = sdk().Worker(
+            self._rlbus_endpoint, role=self._rlbus_role, id=self._rlbus_id,
+            run=self._rlbus_run, close=self._rlbus_close, resources=self._rlbus_resources,
+            heartbeat_ms=self._rlbus_heartbeat_ms)
+        self._rlbus_keeper = threading.Thread(target=self._rlbus_watch,
+                                              name="rlbus-compat-slave-" + self._rlbus_id)
+        self._rlbus_keeper.start()
+        deadline = time.monotonic() + self._rlbus_ready_timeout
+        worker = self._rlbus_worker
+        while time.monotonic() < deadline:
+            if worker.wait_for("ready", 0.2):
+                self._rlbus_was_ready = True
+                self._rlbus_log.info("slave %s joined rlbus broker %s as %s", self._rlbus_id,
+                                     self._rlbus_endpoint, self._rlbus_role)
+                return
+            if worker.state == "refused":
+                err = worker.last_error
+                self.shutdown()
+                raise ConnectionError("broker refused worker {}: {}".format(self._rlbus_id, err))
+        self._rlbus_log.warning("slave %s: broker %s not reached yet, still trying",
+                                self._rlbus_id, self._rlbus_endpoint)
+
+    def shutdown(self):
+        """Leaves the broker (DISCONNECT) and stops this object's threads. Idempotent."""
+        if self._rlbus_worker is None and (self._rlbus_keeper is None
+                                           or self._rlbus_stop.is_set()):
+            return
+        try:
+            self._before_disconnection({"endpoint": self._rlbus_endpoint,
+                                        "worker_id": self._rlbus_id})
+        except Exception as exc:  # noqa: BLE001 - a local shutdown is not refusable
+            self._rlbus_log.warning("slave %s: _before_disconnection raised %r; shutting down "
+                                    "anyway", self._rlbus_id, exc)
+        self._rlbus_stop.set()
+        worker, self._rlbus_worker = self._rlbus_worker, None
+        if worker is not None:
+            worker.close()
+        with self._rlbus_runner_lock:
+            runners, self._rlbus_runners, self._rlbus_runner = self._rlbus_runners, [], None
+        for runner in runners:
+            runner.stop()
+        keeper = self._rlbus_keeper
+        if keeper is not None and keeper is not threading.current_thread():
+            keeper.join()
+
+    def join(self):
+        """Waits until shutdown() ran (from any thread)."""
+        keeper = self._rlbus_keeper
+        if keeper is not None:
+            keeper.join()
+
+    def ping(self):
+        worker = self._rlbus_worker
+        return worker is not None and worker.state == "ready"
+
+    # ----------------------------------------------------------------- hooks (override)
+
+    def _before_connection(self, data):
+        """Raise ConnectionRefuse to keep this slave off the broker."""
+
+    def _before_disconnection(self, data):
+        """Called by shutdown(); a DisconnectionRefuse is logged and ignored."""
+
+    def _before_task(self, data):
+        """Called before every step; raise TaskRefuse to refuse it (the attempt fails)."""
+
+    def _lost_connection(self, master_address, err):
+        """Called when the broker connection is lost (the worker reconnects by itself)."""
+
+    def _process_task(self, task):
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- driving steps
+
+    def _rlbus_call(self, step):
+        """One step through the hooks: the result dict, or StepFailed."""
+        try:
+            self._before_task(step)
+        except Exception as exc:
+            if is_named(exc, "TaskRefuse"):
+                raise StepFailed(_reason("{} refused: {}".format(step.get("name"),
+                                                                 getattr(exc, "message", exc))),
+                                 plain(getattr(exc, "data", None) or {})) from exc
+            raise
+        try:
+            return self._process_task(step)
+        except Exception as exc:
+            if is_task_fail(exc):
+                result = plain(getattr(exc, "result", None))
+                if result is None:
+                    result = {}
+                elif not isinstance(result, dict):
+                    result = {"result": result}
+                message = getattr(exc, "message", None) or str(exc) or "task failed"
+                raise StepFailed(_reason("{} failed: {}".format(step.get("name"), message)),
+                                 result) from exc
+            raise
+
+    def _rlbus_runner_for_step(self):
+        with self._rlbus_runner_lock:
+            runner = self._rlbus_runner
+            if runner is None or runner.busy:
+                if runner is not None:
+                    # A step of an earlier task is still stuck in user code: leave it there
+                    # (its result is dropped) and carry on with a fresh thread.
+                    self._rlbus_log.warning("slave %s: an abandoned step is still running",
+                                            self._rlbus_id)
+                    runner.stop()
+                runner = _StepRunner(self._rlbus_call, "rlbus-compat-step-" + self._rlbus_id)
+                self._rlbus_runner = runner
+                self._rlbus_runners = [r for r in self._rlbus_runners if r.busy] + [runner]
+            return runner
+
+    def _rlbus_step(self, task, step):
+        """Runs `step` on the step thread and waits for it, keeping the attempt alive; gives
+        it up (returns _ABANDONED) when the task is closed or aborted meanwhile."""
+        pending = self._rlbus_runner_for_step().submit(step)
+        last_alive = time.monotonic()
+        while not pending.done.wait(0.05):
+            if task.stop_requested or task.aborted or self._rlbus_stop.is_set():
+                self._rlbus_log.info("slave %s: %s given up (task %s stopping)",
+                                     self._rlbus_id, step.get("name"), task.id)
+                return _ABANDONED
+            now = time.monotonic()
+            if now - last_alive >= self.keep_alive_s:
+                last_alive = now
+                keep_alive = getattr(task, "keep_alive", None)
+                if keep_alive is not None:
+                    keep_alive()
+        if pending.error is not None:
+            raise pending.error
+        return pending.value
+
+    def _rlbus_failure(self, reason, result):
+        failure = getattr(sdk(), "TaskFailure", None)
+        if failure is None:
+            return RuntimeError(reason)
+        return failure(_reason(reason), result)
+
+    def _rlbus_task_info(self, task):
+        info = dict(task.info) if isinstance(task.info, dict) else {}
+        info.setdefault("%s_id" % self._rlbus_role, self._rlbus_id)
+        info.setdefault("resource_info", dict(self._rlbus_raw_resources))
+        return info
+
+    def _rlbus_run(self, task):
+        """The Worker's run handler: start step, then the role's loop."""
+        info = self._rlbus_task_info(task)
+        try:
+            try:
+                started = self._rlbus_step(task, {"name": self._rlbus_role + "_start_task",
+                                                  "task_info": info})
+            except StepFailed as exc:
+                raise self._rlbus_failure(exc.reason, exc.result) from exc
+            if started is _ABANDONED:
+                return
+            if self._rlbus_role == "collector":
+                self._rlbus_collect(task, info)
+            else:
+                self._rlbus_learn(task, info)
+        finally:
+            if task.aborted:
+                self._rlbus_close_after_abort(task)
+
+    def _rlbus_pull(self, task, step, failures):
+        """A data step; failed ones are logged and retried with a growing pause, and only
+        a run of max_step_failures fails the attempt. Returns (result, failures)."""
+        try:
+            result = self._rlbus_step(task, step)
+        except StepFailed as exc:
+            failures += 1
+            self._rlbus_log.error("slave %s: %s", self._rlbus_id, exc.reason)
+            if failures >= self.max_step_failures:
+                raise self._rlbus_failure("%d %s steps failed in a row; last: %s"
+                                          % (failures, step["name"], exc.reason),
+                                          exc.result) from exc
+            task.wait_stop(min(0.01 * 2 ** failures, 1.0))
+            return None, failures
+        return result, 0
+
+    def _rlbus_wait_close(self, task, what):
+        if not task.wait_stop(self.done_wait_s):
+            self._rlbus_log.info("slave %s: task %s said %s but was not closed within %g s; "
+                                 "going on", self._rlbus_id, task.id, what, self.done_wait_s)
+
+    def _rlbus_collect(self, task, info):
+        buffer_id = info.get("buffer_id")
+        failures = 0
+        while not task.stop_requested:
+            result, failures = self._rlbus_pull(task, {"name": "collector_data_task"}, failures)
+            if result is _ABANDONED:
+                return
+            if result is None:
+                continue
+            result = plain(result) if isinstance(result, dict) else {"value": plain(result)}
+            if "data_id" in result:
+                ok = task.emit_data(str(result["data_id"]),
+                                    str(result.get("buffer_id") or buffer_id or ""), result)
+                if not ok:
+                    return
+            else:
+                if not task.emit_info(result):
+                    return
+                if result.get("collector_done"):
+                    self._rlbus_wait_close(task, "collector_done")
+
+    def _rlbus_learn(self, task, info):
+        failures = 0
+        while not task.stop_requested:
+            req, failures = self._rlbus_pull(task, {"name": "learner_get_data_task"}, failures)
+            if req is _ABANDONED:
+                return
+            if not isinstance(req, dict):
+                continue
+            buffer_id = req.get("buffer_id", info.get("buffer_id"))
+            batch = None
+            while batch is None and not task.stop_requested:
+                batch = task.get_data(str(buffer_id or ""), int(req.get("batch_size", 0)),
+                                      int(req.get("cur_learner_iter", 0)),
+                                      timeout=self.get_data_timeout_s)
+            if batch is None:
+                return
+            res, failures = self._rlbus_pull(task, {"name": "learner_learn_task", "data": batch},
+                                             failures)
+            if res is _ABANDONED:
+                return
+            if not isinstance(res, dict):
+                continue
+            learn_info = plain(res.get("info"))
+            if not isinstance(learn_info, dict):
+                learn_info = {"info": learn_info}
+            if not task.emit_learn_info(str(res.get("buffer_id", buffer_id) or ""), learn_info):
+                return
+            if learn_info.get("learner_done"):
+                self._rlbus_wait_close(task, "learner_done")
+
+    def _rlbus_close_step(self, task):
+        info = task.info if isinstance(task.info, dict) else {}
+        result = self._rlbus_call({"name": self._rlbus_role + "_close_task"})
+        result = plain(result) if isinstance(result, dict) else {}
+        result.setdefault("task_id", info.get("task_id", task.id))
+        if info.get("buffer_id") is not None:
+            result.setdefault("buffer_id", info.get("buffer_id"))
+        return result
+
+    def _rlbus_close(self, task):
+        """The Worker's close handler: the close step's result is the task's RESULT; a
+        TaskFail there fails the attempt with its result dict."""
+        try:
+            return self._rlbus_close_step(task)
+        except StepFailed as exc:
+            raise self._rlbus_failure(exc.reason, exc.result) from exc
+
+    def _rlbus_close_after_abort(self, task):
+        # The coordinator went away or the attempt timed out: the HTTP master sent a close
+        # task in that case too, so the subclass can stop what it started. Nobody waits for
+        # the result.
+        try:
+            self._rlbus_close_step(task)
+        except Exception as exc:  # noqa: BLE001 - logged, the attempt is over anyway
+            self._rlbus_log.info("slave %s: close after abort of %s: %r", self._rlbus_id,
+                                 task.id, exc)
+
+    def _rlbus_watch(self):
+        """Keeps the process alive until shutdown() and reports lost connections."""
+        while not self._rlbus_stop.wait(0.2):
+            worker = self._rlbus_worker
+            if worker is None:
+                continue
+            state = worker.state
+            if state == "ready":
+                self._rlbus_was_ready = True
+            elif self._rlbus_was_ready and state in ("reconnecting", "connecting", "refused"):
+                self._rlbus_was_ready = False
+                try:
+                    self._lost_connection(self._rlbus_endpoint,
+                                          ConnectionError(worker.last_error or state))
+                except Exception as exc:  # noqa: BLE001
+                    self._rlbus_log.warning("slave %s: _lost_connection raised %r",
+                                            self._rlbus_id, exc)
+
+
+def _guess_role(cls):
+    names = [c.__name__.lower() for c in cls.__mro__]
+    collector = any("collector" in n for n in names)
+    learner = any("learner" in n for n in names)
+    if collector != learner:
+        return "collector" if collector else "learner"
+    return None

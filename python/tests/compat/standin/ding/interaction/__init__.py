@@ -1,0 +1,1 @@
+from .slave import ConnectionRefuse, DisconnectionRefuse, Slave, TaskFail, TaskRefuse  # noqa: F401

@@ -1,0 +1,1 @@
+from .utils import NaiveCollector  # noqa: F401

@@ -1,0 +1,1 @@
+from .utils import NaiveLearner  # noqa: F401

@@ -1,0 +1,295 @@
+"""Slave against a stand-in SDK: resources, ids, roles, hooks and the step order that
+DI-engine's HTTP master used."""
+
+import logging
+import threading
+
+import pytest
+
+from conftest import wait_until
+from fakesdk import FakeTask
+from rlbus.compat import ConnectionRefuse, Slave, TaskFail, TaskRefuse, coerce_resources
+
+
+class OtherTaskFail(Exception):
+    """Shaped like DI-engine's own TaskFail (a different class of the same name)."""
+
+
+OtherTaskFail.__name__ = "TaskFail"
+
+
+def _init_other(self, result=None, message=None):
+    Exception.__init__(self, message)
+    self.result, self.message = result, message
+
+
+OtherTaskFail.__init__ = _init_other
+
+
+class Collector(Slave):
+    def __init__(self, *a, items=3, close_fails=False, **kw):
+        super().__init__(*a, **kw)
+        self.steps = []
+        self.items = items
+        self.close_fails = close_fails
+        self.n = 0
+
+    def _process_task(self, task):
+        self.steps.append(task["name"])
+        if task["name"] == "resource":
+            return {"cpu": "20", "gpu": 1, "mem": "lots"}
+        if task["name"] == "collector_start_task":
+            self.info = task["task_info"]
+            return {"message": "ok"}
+        if task["name"] == "collector_data_task":
+            self.n += 1
+            if self.n == self.items:
+                return {"collector_done": True, "task_id": "t1", "buffer_id": "buf"}
+            return {"data_id": "d%d" % self.n, "buffer_id": "buf", "task_id": "t1",
+                    "priority": 1.0}
+        if task["name"] == "collector_close_task":
+            if self.close_fails:
+                raise OtherTaskFail(result={"message": "no close here"}, message="close refused")
+            return {"reward_mean": 2.0}
+        raise TaskFail(result={"message": "task name error"}, message="bad name")
+
+
+class Learner(Slave):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.steps = []
+        self.n = 0
+
+    def _process_task(self, task):
+        self.steps.append(task["name"])
+        if task["name"] == "resource":
+            return {"gpu": "xxx"}
+        if task["name"] == "learner_start_task":
+            return {}
+        if task["name"] == "learner_get_data_task":
+            return {"task_id": "l1", "buffer_id": "buf", "batch_size": 2, "cur_learner_iter": 4}
+        if task["name"] == "learner_learn_task":
+            self.n += 1
+            self.batches = getattr(self, "batches", []) + [task["data"]]
+            return {"info": {"learner_step": self.n, "learner_done": self.n >= 2},
+                    "buffer_id": "buf", "task_id": "l1"}
+        if task["name"] == "learner_close_task":
+            return {"task_id": "l1"}
+        raise TaskFail(message="bad")
+
+
+def test_coerce_resources_parses_numbers_and_drops_the_rest(caplog):
+    with caplog.at_level(logging.WARNING):
+        out = coerce_resources({"cpu": "20", "gpu": "1", "mem": 1.5, "x": "xxx", "neg": -1,
+                                "inf": float("inf"), "flag": True, "": 3})
+    assert out == {"cpu": 20, "gpu": 1, "mem": 1.5, "flag": 1}
+    assert "xxx" in caplog.text and "neg" in caplog.text
+    assert coerce_resources({"cpu": "xxx", "gpu": "xxx"}) == {}
+    assert coerce_resources(None) == {}
+
+
+def test_start_announces_numeric_resources_and_host_port_id(fake_sdk, monkeypatch):
+    monkeypatch.delenv("RLBUS_WORKER_ID", raising=False)
+    s = Collector("10.1.2.3", 18000, endpoint="tcp://127.0.0.1:6000")
+    s.start()
+    try:
+        w = fake_sdk.Worker.instances[0]
+        assert (w.endpoint, w.role, w.id) == ("tcp://127.0.0.1:6000", "collector", "10.1.2.3:18000")
+        assert w.resources == {"cpu": 20, "gpu": 1}
+        assert s.steps == ["resource"]
+        assert s.ping()
+    finally:
+        s.shutdown()
+    assert w.closed and not s.ping()
+    s.join()
+
+
+def test_worker_id_and_role_overrides(fake_sdk, monkeypatch):
+    monkeypatch.setenv("RLBUS_WORKER_ID", "pod-7")
+    s = Learner(None, None, role="learner")
+    assert s.worker_id == "pod-7" and s.role == "learner"
+    assert Slave(worker_id="w", role="collector").worker_id == "w"
+    with pytest.raises(ValueError):
+        Slave()  # neither a role nor a name that says one
+
+
+def test_learner_non_numeric_resources_are_dropped(fake_sdk):
+    s = Learner("0.0.0.0", 7)
+    s.start()
+    try:
+        assert fake_sdk.Worker.instances[0].resources == {}
+        assert fake_sdk.Worker.instances[0].role == "learner"
+    finally:
+        s.shutdown()
+
+
+def test_before_connection_refusal_keeps_the_slave_off_the_broker(fake_sdk):
+    class Refusing(Collector):
+        def _before_connection(self, data):
+            raise ConnectionRefuse("not today")
+
+    with pytest.raises(ConnectionRefuse):
+        Refusing("h", 1).start()
+    assert fake_sdk.Worker.instances == []
+
+
+def test_collector_steps_in_http_order_and_waits_for_close_after_done(fake_sdk):
+    s = Collector("h", 1, items=4)
+    s.start()
+    try:
+        w = fake_sdk.Worker.instances[0]
+        task = FakeTask("t1", {"task_id": "t1", "buffer_id": "buf"})
+        runner = threading.Thread(target=w.run, args=(task,))
+        runner.start()
+        wait_until(lambda: task.infos, 5, "the done info")
+        # the driver does not pull past the done info while the close is pending
+        assert not task.wait_stop(0.3) and s.steps.count("collector_data_task") == 4
+        task.request_stop()
+        runner.join(5)
+        assert not runner.is_alive()
+        result = w.close_handler(task)
+        assert s.steps == ["resource", "collector_start_task"] + ["collector_data_task"] * 4 + [
+            "collector_close_task"]
+        assert [d[0] for d in task.data] == ["d1", "d2", "d3"]
+        assert task.data[0][2] == {"data_id": "d1", "buffer_id": "buf", "task_id": "t1",
+                                   "priority": 1.0}
+        assert task.infos == [{"collector_done": True, "task_id": "t1", "buffer_id": "buf"}]
+        assert s.info["collector_id"] == "h:1" and s.info["resource_info"]["cpu"] == "20"
+        assert result == {"reward_mean": 2.0, "task_id": "t1", "buffer_id": "buf"}
+    finally:
+        s.shutdown()
+
+
+def test_close_taskfail_becomes_task_failure_with_result(fake_sdk):
+    s = Collector("h", 1, close_fails=True)
+    s.start()
+    try:
+        w = fake_sdk.Worker.instances[0]
+        with pytest.raises(fake_sdk.TaskFailure) as err:
+            w.close_handler(FakeTask())
+        assert "close refused" in err.value.reason
+        assert err.value.result == {"message": "no close here"}
+    finally:
+        s.shutdown()
+
+
+def test_before_task_refusal_fails_the_attempt(fake_sdk):
+    class Picky(Collector):
+        def _before_task(self, data):
+            if data["name"] == "collector_start_task":
+                raise TaskRefuse("busy", {"why": "busy"})
+
+    s = Picky("h", 1)
+    s.start()
+    try:
+        with pytest.raises(fake_sdk.TaskFailure) as err:
+            fake_sdk.Worker.instances[0].run(FakeTask())
+        assert "refused" in err.value.reason and err.value.result == {"why": "busy"}
+        assert "collector_start_task" not in s.steps
+    finally:
+        s.shutdown()
+
+
+def test_other_exceptions_fail_the_attempt(fake_sdk):
+    class Broken(Collector):
+        def _process_task(self, task):
+            if task["name"] == "collector_start_task":
+                raise KeyError("collector_cfg")
+            return super()._process_task(task)
+
+    s = Broken("h", 1)
+    s.start()
+    try:
+        with pytest.raises(KeyError):
+            fake_sdk.Worker.instances[0].run(FakeTask())
+    finally:
+        s.shutdown()
+
+
+def test_learner_steps_get_data_learn_and_infos(fake_sdk):
+    batch = [{"data_id": "a"}, {"data_id": "b"}]
+    s = Learner("h", 2)
+    s.start()
+    try:
+        w = fake_sdk.Worker.instances[0]
+        task = FakeTask("l1", {"task_id": "l1", "buffer_id": "buf"}, batches=[None, batch, batch])
+        task.on_info = lambda info: info.get("learner_done") and task.request_stop()
+        w.run(task)
+        result = w.close_handler(task)
+        assert s.steps == ["resource", "learner_start_task", "learner_get_data_task",
+                           "learner_learn_task", "learner_get_data_task", "learner_learn_task",
+                           "learner_close_task"]
+        assert task.gets[0] == ("buf", 2, 4)
+        assert s.batches == [batch, batch]
+        assert [i for _, i in task.learn_infos] == [{"learner_step": 1, "learner_done": False},
+                                                    {"learner_step": 2, "learner_done": True}]
+        assert result == {"task_id": "l1", "buffer_id": "buf"}
+    finally:
+        s.shutdown()
+
+
+def test_blocked_step_is_given_up_on_abort_and_close_step_still_runs(fake_sdk):
+    release = threading.Event()
+
+    class Stuck(Collector):
+        def _process_task(self, task):
+            if task["name"] == "collector_data_task":
+                self.steps.append(task["name"])
+                release.wait(10)
+                return {"data_id": "late", "buffer_id": "buf"}
+            return super()._process_task(task)
+
+    s = Stuck("h", 1)
+    s.keep_alive_s = 0.05
+    s.start()
+    try:
+        w = fake_sdk.Worker.instances[0]
+        task = FakeTask()
+        runner = threading.Thread(target=w.run, args=(task,))
+        runner.start()
+        wait_until(lambda: task.alive >= 2, 5, "keep-alives during the blocked step")
+        task.abort()
+        runner.join(5)
+        assert not runner.is_alive()
+        assert "collector_close_task" in s.steps
+        assert task.data == []
+    finally:
+        release.set()
+        s.shutdown()
+
+
+def test_failed_data_steps_are_retried_then_fail_the_attempt(fake_sdk):
+    class Flaky(Collector):
+        def _process_task(self, task):
+            if task["name"] == "collector_data_task":
+                raise TaskFail(message="no data today")
+            return super()._process_task(task)
+
+    s = Flaky("h", 1)
+    s.max_step_failures = 3
+    s.start()
+    try:
+        with pytest.raises(fake_sdk.TaskFailure) as err:
+            fake_sdk.Worker.instances[0].run(FakeTask())
+        assert "3 collector_data_task steps failed" in err.value.reason
+    finally:
+        s.shutdown()
+
+
+def test_lost_connection_hook(fake_sdk):
+    lost = []
+
+    class Watching(Collector):
+        def _lost_connection(self, master_address, err):
+            lost.append((master_address, str(err)))
+
+    s = Watching("h", 1, endpoint="tcp://x:1")
+    s.start()
+    try:
+        w = fake_sdk.Worker.instances[0]
+        w.last_error = "broker silent"
+        w.state = "reconnecting"
+        wait_until(lambda: lost, 5, "_lost_connection")
+        assert lost == [("tcp://x:1", "broker silent")]
+    finally:
+        s.shutdown()
