@@ -1,9 +1,7 @@
-"""Fixtures of the compat tests: a stand-in SDK, the stand-in `ding` package's path, and
-the real broker (started on free ports, stopped at the end)."""
+"""Fixtures of the compat tests: a stand-in SDK and the real broker (started on free
+ports, stopped at the end)."""
 
 import os
-import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -12,62 +10,18 @@ import time
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PYTHON_DIR = os.path.dirname(os.path.dirname(HERE))
-ROOT = os.path.dirname(PYTHON_DIR)
-STANDIN = os.path.join(HERE, "standin")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-if PYTHON_DIR not in sys.path:
-    sys.path.insert(0, PYTHON_DIR)
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
+from compat_helpers import _LINE, Broker, broker_binary, sdk_available  # noqa: E402
 
 @pytest.fixture
 def fake_sdk():
-    import fakesdk
+    import compat_fakesdk as fakesdk
     from rlbus.compat import _util
     mod = fakesdk.module()
     _util.set_sdk(mod)
     yield mod
     _util.set_sdk(None)
-
-
-def wait_until(cond, timeout, what="condition"):
-    """Polls `cond` until it is true; fails the test when `timeout` seconds pass."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail("timed out after %gs waiting for %s" % (timeout, what))
-        time.sleep(0.02)
-
-
-def broker_binary():
-    for cand in (os.environ.get("RLBUS_BROKER"),
-                 os.path.join(ROOT, "build", "src", "rlbus-broker"),
-                 shutil.which("rlbus-broker")):
-        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
-            return cand
-    return None
-
-
-_LINE = re.compile(r"router[= ](\S+)\s+events[= ](\S+)")
-
-
-class Broker:
-    def __init__(self, proc, router, events):
-        self.proc, self.router, self.events = proc, router, events
-
-
-def sdk_available():
-    try:
-        import rlbus  # noqa: F401
-        return hasattr(rlbus, "Worker") and hasattr(rlbus, "Coordinator")
-    except ImportError:
-        return False
 
 
 @pytest.fixture

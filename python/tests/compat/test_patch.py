@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import PYTHON_DIR, STANDIN
+from compat_helpers import PYTHON_DIR, STANDIN
 
 
 def run_python(code, with_ding=True):

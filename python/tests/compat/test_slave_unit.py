@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from conftest import wait_until
-from fakesdk import FakeTask
+from compat_helpers import wait_until
+from compat_fakesdk import FakeTask
 from rlbus.compat import ConnectionRefuse, Slave, TaskFail, TaskRefuse, coerce_resources
 
 

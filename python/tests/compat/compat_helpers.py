@@ -1,0 +1,58 @@
+"""Helpers of the compat tests: paths, waiting for conditions, finding the broker."""
+
+import os
+import re
+import shutil
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON_DIR = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(PYTHON_DIR)
+STANDIN = os.path.join(HERE, "standin")
+
+if PYTHON_DIR not in sys.path:
+    sys.path.insert(0, PYTHON_DIR)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+
+def wait_until(cond, timeout, what="condition"):
+    """Polls `cond` until it is true; fails the test when `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail("timed out after %gs waiting for %s" % (timeout, what))
+        time.sleep(0.02)
+
+
+def broker_binary():
+    for cand in (os.environ.get("RLBUS_BROKER"),
+                 os.path.join(ROOT, "build", "src", "rlbus-broker"),
+                 shutil.which("rlbus-broker")):
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+_LINE = re.compile(r"router[= ](\S+)\s+events[= ](\S+)")
+
+
+class Broker:
+    def __init__(self, proc, router, events):
+        self.proc, self.router, self.events = proc, router, events
+
+
+def sdk_available():
+    try:
+        import rlbus  # noqa: F401
+        return hasattr(rlbus, "Worker") and hasattr(rlbus, "Coordinator")
+    except ImportError:
+        return False
+
+
