@@ -76,6 +76,11 @@ class task_handle {
   /// True when the broker aborted the task (timeout, cancel, re-assignment): nothing more
   /// from this attempt will be accepted.
   [[nodiscard]] bool aborted() const;
+  /// Tells the broker this attempt is still being worked on (TASK_ALIVE), for work that
+  /// goes on longer than the step timeout without other progress to report: the broker
+  /// pushes the attempt's start or step deadline a full timeout on. It never extends the
+  /// task timeout. False when the task is over or closing (nothing was sent).
+  bool keep_alive();
 
   // Collector side. Each returns false when the task is over (nothing was sent).
   /// When the broker applies data credit to this attempt (its coordinator acknowledges its

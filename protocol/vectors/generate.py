@@ -24,7 +24,7 @@ TYPES = {"HELLO": 0x01, "WELCOME": 0x02, "HEARTBEAT": 0x03, "DISCONNECT": 0x04,
          "TASK_START": 0x20, "TASK_CLOSE": 0x21, "LEARN": 0x22, "NO_DATA": 0x23,
          "TASK_ABORT": 0x24,
          "STARTED": 0x30, "DATA": 0x31, "INFO": 0x32, "GET_DATA": 0x33, "LEARN_INFO": 0x34,
-         "RESULT": 0x35, "TASK_FAILED": 0x36, "POLICY": 0x37,
+         "RESULT": 0x35, "TASK_FAILED": 0x36, "POLICY": 0x37, "TASK_ALIVE": 0x38,
          # stream flow control and replay (SPEC §12.9)
          "REPLAY": 0x40, "ACK": 0x41, "STREAM_GAP": 0x42, "DATA_CREDIT": 0x48,
          # reliable data (SPEC §12.11)
@@ -251,6 +251,8 @@ VALID += [
           {"task_id": COLLECTOR_TASK, "attempt": 2,
            "reason": "collector handler raised RuntimeError: env 3 step failed"},
           "the worker's handler failed"),
+    valid("task_alive", "TASK_ALIVE", {"task_id": LEARNER_TASK, "attempt": 2},
+          "still working on attempt 2: its start or step deadline moves on"),
     # policies (SPEC §13)
     valid("policy_inline", "POLICY",
           {"policy_id": "cartpole", "version": 7, "params": POLICY_PARAMS},
@@ -445,6 +447,10 @@ INVALID += [
     invalid_task("data_ack_resend_uint", "DATA_ACK",
                  {"task_id": COLLECTOR_TASK, "attempt": 1, "relayed": 3, "resend": 1},
                  "resend is a bool"),
+    invalid_task("task_alive_attempt_zero", "TASK_ALIVE",
+                 {"task_id": LEARNER_TASK, "attempt": 0}, "attempts count from 1"),
+    invalid_task("task_alive_no_task_id", "TASK_ALIVE", {"attempt": 1},
+                 "TASK_ALIVE without task_id"),
     invalid_task("data_lost_first_zero", "DATA_LOST",
                  {"task_id": COLLECTOR_TASK, "attempt": 1, "first": 0, "last": 3},
                  "DATA indexes count from 1"),

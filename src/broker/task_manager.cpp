@@ -300,7 +300,7 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
                       std::is_same_v<T, codec::learn_info> ||
                       std::is_same_v<T, codec::task_result> ||
                       std::is_same_v<T, codec::task_failed> ||
-                      std::is_same_v<T, codec::data_lost>) {
+                      std::is_same_v<T, codec::task_alive> || std::is_same_v<T, codec::data_lost>) {
           task_id = &task_id_of(v);
           attempt = attempt_of(v);
         }
@@ -386,6 +386,16 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
     if (t.credited) {
       auto& s = streams_[t.owner];
       if ((t.data_limit - t.data_accepted) * 2 <= chunk_of(s)) grant(s, nullptr);
+    }
+  } else if (std::holds_alternative<codec::task_alive>(m)) {
+    // The worker is busy, not gone: its start or step deadline moves a full timeout on. The
+    // task timeout still caps it (set_deadline), and nothing is emitted (§12.3.19).
+    if (t.st == state::starting) {
+      set_deadline(t, now + t.start_timeout);
+    } else if (t.st == state::running) {
+      progress();
+    } else {
+      return wrong("TASK_ALIVE keeps a starting or running attempt alive, not a closing one");
     }
   } else if (const auto* dl = std::get_if<codec::data_lost>(&m)) {
     return on_data_lost(t, *dl, now);

@@ -202,6 +202,15 @@ bool task_handle::emit_data(std::string data_id, std::string buffer_id, std::str
   return true;
 }
 
+bool task_handle::keep_alive() {
+  {
+    // Once TASK_CLOSE came the broker only waits for RESULT: a TASK_ALIVE would be refused.
+    std::lock_guard lock(owner_.mu);
+    if (!owner_.live(*this) || owner_.close_requested) return false;
+  }
+  return owner_.post(codec::task_alive{id_, attempt_});
+}
+
 bool task_handle::emit_info(std::string info_msgpack) {
   return live() && owner_.post(codec::info{id_, attempt_, std::move(info_msgpack)});
 }

@@ -63,7 +63,8 @@ using message =
                  started, data_ready, info, get_data, learn_info, task_result, task_failed,
                  policy,                                // (§13)
                  replay, ack, stream_gap, data_credit,  // stream flow control (§12.9)
-                 data_ack, data_lost>;                  // reliable data (§12.11)
+                 data_ack, data_lost,                   // reliable data (§12.11)
+                 task_alive>;                           // keep-alive of an attempt
 
 /// The type id each message struct travels under.
 constexpr msg_type type_of(const hello&) noexcept {

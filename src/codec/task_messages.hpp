@@ -383,6 +383,19 @@ struct task_failed {
   }
 };
 
+/// TASK_ALIVE (worker -> broker): still working on the attempt; pushes its start or step
+/// deadline out by a full timeout, never its task timeout (§12.3.19). No TASK_EVENT.
+struct task_alive {
+  std::string task_id;
+  std::uint32_t attempt = 1;
+  RLBUS_TASK_MESSAGE(task_alive, task_alive)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+    f("attempt", s.attempt, rule::attempt);
+  }
+};
+
 /// POLICY (learner -> broker): version `version` of policy `policy_id`, as a reference the
 /// workers resolve themselves (a path, a URL) or as inline parameters (§13).
 struct policy {

@@ -46,13 +46,14 @@ endpoints started(child& c) {
 TEST_CASE("--help documents every flag", "[binary]") {
   const auto [status, out] = run_to_end(broker_bin(), {"--help"});
   CHECK(status == 0);
-  for (const char* flag :
-       {"--router",           "--events",          "--liveness",      "--heartbeat-min",
-        "--heartbeat-max",    "--status-interval", "--max-message",   "--max-peers",
-        "--max-faults",       "--shutdown-linger", "--drain-ms",      "--log-level",
-        "--max-queue",        "--start-timeout",   "--step-timeout",  "--close-timeout",
-        "--task-timeout",     "--max-attempts",    "--no-data-retry", "--stream-ring",
-        "--stream-ring-bytes", "--stream-window"})
+  for (const char* flag : {"--router",          "--events",        "--liveness",
+                           "--heartbeat-min",   "--heartbeat-max", "--status-interval",
+                           "--max-message",     "--max-peers",     "--max-faults",
+                           "--shutdown-linger", "--drain-ms",      "--log-level",
+                           "--max-queue",       "--start-timeout", "--step-timeout",
+                           "--close-timeout",   "--task-timeout",  "--max-attempts",
+                           "--no-data-retry",   "--stream-ring",   "--stream-ring-bytes",
+                           "--stream-window"})
     CHECK_THAT(out, Catch::Contains(flag));
   // Each task default is documented with its value.
   for (const char* value : {"10000", "60000", "30000", "3600000", "65536", "67108864"})
@@ -61,17 +62,26 @@ TEST_CASE("--help documents every flag", "[binary]") {
 }
 
 TEST_CASE("task settings out of range exit 2 naming the flag", "[binary]") {
-  const std::vector<std::vector<std::string>> bad{
-      {"--max-attempts", "0"},       {"--max-attempts", "1001"},
-      {"--step-timeout", "0"},       {"--task-timeout", "86400001"},
-      {"--drain-ms", "86400001"},    {"--drain-ms", "-1"},
-      {"--max-queue", "0"},          {"--stream-ring", "15"},
-      {"--stream-ring-bytes", "10"}, {"--no-data-retry", "86400001"},
-      {"--start-timeout", "soon"},   {"--status-interval", "9"},
-      {"--status-interval", "86400001"}, {"--max-faults", "0"},
-      {"--max-faults", "1000001"},   {"--max-peers", "0"},
-      {"--max-peers", "10000001"},   {"--shutdown-linger", "86400001"},
-      {"--shutdown-linger", "-1"},   {"--stream-window", "0"}};
+  const std::vector<std::vector<std::string>> bad{{"--max-attempts", "0"},
+                                                  {"--max-attempts", "1001"},
+                                                  {"--step-timeout", "0"},
+                                                  {"--task-timeout", "86400001"},
+                                                  {"--drain-ms", "86400001"},
+                                                  {"--drain-ms", "-1"},
+                                                  {"--max-queue", "0"},
+                                                  {"--stream-ring", "15"},
+                                                  {"--stream-ring-bytes", "10"},
+                                                  {"--no-data-retry", "86400001"},
+                                                  {"--start-timeout", "soon"},
+                                                  {"--status-interval", "9"},
+                                                  {"--status-interval", "86400001"},
+                                                  {"--max-faults", "0"},
+                                                  {"--max-faults", "1000001"},
+                                                  {"--max-peers", "0"},
+                                                  {"--max-peers", "10000001"},
+                                                  {"--shutdown-linger", "86400001"},
+                                                  {"--shutdown-linger", "-1"},
+                                                  {"--stream-window", "0"}};
   for (const auto& args : bad) {
     INFO(args[0] << " " << args[1]);
     const auto [status, out] = run_to_end(broker_bin(), args);
@@ -87,10 +97,10 @@ TEST_CASE("--stream-window is checked against the ring and follows a small one",
   CHECK(status == 2);
   CHECK_THAT(out, Catch::Contains("--stream-window"));
   CHECK_THAT(out, Catch::Contains("1..8"));
-  for (const std::vector<std::string>& extra : {std::vector<std::string>{},
-                                               std::vector<std::string>{"--stream-window", "8"}}) {
-    std::vector<std::string> args{"--router", "tcp://127.0.0.1:0", "--events",
-                                  "tcp://127.0.0.1:0", "--stream-ring", "16"};
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{}, std::vector<std::string>{"--stream-window", "8"}}) {
+    std::vector<std::string> args{"--router",          "tcp://127.0.0.1:0", "--events",
+                                  "tcp://127.0.0.1:0", "--stream-ring",     "16"};
     args.insert(args.end(), extra.begin(), extra.end());
     child broker(broker_bin(), args);
     INFO(broker.output());

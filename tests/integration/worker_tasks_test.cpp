@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <thread>
 
 #include "rlbus/worker.hpp"
 #include "support/support.hpp"
@@ -146,4 +147,39 @@ TEST_CASE("a cancelled task stops its handler and the worker takes the next one"
   const auto s = until_event(coord, "started");
   CHECK(s.task_id == "second");
   CHECK(stopped_by_abort == 1);
+}
+
+// SPEC §12.3.19: a handler busy for longer than the step timeout, with nothing to report,
+// keeps its attempt with keep_alive(); once the broker asks to close, keep_alive() sends
+// nothing and says so.
+TEST_CASE("keep_alive carries a handler past its step timeout", "[worker-tasks]") {
+  broker::server_thread b(test_config());
+  zmq::context_t ctx;
+  raw_peer coord(ctx, b.get().router_endpoint());
+  coord.introduce("coordinator", role::coordinator, 5000);
+  std::atomic<bool> alive_after_close{true};
+  task_handlers h;
+  h.run = [&](task_handle& t) {
+    const auto t0 = std::chrono::steady_clock::now();
+    // Four step timeouts of work without any DATA or INFO.
+    while (std::chrono::steady_clock::now() - t0 < 800ms) {
+      REQUIRE(t.keep_alive());
+      std::this_thread::sleep_for(40ms);  // the "work"
+    }
+    REQUIRE(t.emit_info(flag_map("collector_done", true)));
+    wait_for_stop(t);
+    alive_after_close = t.keep_alive();
+  };
+  worker w(opts(b.get().router_endpoint(), "collector-0", role::collector), h);
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+  auto s = task("busy", role::collector);
+  s.step_timeout_ms = 200;
+  s.max_attempts = 1;
+  coord.send(s);
+  std::vector<codec::task_event> seen;
+  until_event(coord, "info", &seen);
+  for (const auto& e : seen) CHECK(e.event != "failed");
+  coord.send(codec::finish{"busy"});
+  until_event(coord, "finished");
+  CHECK_FALSE(alive_after_close);
 }

@@ -366,6 +366,7 @@ TEST_CASE("every task message survives an encode/decode round trip", "[unit][cod
   round_trip(codec::learn_info{"task-1", 1, "buffer-0", info_blob});
   round_trip(codec::task_result{"task-1", 1, info_blob});
   round_trip(codec::task_failed{"task-1", 1, "handler threw"});
+  round_trip(codec::task_alive{"task-1", 7});
 }
 
 TEST_CASE("opaque user data is forwarded byte for byte", "[unit][codec]") {

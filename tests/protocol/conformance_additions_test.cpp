@@ -1,0 +1,156 @@
+// Conformance of the optional additions to protocol v1: TASK_ALIVE (§12.3.19). Each test is
+// named after the clause it checks and quotes it ("..." marks a cut); every wait has a
+// deadline, and the only sleeps pace a sender.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <thread>
+
+#include "protocol/conformance.hpp"
+
+using namespace rlbus;
+using namespace rlbus::test;
+using namespace rlbus::test::spec;
+using namespace std::string_literals;
+using codec::error_code;
+
+namespace {
+
+/// Sends `m` to the broker and requires ERROR `code` about `type` as the very next message.
+template <class M>
+codec::error refused(raw_peer& p, const M& m, error_code code) {
+  p.send(m);
+  return next_error(p, code, ref(static_cast<std::uint8_t>(M::type)));
+}
+
+/// Sends TASK_ALIVE for `task_id` attempt 1 every 40 ms for `span`, checking after each one
+/// that nothing came to the worker (no TASK_ABORT) or to the coordinator (no TASK_EVENT).
+void keep_alive_for(raw_peer& worker, raw_peer& coord, const std::string& task_id,
+                    std::chrono::milliseconds span) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (since(t0) < span) {
+    worker.send(codec::task_alive{task_id, 1});
+    expect_quiet(worker);
+    expect_quiet(coord);
+    std::this_thread::sleep_for(40ms);  // pacing the sender, not waiting for an outcome
+  }
+}
+
+/// Sends HEARTBEATs (which do not count) until TASK_ABORT comes; returns it.
+codec::task_abort abort_of(raw_peer& worker) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::optional<codec::task_abort> abort;
+  while (!abort && since(t0) < 5000ms) {
+    worker.send(codec::heartbeat{});
+    for (auto m = worker.recv(40ms); m && !abort; m = worker.recv(1ms))
+      if (auto* a = std::get_if<codec::task_abort>(&*m)) abort = *a;
+  }
+  REQUIRE(abort);
+  return *abort;
+}
+
+}  // namespace
+
+// §12.3.19 "An accepted one SHALL set the attempt's deadline anew: while starting, start timeout
+// from now; while running, step timeout from now (§12.7.1). ... the broker answers nothing and
+// emits no TASK_EVENT for it."
+TEST_CASE_METHOD(fixture, "SPEC 12.3.19: TASK_ALIVE moves the start and the step deadline",
+                 "[spec]") {
+  raw_peer coord(ctx, router), w(ctx, router), l(ctx, router);
+  join(coord, "coord", role::coordinator);
+  join(w, "w", role::collector);
+  join(l, "l", role::learner);
+  const auto timeout = 250ms;
+  for (auto* worker : {&w, &l}) {
+    const auto kind = worker == &w ? role::collector : role::learner;
+    const std::string id = worker == &w ? "c" : "L";
+    INFO("task " << id);
+    auto s = task_of(id, kind);
+    s.start_timeout_ms = static_cast<std::uint32_t>(timeout.count());
+    s.step_timeout_ms = static_cast<std::uint32_t>(timeout.count());
+    s.max_attempts = 1;
+    submit_ok(coord, s);
+    CHECK(next_a<codec::task_start>(*worker).task_id == id);
+    next_event(coord, id, "assigned");
+    // Starting for three start timeouts, alive all along: the attempt lives on.
+    keep_alive_for(*worker, coord, id, 3 * timeout);
+    worker->send(codec::started{id, 1});
+    next_event(coord, id, "started");
+    // Running for three step timeouts, alive all along, and no event for any of it.
+    keep_alive_for(*worker, coord, id, 3 * timeout);
+    // Then silence: the step deadline ends the attempt, a step timeout after the last one.
+    const auto last = std::chrono::steady_clock::now();
+    const auto abort = abort_of(*worker);
+    CHECK(since(last) >= timeout - 50ms);  // the last TASK_ALIVE left just before `last`
+    CHECK(abort.reason == "step timeout");
+    next_event(coord, id, "failed");
+  }
+}
+
+// §12.3.19 "It never extends the task timeout, which still caps every deadline"
+TEST_CASE_METHOD(fixture, "SPEC 12.3.19: TASK_ALIVE never extends the task timeout", "[spec]") {
+  raw_peer coord(ctx, router), w(ctx, router);
+  join(coord, "coord", role::coordinator);
+  join(w, "w", role::collector);
+  auto s = task_of("t");
+  s.task_timeout_ms = 400;
+  s.max_attempts = 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  submit_ok(coord, s);
+  next_a<codec::task_start>(w);
+  next_event(coord, "t", "assigned");
+  std::optional<codec::task_abort> abort;
+  while (!abort && since(t0) < 5000ms) {
+    w.send(codec::task_alive{"t", 1});
+    for (auto m = w.recv(30ms); m && !abort; m = w.recv(1ms))
+      if (auto* a = std::get_if<codec::task_abort>(&*m)) abort = *a;
+  }
+  REQUIRE(abort);
+  CHECK(since(t0) >= 400ms);
+  CHECK(abort->reason == "task timeout");
+  next_event(coord, "t", "failed");
+}
+
+// §12.3.19 "TASK_ALIVE is fenced like every worker message (§12.7.5)"; §12.1.3 a worker
+// message from a coordinator is refused with 404.
+TEST_CASE_METHOD(fixture, "SPEC 12.3.19: TASK_ALIVE is fenced like every worker message",
+                 "[spec]") {
+  raw_peer coord(ctx, router), w1(ctx, router), w2(ctx, router);
+  join(coord, "coord", role::coordinator);
+  join(w1, "w1", role::collector);
+  refused(coord, codec::task_alive{"t", 1}, error_code::unknown_type);
+  refused(w1, codec::task_alive{"t", 1}, error_code::unknown_task);  // not live
+  auto s = task_of("t");
+  s.max_attempts = 2;
+  start_task(coord, w1, s);
+  refused(w1, codec::task_alive{"t", 2}, error_code::unknown_task);  // a later attempt
+  join(w2, "w2", role::collector);
+  refused(w2, codec::task_alive{"t", 1}, error_code::unknown_task);  // not its attempt
+  w1.send(codec::task_failed{"t", 1, "x"});
+  next_event(coord, "t", "requeued");
+  CHECK(next_a<codec::task_start>(w2).attempt == 2);
+  next_event(coord, "t", "assigned");
+  refused(w1, codec::task_alive{"t", 1}, error_code::stale_attempt);  // an ended attempt
+  refused(w1, codec::task_alive{"t", 2}, error_code::unknown_task);   // runs on w2
+  w2.send(codec::task_alive{"t", 2});
+  expect_quiet(w2);
+  expect_quiet(coord);
+}
+
+// §12.3.19 "While the task is closing it is refused with 408 like other progress, and that
+// refusal is no strike (§12.5.5)."
+TEST_CASE("SPEC 12.3.19: TASK_ALIVE while closing gets 408 and is no strike", "[spec]") {
+  auto cfg = test_config();
+  cfg.max_faults = 2;
+  broker_with b(cfg);
+  raw_peer coord(b.ctx, b.router), w(b.ctx, b.router);
+  join(coord, "coord", role::coordinator);
+  join(w, "w", role::collector);
+  start_task(coord, w, task_of("t"));
+  coord.send(codec::finish{"t"});
+  next_a<codec::task_close>(w);
+  for (int i = 0; i < 4; ++i) refused(w, codec::task_alive{"t", 1}, error_code::wrong_state);
+  expect_quiet(w);  // still in session past max-faults 2
+  w.send(codec::task_result{"t", 1, codec::empty_map_blob});
+  next_event(coord, "t", "finished");
+}
