@@ -1,0 +1,268 @@
+"""DI-engine's coordinator scenarios through rlbus.compat against the real broker.
+
+The stand-in `ding` package (tests/compat/standin) has DI-engine's Coordinator shape and
+its test doubles; patch_dingengine() turns them into rlbus clients, as it would for the
+real package. Scenario 1 is DI-engine's test_coordinator (two NaiveCollectors, one
+NaiveLearner, configured statically); scenario 2 its fake-operator-server variant.
+"""
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from compat_helpers import STANDIN, wait_until
+
+COLLECTOR_FAIL = "collector_close_task failed"
+
+
+@pytest.fixture
+def ding(monkeypatch, broker):
+    """The stand-in ding package, patched, with workers pointed at the test's broker."""
+    if STANDIN not in sys.path:
+        sys.path.insert(0, STANDIN)
+    import rlbus.compat as compat
+    assert compat.patch_dingengine() is True
+    monkeypatch.setenv("RLBUS_ENDPOINT", broker.router)
+    monkeypatch.delenv("RLBUS_WORKER_ID", raising=False)
+    from ding.worker.collector.comm import NaiveCollector
+    from ding.worker.coordinator import coordinator
+    assert issubclass(NaiveCollector, compat.Slave)
+    assert coordinator.CommCoordinator is compat.CommCoordinator
+    NaiveCollector.starts = 0
+    yield coordinator
+    compat.unpatch_dingengine()
+
+
+def comm_cfg(**extra):
+    cfg = {"host": "127.0.0.1", "port": 0, "learner": {}, "collector": {},
+           "rlbus": {"start_timeout": 20, "close_timeout": 20, "step_timeout": 20,
+                     "ready_timeout": 10}}
+    cfg.update(extra)
+    return cfg
+
+
+def failed_collector_tasks(caplog):
+    return {r.args[0] for r in caplog.records
+            if r.name == "ding.coordinator" and r.msg.startswith("task %s failed")
+            and COLLECTOR_FAIL in str(r.args[1])}
+
+
+def learner_finished(coord):
+    return [t for t in coord._historical_task if t.startswith("learner_task_")]
+
+
+def check_learner_task(coord, tmp_path):
+    finished = learner_finished(coord)
+    assert len(finished) >= 1
+    for task_id in finished:
+        infos = coord._commander._learner_info.get(task_id, [])
+        assert [i["learner_step"] for i in infos] == [1, 2, 3, 4, 5]
+        assert not any(i["learner_done"] for i in infos)
+    assert (tmp_path / "learner_final_model.pth").exists()
+
+
+def check_collector_task(coord, tmp_path, task_id):
+    data = [c for c in coord.calls if c == ("send_data", task_id)]
+    assert len(data) == 19
+    for n in range(1, 21):
+        assert (tmp_path / "data_{}_{}".format(task_id, n)).exists()
+    assert ("collector_finish", task_id) not in coord.calls  # its close failed
+
+
+def close_and_check(coord, slaves, before):
+    t0 = time.monotonic()
+    coord.close()
+    elapsed = time.monotonic() - t0
+    assert elapsed < 20, "close() hung for %.1fs" % elapsed
+    assert coord._replay_buffer == {}
+    for s in slaves:
+        s.shutdown()
+    for s in slaves:
+        s.join()
+    assert coord.late_calls == []
+    wait_until(lambda: not (set(threading.enumerate()) - before), 10,
+               "every thread of the coordinator and the slaves to end")
+
+
+def test_coordinator_with_two_collectors_and_a_learner(ding, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    from ding.worker.collector.comm import NaiveCollector
+    from ding.worker.learner.comm import NaiveLearner
+    before = set(threading.enumerate())
+    collectors = [NaiveCollector("127.0.0.1", port, prefix=str(tmp_path / "data"))
+                  for port in (18101, 18102)]
+    learner = NaiveLearner("127.0.0.1", 18103, prefix=str(tmp_path / "learner"))
+    slaves = collectors + [learner]
+    for s in slaves:
+        s.start()
+    assert [c.resources for c in collectors] == [{"cpu": 20, "gpu": 1}] * 2
+    assert learner.resources == {}  # 'xxx' is no number
+    assert [s.worker_id for s in slaves] == ["127.0.0.1:18101", "127.0.0.1:18102",
+                                             "127.0.0.1:18103"]
+    coord = ding.Coordinator({"coordinator": comm_cfg(
+        collector={"collector0": ["collector0", "127.0.0.1", 18101],
+                   "collector1": ["collector1", "127.0.0.1", 18102]},
+        learner={"learner0": ["learner0", "127.0.0.1", 18103]})})
+    try:
+        coord.start()
+        wait_until(lambda: coord._commander._learner_task_finish_count >= 1, 40,
+                   "a finished learner task")
+        wait_until(lambda: len(failed_collector_tasks(caplog)) == 2, 20,
+                   "both collector tasks to fail at their close")
+    except BaseException:
+        coord.close()
+        for s in slaves:
+            s.shutdown()
+        raise
+    collector_tasks = failed_collector_tasks(caplog)
+    for task_id in collector_tasks:
+        check_collector_task(coord, tmp_path, task_id)
+        judged = [c for c in coord.calls if c == ("collector_judge", task_id)]
+        assert len(judged) == 1
+    # a failed close neither re-ran a collector task nor freed a commander slot
+    assert NaiveCollector.starts == 2
+    assert coord._commander._collector_task_finish_count == 0
+    assert coord._commander.increases == 0  # static mode: the task space stays as set
+    # every start step got the task dict plus the worker's own id and raw resources
+    infos = [i for c in collectors for i in c.start_infos]
+    assert sorted(i["collector_id"] for i in infos) == ["127.0.0.1:18101", "127.0.0.1:18102"]
+    assert all(i["resource_info"] == {"cpu": "20", "gpu": "1"} for i in infos)
+    assert all(i["collector_cfg"]["collect_setting"] == {"eps": 0.9} for i in infos)
+    check_learner_task(coord, tmp_path)
+    close_and_check(coord, slaves, before)
+
+
+class FakeOperator:
+    """DI-orchestrator's replica API (v1alpha1), starting workers after the request."""
+
+    def __init__(self, tmp_path, delay_s=0.3):
+        from ding.worker.collector.comm import NaiveCollector
+        from ding.worker.learner.comm import NaiveLearner
+        self.posts, self.failed, self.gets = [], [], 0
+        self.replicas = {"collectors": [], "learners": []}
+        self.slaves = []
+        self.lock = threading.Lock()
+        op = self
+
+        def spawn():
+            for port in (18201, 18202):
+                s = NaiveCollector("127.0.0.1", port, prefix=str(tmp_path / "data"))
+                s.start()
+                with op.lock:
+                    op.slaves.append(s)
+                    op.replicas["collectors"].append(s.worker_id)
+            s = NaiveLearner("127.0.0.1", 18203, prefix=str(tmp_path / "learner"))
+            s.start()
+            with op.lock:
+                op.slaves.append(s)
+                op.replicas["learners"].append(s.worker_id)
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _answer(self, data=None):
+                body = json.dumps({"success": True, "code": 0, "message": "",
+                                   "data": data or {}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                if self.path == "/v1alpha1/replicas":
+                    with op.lock:
+                        op.posts.append(body)
+                        first = len(op.posts) == 1
+                    if first:
+                        op.timer = threading.Timer(delay_s, spawn)
+                        op.timer.start()
+                    self._answer()
+                elif self.path == "/v1alpha1/replicas/failed":
+                    with op.lock:
+                        op.failed.append(body)
+                    self._answer()
+                else:
+                    self.send_error(404)
+
+            def do_GET(self):
+                if self.path.startswith("/v1alpha1/replicas"):
+                    with op.lock:
+                        op.gets += 1
+                        data = {k: list(v) for k, v in op.replicas.items()}
+                    self._answer(data)
+                else:
+                    self.send_error(404)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, name="fake-operator")
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+        timer = getattr(self, "timer", None)
+        if timer is not None:
+            timer.join()
+
+
+def test_coordinator_with_a_fake_operator_server(ding, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    before = set(threading.enumerate())
+    op = FakeOperator(tmp_path)
+    request = {"collectors": {"replicas": 2, "cpus": 2, "gpus": 0, "memory": "2Gi"},
+               "learners": {"replicas": 1, "cpus": 2, "gpus": 0, "memory": "2Gi"}}
+    coord = ding.Coordinator({"coordinator": comm_cfg(operator_server={
+        "system_addr": "https://127.0.0.1:%d" % op.port, "api_version": "v1alpha1",
+        "init_replicas_request": request, "collector_target_num": 2, "learner_target_num": 1})})
+    try:
+        coord.start()
+        # start() came back only once both targets were met
+        assert coord._interaction._counts == {"collector": 2, "learner": 1}
+        assert op.posts[0]["collectors"] == request["collectors"]
+        assert {"namespace", "coordinator"} <= set(op.posts[0])
+        wait_until(lambda: coord._commander.increases == 2, 10, "one increase per collector")
+        wait_until(lambda: coord._commander._learner_task_finish_count >= 1, 40,
+                   "a finished learner task")
+        wait_until(lambda: op.gets >= 1, 10, "the replica list to be read")
+    except BaseException:
+        coord.close()
+        op.close()
+        for s in op.slaves:
+            s.shutdown()
+        raise
+    check_learner_task(coord, tmp_path)
+    assert coord._commander.decreases == 0
+    op.close()
+    close_and_check(coord, op.slaves, before)
+
+
+def test_operator_mode_gives_up_when_workers_do_not_come(ding, tmp_path):
+    class NoWorkers(FakeOperator):
+        pass
+
+    op = NoWorkers(tmp_path, delay_s=3600)
+    coord = ding.Coordinator({"coordinator": comm_cfg(operator_server={
+        "system_addr": "127.0.0.1:%d" % op.port, "init_replicas_request": {},
+        "collector_target_num": 1, "learner_target_num": 1},
+        rlbus={"operator_timeout": 1.0, "ready_timeout": 10})})
+    try:
+        with pytest.raises(TimeoutError):
+            coord.start()
+    finally:
+        op.server.shutdown()
+        op.server.server_close()
+        op.thread.join()
+        op.timer.cancel()
+        coord.close()
