@@ -243,6 +243,18 @@ class Slave:
         if keeper is not None:
             keeper.join()
 
+    def close(self):
+        """shutdown() and join(), as DI-engine's controllable services do."""
+        self.shutdown()
+        self.join()
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        self.close()
+
     def ping(self):
         worker = self._rlbus_worker
         return worker is not None and worker.state == "ready"

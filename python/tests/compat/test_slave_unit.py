@@ -293,3 +293,11 @@ def test_lost_connection_hook(fake_sdk):
         assert lost == [("tcp://x:1", "broker silent")]
     finally:
         s.shutdown()
+
+
+def test_context_manager_starts_and_closes(fake_sdk):
+    with Collector("h", 1) as s:
+        assert s.ping()
+        w = fake_sdk.Worker.instances[0]
+    assert w.closed and not s.ping()
+    s.close()  # idempotent
