@@ -266,3 +266,49 @@ def test_operator_mode_gives_up_when_workers_do_not_come(ding, tmp_path):
         op.thread.join()
         op.timer.cancel()
         coord.close()
+
+
+def test_comm_collectors_with_coordinator(ding, tmp_path, caplog):
+    """DI-engine's test_collector_with_coordinator: comm collectors whose data step blocks on
+    a metadata queue fed by their collector thread, and whose close reports finish info."""
+    caplog.set_level(logging.INFO)
+    from ding.worker.collector.comm.flask_fs_collector import FlaskFileSystemCollector
+    from ding.worker.learner.comm import NaiveLearner
+    before = set(threading.enumerate())
+    collectors = [FlaskFileSystemCollector({"host": "127.0.0.1", "port": port,
+                                            "path_data": str(tmp_path), "n_sample": 6})
+                  for port in (18301, 18302)]
+    learner = NaiveLearner("127.0.0.1", 18303, prefix=str(tmp_path / "learner"))
+    for c in collectors:
+        c.start()
+    learner.start()
+    assert collectors[0]._slave.role == "collector"
+    assert collectors[0]._slave.resources == {"cpu": 20, "gpu": 1}
+    coord = ding.Coordinator({"coordinator": comm_cfg()})
+    try:
+        coord.start()
+        wait_until(lambda: coord._commander._learner_task_finish_count >= 1
+                   and coord._commander._collector_task_finish_count >= 2, 40,
+                   "a finished learner task and two finished collector tasks")
+    except BaseException:
+        coord.close()
+        for c in collectors:
+            c.close()
+        learner.shutdown()
+        raise
+    finished = [t for t in coord._historical_task if t.startswith("collector_task_")]
+    assert len(finished) >= 2
+    for task_id in finished[:2]:
+        assert len([c for c in coord.calls if c == ("send_data", task_id)]) == 6
+        assert ("collector_finish", task_id) in coord.calls
+    check_learner_task(coord, tmp_path)
+    t0 = time.monotonic()
+    coord.close()
+    assert time.monotonic() - t0 < 20
+    assert coord._replay_buffer == {}
+    for c in collectors:
+        c.close()
+    learner.close()
+    assert coord.late_calls == []
+    wait_until(lambda: not (set(threading.enumerate()) - before), 10,
+               "every thread of the coordinator and the workers to end")
