@@ -82,10 +82,16 @@ struct coordinator_callbacks {
   std::function<void(const std::string& task_id, const std::string& result)>
       deal_with_learner_finish_task;
   /// Beyond the seed: an attempt ended and the task went back to the queue, or failed for
-  /// good (the seed only printed these and waited forever).
-  std::function<void(const std::string& task_id, std::uint32_t attempt, const std::string& reason)>
+  /// good (the seed only printed these and waited forever). `result` is the msgpack map a
+  /// failing worker sent with its TASK_FAILED (a handler's rlbus::task_failure), byte for
+  /// byte; nullopt when it sent none, or when the attempt ended otherwise (a timeout, a
+  /// lost worker).
+  std::function<void(const std::string& task_id, std::uint32_t attempt, const std::string& reason,
+                     const std::optional<std::string>& result)>
       on_task_requeued;
-  std::function<void(const std::string& task_id, const std::string& reason)> on_task_failed;
+  std::function<void(const std::string& task_id, const std::string& reason,
+                     const std::optional<std::string>& result)>
+      on_task_failed;
   /// Beyond the seed: the task was cancelled, by cancel() or by the broker (a broker that
   /// shuts down cancels what it will not run, SPEC §11).
   std::function<void(const std::string& task_id, const std::string& reason)> on_task_cancelled;

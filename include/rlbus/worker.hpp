@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -56,6 +57,21 @@ struct worker_options {
 };
 
 class worker;
+
+/// What a task handler throws to fail its attempt with an account of why: `reason` (for
+/// people) and, optionally, `result`, a msgpack map the coordinator receives byte for byte
+/// with the attempt's end (on_task_requeued / on_task_failed, SPEC §12.3.18). Any other
+/// exception fails the attempt too, with its message and no result.
+class task_failure : public std::runtime_error {
+ public:
+  explicit task_failure(const std::string& reason,
+                        std::optional<std::string> result_msgpack = std::nullopt)
+      : std::runtime_error(reason), result_(std::move(result_msgpack)) {}
+  [[nodiscard]] const std::optional<std::string>& result() const noexcept { return result_; }
+
+ private:
+  std::optional<std::string> result_;
+};
 
 /// One task as its handlers see it: what to run and how to report. Every member is
 /// thread-safe, so a handler may hand the task to threads of its own. User data travels as
@@ -129,7 +145,7 @@ class task_handle {
 struct task_handlers {
   /// Runs the task: collect and emit data/info (collector), or get_data / learn /
   /// emit_learn_info (learner). Return when done or when stop_requested(). An exception
-  /// fails the attempt (TASK_FAILED with its message).
+  /// fails the attempt (TASK_FAILED with its message; a task_failure adds its result).
   std::function<void(task_handle&)> run;
   /// After `run`, once the broker asks to close: the final result (a msgpack map). Unset:
   /// an empty map.

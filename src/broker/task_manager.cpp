@@ -42,8 +42,16 @@ std::string clip(std::string s) {
   return s;
 }
 
-codec::blob reason_body(std::string_view reason, std::uint32_t attempt) {
-  return codec::map_writer(2).str("reason", reason).uint("attempt", attempt).done();
+codec::blob reason_body(std::string_view reason, std::uint32_t attempt,
+                        const codec::blob* result = nullptr) {
+  if (result == nullptr)
+    return codec::map_writer(2).str("reason", reason).uint("attempt", attempt).done();
+  // The worker's own account of the failure (TASK_FAILED `result`), byte for byte.
+  return codec::map_writer(3, 32 + reason.size() + result->size())
+      .str("reason", reason)
+      .uint("attempt", attempt)
+      .raw("result", *result)
+      .done();
 }
 
 }  // namespace
@@ -431,7 +439,7 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
     try_assign(now);
   } else if (const auto* f = std::get_if<codec::task_failed>(&m)) {
     free_worker(from);
-    end_attempt(t, clip("worker reported: " + f->reason));
+    end_attempt(t, clip("worker reported: " + f->reason), f->result ? &*f->result : nullptr);
     try_assign(now);
   }
   return std::nullopt;
@@ -576,14 +584,14 @@ void task_manager::free_worker(const std::string& worker_id) {
 
 // The attempt is over (its worker, if any, already freed or gone): re-queue or fail. The
 // event still names the worker the attempt ran on.
-void task_manager::end_attempt(task& t, const std::string& reason) {
+void task_manager::end_attempt(task& t, const std::string& reason, const codec::blob* result) {
   uncredit(t);
   t.request_id.reset();
   ++t.generation;  // no deadline while queued
   t.scheduled.reset();
   if (t.attempt < t.max_attempts) {
     spdlog::warn("task {} attempt {} ended ({}): re-queued", t.id, t.attempt, reason);
-    emit(t, "requeued", reason_body(reason, t.attempt), reason);
+    emit(t, "requeued", reason_body(reason, t.attempt, result), reason);
     t.last_worker = std::move(t.worker);
     t.worker.clear();
     t.st = state::queued;
@@ -593,7 +601,7 @@ void task_manager::end_attempt(task& t, const std::string& reason) {
   } else {
     spdlog::warn("task {} failed after {} attempts: {}", t.id, t.attempt, reason);
     ++counts_.failed;
-    emit(t, "failed", reason_body(reason, t.attempt), reason);
+    emit(t, "failed", reason_body(reason, t.attempt, result), reason);
     erase_task(t.id);
   }
 }

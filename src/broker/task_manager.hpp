@@ -195,7 +195,8 @@ class task_manager {
   /// The credit an attempt of `s` is topped up to: the window shared by twice its attempts.
   [[nodiscard]] std::uint64_t chunk_of(const stream& s) const;
   void free_worker(const std::string& worker_id);
-  void end_attempt(task& t, const std::string& reason);
+  /// `result`: the TASK_FAILED's own map, passed on in the event when the worker sent one.
+  void end_attempt(task& t, const std::string& reason, const codec::blob* result = nullptr);
   void erase_task(const std::string& id);
   void cancel(task& t, const std::string& reason);
   void emit(task& t, std::string_view event, codec::blob body, std::string_view detail = {});

@@ -54,6 +54,10 @@ class body_fields {
     if (reader_.has(key)) reader_.blob(key, out, true, false, true);
     return out;
   }
+  std::optional<std::string> opt_raw(std::string_view key) {
+    if (!reader_.has(key)) return std::nullopt;
+    return raw(key);
+  }
 
  private:
   std::string body_;  // the reader's views point into it: body_fields is never moved
@@ -340,11 +344,16 @@ struct coordinator::impl {
       }
       if (cb.on_data_lost) cb.on_data_lost(e.task_id, e.attempt, first, last);
     } else if (e.event == "requeued") {
-      if (cb.on_task_requeued)
-        cb.on_task_requeued(e.task_id, e.attempt, body_fields(e.body).str("reason"));
+      if (cb.on_task_requeued) {
+        body_fields f(e.body);
+        cb.on_task_requeued(e.task_id, e.attempt, f.str("reason"), f.opt_raw("result"));
+      }
     } else if (e.event == "failed") {
       close_task(e.task_id);
-      if (cb.on_task_failed) cb.on_task_failed(e.task_id, body_fields(e.body).str("reason"));
+      if (cb.on_task_failed) {
+        body_fields f(e.body);
+        cb.on_task_failed(e.task_id, f.str("reason"), f.opt_raw("result"));
+      }
     } else if (e.event == "cancelled") {
       close_task(e.task_id);
       if (cb.on_task_cancelled) cb.on_task_cancelled(e.task_id, body_fields(e.body).str("reason"));

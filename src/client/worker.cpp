@@ -41,6 +41,13 @@ namespace {
 constexpr std::size_t max_outbox = 100'000;  // messages waiting for the I/O thread
 constexpr std::chrono::milliseconds max_no_data_backoff{200};
 constexpr std::size_t max_credit_entries = 16;  // attempts whose DATA_CREDIT is kept
+
+// Whether `bytes` begin as a msgpack map (fixmap, map16 or map32); the broker checks the rest.
+bool is_msgpack_map(const std::string& bytes) {
+  if (bytes.empty()) return false;
+  const auto b = static_cast<std::uint8_t>(bytes[0]);
+  return (b & 0xF0U) == 0x80U || b == 0xDE || b == 0xDF;
+}
 }  // namespace
 
 // Everything the handler thread and the I/O thread share; guarded by `mu`.
@@ -413,8 +420,12 @@ struct worker::impl {
       task_handle h(tasks, start->task_id, start->attempt, std::move(start->task_info),
                     std::move(p));
       std::optional<std::string> failure;
+      std::optional<std::string> failure_result;
       try {
         handlers.run(h);
+      } catch (const task_failure& e) {
+        failure = e.what();
+        failure_result = e.result();
       } catch (const std::exception& e) {
         failure = e.what();
       } catch (...) {
@@ -429,6 +440,9 @@ struct worker::impl {
           lock.unlock();
           try {
             result = handlers.close ? handlers.close(h) : codec::empty_map_blob;
+          } catch (const task_failure& e) {
+            failure = e.what();
+            failure_result = e.result();
           } catch (const std::exception& e) {
             failure = e.what();
           }
@@ -448,7 +462,14 @@ struct worker::impl {
       }
       if (failure) {
         spdlog::warn("{}: task {} failed: {}", opts.id, h.id(), *failure);
-        tasks.post(codec::task_failed{h.id(), h.attempt(), failure->substr(0, 1000)});
+        // The broker refuses a result that is not one msgpack map: such a one is not sent.
+        if (failure_result && !is_msgpack_map(*failure_result)) {
+          spdlog::warn("{}: task {}: the failure's result is not a msgpack map; left out", opts.id,
+                       h.id());
+          failure_result.reset();
+        }
+        tasks.post(codec::task_failed{h.id(), h.attempt(), failure->substr(0, 1000),
+                                      std::move(failure_result)});
       } else if (result) {
         tasks.post(codec::task_result{h.id(), h.attempt(), std::move(*result)});
       }

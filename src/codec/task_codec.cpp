@@ -47,6 +47,11 @@ struct writer {
     pk.pack(k);
     out.write(v.data(), v.size());  // already one complete msgpack value
   }
+  void operator()(std::string_view k, const std::optional<blob>& v, rule::shape /*s*/) {
+    if (!v) return;
+    pk.pack(k);
+    out.write(v->data(), v->size());
+  }
   void operator()(std::string_view k, const rlbus::resources& v) {
     pk.pack(k);
     pack_resources(pk, out, v);
@@ -84,6 +89,10 @@ struct reader {
   }
   void operator()(std::string_view k, blob& v, rule::shape s) {
     r.blob(k, v, true, s == rule::shape::map, s != rule::shape::map);
+  }
+  void operator()(std::string_view k, std::optional<blob>& v, rule::shape s) {
+    if (!r.has(k)) return;
+    r.blob(k, v.emplace(), true, s == rule::shape::map, s != rule::shape::map);
   }
   void operator()(std::string_view k, rlbus::resources& v) { r.resources(k, v); }
   void operator()(std::string_view k, std::optional<std::string>& v, rule::id /*r*/) {

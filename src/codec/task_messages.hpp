@@ -370,16 +370,20 @@ struct task_result {
 };
 
 /// TASK_FAILED (worker -> broker): the worker could not run the task (its handler failed).
+/// An optional `result` map (user data) travels on to the coordinator in the `requeued` or
+/// `failed` TASK_EVENT, byte for byte.
 struct task_failed {
   std::string task_id;
   std::uint32_t attempt = 1;
   std::string reason;
+  std::optional<blob> result;
   RLBUS_TASK_MESSAGE(task_failed, task_failed)
   template <class S, class F>
   static void fields(S& s, F&& f) {
     f("task_id", s.task_id, rule::id{});
     f("attempt", s.attempt, rule::attempt);
     f("reason", s.reason, rule::reason);
+    f("result", s.result, rule::shape::map);
   }
 };
 

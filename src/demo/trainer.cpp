@@ -147,7 +147,8 @@ trainer::trainer(trainer_options opts, console& out)
     s.changed.notify_all();
   };
   cb.on_task_requeued = [this, &s](const std::string& task_id, std::uint32_t attempt,
-                                   const std::string& reason) {
+                                   const std::string& reason,
+                                   const std::optional<std::string>& /*result*/) {
     std::lock_guard lock(s.mu);
     ++s.events;
     ++s.requeued;
@@ -157,7 +158,8 @@ trainer::trainer(trainer_options opts, console& out)
     out_.line(fmt::format("[{:6.1f}s] task {}{} re-queued: attempt {} ended: {}",
                           seconds_since(opts_.started), task_id, who, attempt, reason));
   };
-  cb.on_task_failed = [this, &s](const std::string& task_id, const std::string& reason) {
+  cb.on_task_failed = [this, &s](const std::string& task_id, const std::string& reason,
+                                 const std::optional<std::string>& /*result*/) {
     std::lock_guard lock(s.mu);
     ++s.events;
     ++s.failed;

@@ -157,10 +157,11 @@ TEST_CASE("an attempt that fails is reported and the task re-run", "[coordinator
   std::atomic<bool> done{false};
   coordinator_callbacks cb;
   cb.on_task_requeued = [&](const std::string& task_id, std::uint32_t attempt,
-                            const std::string& reason) {
+                            const std::string& reason, const std::optional<std::string>& result) {
     CHECK(task_id == "flaky");
     CHECK(attempt == 1);
     CHECK_THAT(reason, Catch::Contains("env crashed"));
+    CHECK_FALSE(result);  // a plain exception carries no result
     ++requeued;
   };
   cb.deal_with_collector_finish_task = [&](const std::string&, const std::string&) { done = true; };
@@ -181,6 +182,51 @@ TEST_CASE("an attempt that fails is reported and the task re-run", "[coordinator
   REQUIRE(wait_until([&] { return done.load(); }, 10s));
   CHECK(requeued == 1);
   CHECK(runs == 2);
+}
+
+// SPEC §12.3.18: a handler that throws rlbus::task_failure with a result has that map reach
+// the coordinator's on_task_requeued and on_task_failed, byte for byte.
+TEST_CASE("a task_failure's result reaches the coordinator's callbacks", "[coordinator]") {
+  broker::server_thread b(test_config());
+  const auto ep = b.get().router_endpoint();
+  const auto account = flag_map("diverged", true);
+  std::mutex mu;
+  std::vector<std::optional<std::string>> requeued, failed;
+  coordinator_callbacks cb;
+  cb.on_task_requeued = [&](const std::string&, std::uint32_t, const std::string& reason,
+                            const std::optional<std::string>& result) {
+    CHECK_THAT(reason, Catch::Contains("loss is NaN"));
+    std::lock_guard lock(mu);
+    requeued.push_back(result);
+  };
+  cb.on_task_failed = [&](const std::string&, const std::string& reason,
+                          const std::optional<std::string>& result) {
+    CHECK_THAT(reason, Catch::Contains("loss is NaN"));
+    std::lock_guard lock(mu);
+    failed.push_back(result);
+  };
+  coordinator_options co;
+  co.endpoint = ep;
+  coordinator coord(co, cb);
+  REQUIRE(coord.wait_for(connection_state::ready, 5s));
+  task_handlers h;
+  h.run = [&](task_handle&) { throw task_failure("loss is NaN", account); };
+  worker w(wopts(ep, "learner-0", role::learner), h);
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+  auto t = spec("diverges", role::learner);
+  t.max_attempts = 2;
+  REQUIRE(coord.submit(t)->accepted);
+  REQUIRE(wait_until(
+      [&] {
+        std::lock_guard lock(mu);
+        return !failed.empty();
+      },
+      10s));
+  std::lock_guard lock(mu);
+  REQUIRE(requeued.size() == 1);
+  CHECK(requeued[0] == account);
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0] == account);
 }
 
 namespace {

@@ -1,4 +1,5 @@
-// Conformance of the optional additions to protocol v1: TASK_ALIVE (§12.3.19). Each test is
+// Conformance of the optional additions to protocol v1: TASK_ALIVE (§12.3.19) and the result
+// of TASK_FAILED (§12.3.18). Each test is
 // named after the clause it checks and quotes it ("..." marks a cut); every wait has a
 // deadline, and the only sleeps pace a sender.
 #include <catch2/catch.hpp>
@@ -49,7 +50,72 @@ codec::task_abort abort_of(raw_peer& worker) {
   return *abort;
 }
 
+/// A map whose insides are not canonical: a whole float64, a uint in a wider format than it
+/// needs, keys out of order. Re-encoding it would change its bytes.
+std::string odd_map() {
+  return "\x83\xa1z"s + float64(1.0) + "\xa1y\xcd\x00\x05\xa1x\x90"s;
+}
+
+/// {"reason": reason, "attempt": attempt, "result": <result's bytes>} (§12.5.6).
+std::string reason_result_body(const std::string& reason, std::uint64_t attempt,
+                               const std::string& result) {
+  return packed([&](packer& pk) {
+           pk.pack_map(3);
+           pk.pack("reason").pack(reason);
+           pk.pack("attempt").pack(attempt);
+           pk.pack("result");
+         }) +
+         result;
+}
+
 }  // namespace
+
+// §12.3.18 "`result` is the worker's own account of the failure for its coordinator ...: the
+// broker forwards it byte for byte in the `requeued` or `failed` TASK_EVENT that the end of the
+// attempt emits (§12.5.6)"; §12.5.6 "then `result` (the TASK_FAILED's, byte for byte) only when
+// a TASK_FAILED carrying one ended the attempt"
+TEST_CASE_METHOD(fixture, "SPEC 12.3.18: TASK_FAILED's result reaches requeued and failed",
+                 "[spec]") {
+  raw_peer coord(ctx, router), w(ctx, router);
+  join(coord, "coord", role::coordinator);
+  join(w, "w", role::learner);
+  auto s = task_of("t", role::learner);
+  s.max_attempts = 3;
+  start_task(coord, w, s);
+  // In running: the result comes with `requeued`, its bytes as sent.
+  w.send(codec::task_failed{"t", 1, "loss is NaN", odd_map()});
+  CHECK(next_event(coord, "t", "requeued").body ==
+        reason_result_body("worker reported: loss is NaN", 1, odd_map()));
+  // In starting, without a result: the body is as before, two keys.
+  CHECK(next_a<codec::task_start>(w).attempt == 2);
+  next_event(coord, "t", "assigned");
+  w.send(codec::task_failed{"t", 2, "no GPU"});
+  const auto plain = next_event(coord, "t", "requeued").body;
+  check_canonical(plain, {"reason", "attempt"});
+  // The last attempt: the result comes with `failed`.
+  CHECK(next_a<codec::task_start>(w).attempt == 3);
+  next_event(coord, "t", "assigned");
+  const auto empty = "\x80"s;
+  w.send(codec::task_failed{"t", 3, "gave up", empty});
+  CHECK(next_event(coord, "t", "failed").body ==
+        reason_result_body("worker reported: gave up", 3, empty));
+}
+
+// §12.3.18 "| 4 | `result` | map (opaque) | optional |"; §12.2.3 "`result` MUST be a map; any
+// other value, nil included, is refused with 402"; §12.5.4 a refused message changes nothing.
+TEST_CASE_METHOD(fixture, "SPEC 12.3.18: a TASK_FAILED result that is not a map gets 402",
+                 "[spec]") {
+  raw_peer coord(ctx, router), w(ctx, router);
+  join(coord, "coord", role::coordinator);
+  join(w, "w", role::collector);
+  start_task(coord, w, task_of("t"));
+  for (const auto& bad : {"\xc0"s, "\x92\x01\x02"s, "\xa1x"s}) {
+    refused(w, codec::task_failed{"t", 1, "x", bad}, error_code::bad_field);
+  }
+  expect_quiet(coord);  // nothing ended
+  w.send(codec::info{"t", 1, codec::empty_map_blob});
+  next_event(coord, "t", "info");
+}
 
 // §12.3.19 "An accepted one SHALL set the attempt's deadline anew: while starting, start timeout
 // from now; while running, step timeout from now (§12.7.1). ... the broker answers nothing and
