@@ -45,6 +45,9 @@ struct task_spec {
       max_attempts;
   /// Each attempt starts with the latest version of this policy the broker holds (SPEC §13).
   std::optional<std::string> policy_id;
+  /// The task fails when no worker takes it within this many ms of being queued (each time
+  /// it is queued); unset: the broker's --queue-timeout-ms (SPEC §12.7.6).
+  std::optional<std::uint32_t> queue_timeout_ms;
 };
 
 /// The broker's answer to a submit.

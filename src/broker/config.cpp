@@ -45,6 +45,8 @@ void config::validate() const {
   require(stream_ring_bytes >= 1024, "stream ring bytes must be at least 1024");
   require(no_data_retry_ms <= 86'400'000, "no-data retry must be at most 86400000 ms");
   require(drain_ms <= 86'400'000, "drain must be at most 86400000 ms");
+  require(queue_timeout_ms <= 86'400'000,
+          "queue timeout must be 0 (none) or 1..86400000 ms");
   // The held events of a full window must fit the ring with room to spare.
   require(stream_window >= 1 && stream_window <= stream_ring / 2,
           fmt::format("stream window (--stream-window) is {} but must be 1..{}, half the stream "

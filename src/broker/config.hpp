@@ -45,6 +45,9 @@ struct config {
   std::uint32_t close_timeout_ms = 30'000;    // TASK_CLOSE -> RESULT
   std::uint32_t task_timeout_ms = 3'600'000;  // a whole attempt
   std::uint32_t max_attempts = 3;
+  /// Longest a task waits in the queue (each time it is queued) before it fails when its
+  /// SUBMIT names no queue_timeout_ms; 0 = it waits as long as it takes (SPEC §12.7.6).
+  std::uint32_t queue_timeout_ms = 0;
   /// What NO_DATA tells a learner to wait before asking again (its SDK backs off from it).
   std::uint32_t no_data_retry_ms = 10;
   /// Task events kept per coordinator for replay, bounded in count and in bytes.

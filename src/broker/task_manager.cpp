@@ -112,7 +112,7 @@ void task_manager::peer_gone(const std::string& id, rlbus::role role, util::time
   free_[slot(it->second.role)].erase(it->second.serial);
   workers_.erase(it);
   if (!task_id.empty()) {
-    end_attempt(tasks_.at(task_id), fmt::format("worker {} lost", id));
+    end_attempt(tasks_.at(task_id), fmt::format("worker {} lost", id), now);
   }
   try_assign(now);
 }
@@ -210,10 +210,11 @@ std::optional<refusal> task_manager::on_submit(const std::string& from, codec::s
   t.close_timeout = ms(s.close_timeout_ms, cfg_.close_timeout_ms);
   t.task_timeout = ms(s.task_timeout_ms, cfg_.task_timeout_ms);
   t.max_attempts = s.max_attempts.value_or(cfg_.max_attempts);
+  t.queue_timeout = ms(s.queue_timeout_ms, cfg_.queue_timeout_ms);
   t.order = ++next_order_;
   queue_.emplace(t.order, t.id);
   const auto id = t.id;
-  tasks_.emplace(id, std::move(t));
+  arm_queue_timeout(tasks_.emplace(id, std::move(t)).first->second, now);
   ++counts_.queued;
   answer(true, codec::error_code::goodbye, "", queue_.size() - 1);
   try_assign(now);
@@ -439,7 +440,7 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
     try_assign(now);
   } else if (const auto* f = std::get_if<codec::task_failed>(&m)) {
     free_worker(from);
-    end_attempt(t, clip("worker reported: " + f->reason), f->result ? &*f->result : nullptr);
+    end_attempt(t, clip("worker reported: " + f->reason), now, f->result ? &*f->result : nullptr);
     try_assign(now);
   }
   return std::nullopt;
@@ -539,6 +540,8 @@ void task_manager::start_attempt(task& t, worker_info& w, const std::string& wor
   t.out_of_order = 0;
   w.task = t.id;
   t.attempt_end = now + t.task_timeout;
+  ++t.generation;  // the queue timeout, if any, no longer applies
+  t.scheduled.reset();
   set_deadline(t, now + t.start_timeout);
   spdlog::debug("task {} attempt {} -> {}", t.id, t.attempt, worker_id);
   codec::task_start start{t.id, t.attempt, t.kind, t.task_info};
@@ -575,6 +578,14 @@ void task_manager::set_deadline(task& t, util::time_point due) {
   checks_.push({t.deadline, t.id, t.generation});
 }
 
+void task_manager::arm_queue_timeout(task& t, util::time_point now) {
+  if (t.queue_timeout.count() == 0) return;
+  ++t.generation;
+  t.deadline = now + t.queue_timeout;
+  t.scheduled = t.deadline;
+  checks_.push({t.deadline, t.id, t.generation});
+}
+
 void task_manager::free_worker(const std::string& worker_id) {
   const auto it = workers_.find(worker_id);
   if (it == workers_.end()) return;
@@ -584,7 +595,8 @@ void task_manager::free_worker(const std::string& worker_id) {
 
 // The attempt is over (its worker, if any, already freed or gone): re-queue or fail. The
 // event still names the worker the attempt ran on.
-void task_manager::end_attempt(task& t, const std::string& reason, const codec::blob* result) {
+void task_manager::end_attempt(task& t, const std::string& reason, util::time_point now,
+                               const codec::blob* result) {
   uncredit(t);
   t.request_id.reset();
   ++t.generation;  // no deadline while queued
@@ -597,7 +609,11 @@ void task_manager::end_attempt(task& t, const std::string& reason, const codec::
     t.st = state::queued;
     queue_.emplace(t.order, t.id);  // its original place: ahead of later submissions
     ++counts_.requeued;
-    if (closed_) cancel(t, *closed_);  // draining: it will not be assigned again
+    if (closed_) {
+      cancel(t, *closed_);  // draining: it will not be assigned again
+    } else {
+      arm_queue_timeout(t, now);  // the clock starts again with each wait
+    }
   } else {
     spdlog::warn("task {} failed after {} attempts: {}", t.id, t.attempt, reason);
     ++counts_.failed;
@@ -614,6 +630,18 @@ void task_manager::on_timers(util::time_point now) {
     const auto it = tasks_.find(c.task_id);
     if (it == tasks_.end() || it->second.generation != c.generation) continue;
     task& t = it->second;
+    if (t.st == state::queued) {
+      // No worker took it within its queue timeout: it fails like a task out of attempts,
+      // naming the attempt that ended last (0: none) and no worker (§12.7.6).
+      t.scheduled.reset();
+      const auto reason = fmt::format("no worker took the task within queue_timeout_ms={}",
+                                      t.queue_timeout.count());
+      spdlog::warn("task {} failed: {}", t.id, reason);
+      ++counts_.failed;
+      emit(t, "failed", reason_body(reason, t.attempt), reason);
+      erase_task(t.id);
+      continue;
+    }
     if (t.deadline > now) {  // progress since: look again at the real deadline
       t.scheduled = t.deadline;
       checks_.push({t.deadline, t.id, t.generation});
@@ -638,7 +666,7 @@ void task_manager::on_timers(util::time_point now) {
       sink_.send_to(t.worker, codec::task_abort{t.id, t.attempt, reason});
       free_worker(t.worker);
     }
-    end_attempt(t, reason);
+    end_attempt(t, reason, now);
     freed = true;
   }
   if (freed) try_assign(now);

@@ -105,6 +105,7 @@ class task_manager {
     rlbus::resources requirements;
     std::optional<std::string> policy_id;
     std::chrono::milliseconds start_timeout{}, step_timeout{}, close_timeout{}, task_timeout{};
+    std::chrono::milliseconds queue_timeout{};  // 0: waits in the queue without a bound
     std::uint32_t max_attempts = 1;
     std::uint32_t attempt = 0;  // the current (or last) attempt; 0 before the first
     state st = state::queued;
@@ -192,11 +193,14 @@ class task_manager {
   void try_assign(util::time_point now);
   void start_attempt(task& t, worker_info& w, const std::string& worker_id, util::time_point now);
   void set_deadline(task& t, util::time_point due);
+  /// The task was queued (again): its wait is bounded by its queue timeout, if it has one.
+  void arm_queue_timeout(task& t, util::time_point now);
   /// The credit an attempt of `s` is topped up to: the window shared by twice its attempts.
   [[nodiscard]] std::uint64_t chunk_of(const stream& s) const;
   void free_worker(const std::string& worker_id);
   /// `result`: the TASK_FAILED's own map, passed on in the event when the worker sent one.
-  void end_attempt(task& t, const std::string& reason, const codec::blob* result = nullptr);
+  void end_attempt(task& t, const std::string& reason, util::time_point now,
+                   const codec::blob* result = nullptr);
   void erase_task(const std::string& id);
   void cancel(task& t, const std::string& reason);
   void emit(task& t, std::string_view event, codec::blob body, std::string_view detail = {});

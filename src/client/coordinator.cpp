@@ -468,7 +468,7 @@ std::optional<submit_result> coordinator::submit(const task_spec& t,
   }
   impl_->post(codec::submit{t.task_id, t.kind, t.task_info, t.requirements, t.start_timeout_ms,
                             t.step_timeout_ms, t.close_timeout_ms, t.task_timeout_ms,
-                            t.max_attempts, t.policy_id});
+                            t.max_attempts, t.policy_id, t.queue_timeout_ms});
   std::unique_lock lock(impl_->mu);
   if (!impl_->changed.wait_for(lock, timeout, [&] { return impl_->acks.count(t.task_id) != 0; }))
     return std::nullopt;

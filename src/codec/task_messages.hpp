@@ -55,6 +55,8 @@ struct submit {
   std::optional<std::uint32_t> start_timeout_ms, step_timeout_ms, close_timeout_ms, task_timeout_ms,
       max_attempts;
   std::optional<std::string> policy_id;  // hand the latest version of this policy at start (§13)
+  // Longest wait in the queue, each time queued, before the task fails (§12.7.6).
+  std::optional<std::uint32_t> queue_timeout_ms;
   RLBUS_TASK_MESSAGE(submit, submit)
   template <class S, class F>
   static void fields(S& s, F&& f) {
@@ -68,6 +70,7 @@ struct submit {
     f("task_timeout_ms", s.task_timeout_ms, rule::timeout_ms);
     f("max_attempts", s.max_attempts, rule::attempt);
     f("policy_id", s.policy_id, rule::id{});
+    f("queue_timeout_ms", s.queue_timeout_ms, rule::timeout_ms);
   }
 };
 

@@ -117,6 +117,12 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1U, 1000U))
       ->group(tasks);
+  app.add_option("--queue-timeout-ms", cfg.queue_timeout_ms,
+                 "ms a task may wait in the queue for a worker, each time it is queued, before "
+                 "it fails, when its SUBMIT does not say (0 = wait as long as it takes)")
+      ->capture_default_str()
+      ->check(CLI::Range(0U, day_ms))
+      ->group(tasks);
   app.add_option("--no-data-retry", cfg.no_data_retry_ms,
                  "ms a learner is told to wait (NO_DATA) before asking its coordinator again")
       ->capture_default_str()

@@ -46,14 +46,14 @@ endpoints started(child& c) {
 TEST_CASE("--help documents every flag", "[binary]") {
   const auto [status, out] = run_to_end(broker_bin(), {"--help"});
   CHECK(status == 0);
-  for (const char* flag : {"--router",          "--events",        "--liveness",
-                           "--heartbeat-min",   "--heartbeat-max", "--status-interval",
-                           "--max-message",     "--max-peers",     "--max-faults",
-                           "--shutdown-linger", "--drain-ms",      "--log-level",
-                           "--max-queue",       "--start-timeout", "--step-timeout",
-                           "--close-timeout",   "--task-timeout",  "--max-attempts",
-                           "--no-data-retry",   "--stream-ring",   "--stream-ring-bytes",
-                           "--stream-window"})
+  for (const char* flag : {"--router",          "--events",          "--liveness",
+                           "--heartbeat-min",   "--heartbeat-max",   "--status-interval",
+                           "--max-message",     "--max-peers",       "--max-faults",
+                           "--shutdown-linger", "--drain-ms",        "--log-level",
+                           "--max-queue",       "--start-timeout",   "--step-timeout",
+                           "--close-timeout",   "--task-timeout",    "--max-attempts",
+                           "--no-data-retry",   "--stream-ring",     "--stream-ring-bytes",
+                           "--stream-window",   "--queue-timeout-ms"})
     CHECK_THAT(out, Catch::Contains(flag));
   // Each task default is documented with its value.
   for (const char* value : {"10000", "60000", "30000", "3600000", "65536", "67108864"})
@@ -81,7 +81,8 @@ TEST_CASE("task settings out of range exit 2 naming the flag", "[binary]") {
                                                   {"--max-peers", "10000001"},
                                                   {"--shutdown-linger", "86400001"},
                                                   {"--shutdown-linger", "-1"},
-                                                  {"--stream-window", "0"}};
+                                                  {"--stream-window", "0"},
+                                                  {"--queue-timeout-ms", "86400001"}};
   for (const auto& args : bad) {
     INFO(args[0] << " " << args[1]);
     const auto [status, out] = run_to_end(broker_bin(), args);

@@ -229,6 +229,34 @@ TEST_CASE("a task_failure's result reaches the coordinator's callbacks", "[coord
   CHECK(failed[0] == account);
 }
 
+// SPEC §12.7.6: a task_spec's queue_timeout_ms travels in SUBMIT; a task nobody takes fails.
+TEST_CASE("a task no worker takes within its queue timeout is reported failed", "[coordinator]") {
+  broker::server_thread b(test_config());
+  std::mutex mu;
+  std::string failed_reason;
+  coordinator_callbacks cb;
+  cb.on_task_failed = [&](const std::string& task_id, const std::string& reason,
+                          const std::optional<std::string>& result) {
+    CHECK(task_id == "unwanted");
+    CHECK_FALSE(result);
+    std::lock_guard lock(mu);
+    failed_reason = reason;
+  };
+  coordinator_options co;
+  co.endpoint = b.get().router_endpoint();
+  coordinator coord(co, cb);
+  REQUIRE(coord.wait_for(connection_state::ready, 5s));
+  auto t = spec("unwanted", role::learner);
+  t.queue_timeout_ms = 150;
+  REQUIRE(coord.submit(t)->accepted);
+  REQUIRE(wait_until([&] {
+    std::lock_guard lock(mu);
+    return !failed_reason.empty();
+  }));
+  CHECK(failed_reason == "no worker took the task within queue_timeout_ms=150");
+  CHECK(coord.open_tasks() == 0);
+}
+
 namespace {
 
 // The uint under `key` in the msgpack map `m`, or nullopt.

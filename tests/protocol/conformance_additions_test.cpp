@@ -1,5 +1,5 @@
-// Conformance of the optional additions to protocol v1: TASK_ALIVE (§12.3.19) and the result
-// of TASK_FAILED (§12.3.18). Each test is
+// Conformance of the optional additions to protocol v1: TASK_ALIVE (§12.3.19), the result
+// of TASK_FAILED (§12.3.18) and the queue timeout (§12.7.6). Each test is
 // named after the clause it checks and quotes it ("..." marks a cut); every wait has a
 // deadline, and the only sleeps pace a sender.
 #include <catch2/catch.hpp>
@@ -54,6 +54,15 @@ codec::task_abort abort_of(raw_peer& worker) {
 /// needs, keys out of order. Re-encoding it would change its bytes.
 std::string odd_map() {
   return "\x83\xa1z"s + float64(1.0) + "\xa1y\xcd\x00\x05\xa1x\x90"s;
+}
+
+/// {"reason": reason, "attempt": attempt}, as the broker composes it (§12.5.6).
+std::string reason_body(const std::string& reason, std::uint64_t attempt) {
+  return packed([&](packer& pk) {
+    pk.pack_map(2);
+    pk.pack("reason").pack(reason);
+    pk.pack("attempt").pack(attempt);
+  });
 }
 
 /// {"reason": reason, "attempt": attempt, "result": <result's bytes>} (§12.5.6).
@@ -219,4 +228,90 @@ TEST_CASE("SPEC 12.3.19: TASK_ALIVE while closing gets 408 and is no strike", "[
   expect_quiet(w);  // still in session past max-faults 2
   w.send(codec::task_result{"t", 1, codec::empty_map_blob});
   next_event(coord, "t", "finished");
+}
+
+// §12.3.1 "| 11 | `queue_timeout_ms` | uint | optional | 1..86400000 (§12.7.6) |"
+TEST_CASE_METHOD(fixture, "SPEC 12.3.1: queue_timeout_ms is 1..86400000", "[spec]") {
+  raw_peer coord(ctx, router);
+  join(coord, "coord", role::coordinator);
+  for (const std::uint32_t bad : {0U, 86'400'001U}) {
+    auto s = task_of("t");
+    s.queue_timeout_ms = bad;
+    refused(coord, s, error_code::bad_field);
+  }
+  auto s = task_of("t");
+  s.queue_timeout_ms = 86'400'000;
+  submit_ok(coord, s);
+}
+
+// §12.7.6 "A task that has waited in the queue ... longer than its queue timeout SHALL fail:
+// `failed` is emitted with the reason `no worker took the task within queue_timeout_ms=<n>`,
+// the attempt that ended last (0 if none) and an empty `worker_id`, and the task is forgotten;
+// its id is free."
+TEST_CASE_METHOD(fixture, "SPEC 12.7.6: a task no worker takes within its queue timeout fails",
+                 "[spec]") {
+  raw_peer coord(ctx, router), w(ctx, router);
+  join(coord, "coord", role::coordinator);
+  auto s = task_of("t");
+  s.queue_timeout_ms = 200;
+  s.max_attempts = 3;
+  const auto t0 = std::chrono::steady_clock::now();
+  submit_ok(coord, s);
+  const auto failed = next_event(coord, "t", "failed", 5000ms);
+  CHECK(since(t0) >= 200ms);
+  CHECK(failed.attempt == 0);
+  CHECK(failed.worker_id.empty());
+  CHECK(failed.body == reason_body("no worker took the task within queue_timeout_ms=200", 0));
+  // Forgotten: the id is free, and a worker that comes now gets nothing of it.
+  auto again = task_of("t");
+  again.queue_timeout_ms = 60'000;
+  submit_ok(coord, again);
+  join(w, "w", role::collector);
+  CHECK(next_a<codec::task_start>(w).task_id == "t");
+}
+
+// §12.7.6 "The wait is counted from the moment the task is queued, and again from each
+// re-queue (§12.7.4); an assigned task is not bounded by it"
+TEST_CASE_METHOD(fixture, "SPEC 12.7.6: the queue timeout restarts with each re-queue", "[spec]") {
+  raw_peer coord(ctx, router), w(ctx, router);
+  join(coord, "coord", role::coordinator);
+  join(w, "w", role::collector);
+  auto s = task_of("t");
+  s.queue_timeout_ms = 250;
+  s.max_attempts = 3;
+  start_task(coord, w, s);
+  // Running for longer than the queue timeout does not end it.
+  const auto t0 = std::chrono::steady_clock::now();
+  while (since(t0) < 400ms) {
+    w.send(codec::info{"t", 1, codec::empty_map_blob});
+    next_event(coord, "t", "info");
+    std::this_thread::sleep_for(40ms);  // pacing the sender, not waiting for an outcome
+  }
+  // Its worker goes: re-queued, with no worker to take it; the clock starts now.
+  w.send(codec::disconnect{200, "bye"});
+  next_event(coord, "t", "requeued");
+  const auto t1 = std::chrono::steady_clock::now();
+  const auto failed = next_event(coord, "t", "failed", 5000ms);
+  CHECK(since(t1) >= 250ms - 20ms);  // queued a moment before `t1`
+  CHECK(failed.attempt == 1);
+  CHECK(failed.worker_id.empty());
+  CHECK(failed.body == reason_body("no worker took the task within queue_timeout_ms=250", 1));
+}
+
+// §12.7.6 "A task whose SUBMIT has no `queue_timeout_ms` takes the broker's queue-timeout
+// setting (§1.4; 0, the default, bounds nothing)."
+TEST_CASE("SPEC 12.7.6: the broker's --queue-timeout-ms applies when SUBMIT names none", "[spec]") {
+  auto cfg = test_config();
+  cfg.queue_timeout_ms = 150;
+  broker_with b(cfg);
+  raw_peer coord(b.ctx, b.router), w(b.ctx, b.router);
+  join(coord, "coord", role::coordinator);
+  auto own = task_of("own");
+  own.queue_timeout_ms = 60'000;
+  submit_ok(coord, task_of("default"));
+  submit_ok(coord, own);
+  CHECK(next_event(coord, "default", "failed", 5000ms).body ==
+        reason_body("no worker took the task within queue_timeout_ms=150", 0));
+  join(w, "w", role::collector);
+  CHECK(next_a<codec::task_start>(w).task_id == "own");  // still queued
 }

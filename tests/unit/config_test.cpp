@@ -92,4 +92,8 @@ TEST_CASE("the drain and the task defaults are checked, each by its name", "[uni
   cfg = {};
   cfg.max_attempts = 1001;
   CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("max attempts"));
+  cfg = {};
+  CHECK(cfg.queue_timeout_ms == 0);  // queued tasks wait as long as it takes
+  cfg.queue_timeout_ms = 86'400'001;
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("queue timeout"));
 }
