@@ -71,7 +71,9 @@ struct coordinator_callbacks {
       deal_with_collector_judge_finish;
   std::function<void(const std::string& task_id, const std::string& result)>
       deal_with_collector_finish_task;
-  /// A learner asks for a batch: msgpack data, or nullopt for "not enough data yet".
+  /// A learner asks for a batch: msgpack data, or nullopt for "not enough data yet". After
+  /// nullopt the learner is told to wait 10 ms, doubled for each further nullopt in a row
+  /// for the same task up to 1 s; data given starts the count over (SPEC §12.5.9).
   std::function<std::optional<std::string>(const std::string& task_id, const std::string& buffer_id,
                                            std::uint32_t batch_size,
                                            std::uint64_t cur_learner_iter)>

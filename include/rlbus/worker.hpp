@@ -107,9 +107,10 @@ class task_handle {
   bool emit_info(std::string info_msgpack);
 
   // Learner side.
-  /// Asks the coordinator for a batch and waits for it (msgpack), asking again with a
-  /// short capped backoff while the coordinator has none. nullopt when the task stops or
-  /// `timeout` passes.
+  /// Asks the coordinator for a batch and waits for it (msgpack). While the coordinator has
+  /// none it asks again after the wait each NO_DATA names (the coordinator's backoff: 10 ms
+  /// doubling to 1 s with the reference coordinator), at most 2 s and never past `timeout`.
+  /// nullopt when the task stops or `timeout` passes.
   std::optional<std::string> get_data(std::string buffer_id, std::uint32_t batch_size,
                                       std::uint64_t cur_learner_iter,
                                       std::chrono::milliseconds timeout);

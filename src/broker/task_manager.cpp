@@ -276,8 +276,9 @@ std::optional<refusal> task_manager::on_data_reply(const std::string& from, code
   }
   t->request_id.reset();
   if (r.data == codec::nil_blob) {
-    sink_.send_to(t->worker,
-                  codec::no_data{t->id, t->attempt, r.request_id, cfg_.no_data_retry_ms});
+    // The coordinator knows best when it may have data: its hint wins over the setting.
+    sink_.send_to(t->worker, codec::no_data{t->id, t->attempt, r.request_id,
+                                            r.retry_ms.value_or(cfg_.no_data_retry_ms)});
   } else {
     sink_.send_to(t->worker, codec::learn{t->id, t->attempt, r.request_id, std::move(r.data)});
   }

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <unordered_map>
 #include <variant>
 
 #include <spdlog/spdlog.h>
@@ -64,7 +65,11 @@ class body_fields {
   codec::detail::field_reader reader_;
 };
 
-constexpr std::uint64_t ack_every = 32;    // processed events per ACK while more are queued
+constexpr std::uint64_t ack_every = 32;  // processed events per ACK while more are queued
+// What a learner is told to wait after "no data yet" (DATA_REPLY retry_ms): the first time,
+// then doubled for each further one in a row, up to the cap; data given starts it over.
+constexpr std::uint32_t no_data_first_ms = 10;
+constexpr std::uint32_t no_data_max_ms = 1000;
 constexpr std::size_t max_early = 65'536;  // events kept that arrived ahead of a gap
 
 }  // namespace
@@ -298,6 +303,7 @@ struct coordinator::impl {
   }
 
   void close_task(const std::string& task_id) {
+    no_data_backoff.erase(task_id);  // the callback thread's own, like dispatch
     std::lock_guard lock(mu);
     open.erase(task_id);
   }
@@ -317,7 +323,16 @@ struct coordinator::impl {
         data = cb.deal_with_learner_get_data(e.task_id, f.str("buffer_id"),
                                              static_cast<std::uint32_t>(f.uint("batch_size")),
                                              f.uint("cur_learner_iter"));
-      post(codec::data_reply{e.task_id, f.uint("request_id"), data.value_or(codec::nil_blob)});
+      codec::data_reply reply{e.task_id, f.uint("request_id"), codec::nil_blob};
+      if (data) {
+        reply.data = std::move(*data);
+        no_data_backoff.erase(e.task_id);
+      } else {
+        const auto [it, first] = no_data_backoff.try_emplace(e.task_id, no_data_first_ms);
+        if (!first) it->second = std::min(no_data_max_ms, it->second * 2);
+        reply.retry_ms = it->second;
+      }
+      post(std::move(reply));
     } else if (e.event == "learn_info") {
       body_fields f(e.body);
       const auto info = f.raw("info");
@@ -432,6 +447,8 @@ struct coordinator::impl {
   std::uint64_t gaps = 0;                            // events lost: they never arrived
   std::uint64_t duplicates = 0;
   std::uint64_t data_lost = 0;  // DATA reported lost by collectors (§12.11)
+  // Per learner task, the retry_ms of its last "no data yet" in a row (callback thread only).
+  std::unordered_map<std::string, std::uint32_t> no_data_backoff;
   std::uint64_t replays = 0;
   std::uint64_t collectors = 0;  // as of the last capacity callback
   std::uint64_t learners = 0;

@@ -38,9 +38,9 @@ std::string_view to_string(connection_state s) noexcept {
 }
 
 namespace {
-constexpr std::size_t max_outbox = 100'000;  // messages waiting for the I/O thread
-constexpr std::chrono::milliseconds max_no_data_backoff{200};
-constexpr std::size_t max_credit_entries = 16;  // attempts whose DATA_CREDIT is kept
+constexpr std::size_t max_outbox = 100'000;                  // messages waiting for the I/O thread
+constexpr std::chrono::milliseconds max_no_data_wait{2000};  // the longest NO_DATA hint obeyed
+constexpr std::size_t max_credit_entries = 16;               // attempts whose DATA_CREDIT is kept
 
 // Whether `bytes` begin as a msgpack map (fixmap, map16 or map32); the broker checks the rest.
 bool is_msgpack_map(const std::string& bytes) {
@@ -242,7 +242,6 @@ std::optional<std::string> task_handle::get_data(std::string buffer_id, std::uin
                                                  std::uint64_t cur_learner_iter,
                                                  std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::chrono::milliseconds backoff{0};
   while (true) {
     std::uint64_t request = 0;
     {
@@ -261,10 +260,11 @@ std::optional<std::string> task_handle::get_data(std::string buffer_id, std::uin
     auto reply = std::move(owner_.replies.at(request));
     owner_.replies.erase(request);
     if (auto* l = std::get_if<codec::learn>(&reply)) return std::move(l->data);
-    // "Not enough data yet": wait what the broker suggests, doubling up to a small cap.
-    const auto hint = std::chrono::milliseconds(std::get<codec::no_data>(reply).retry_ms);
-    backoff = std::min(max_no_data_backoff, std::max(hint, backoff * 2));
-    owner_.changed.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + backoff),
+    // "Not enough data yet": wait what NO_DATA says (the coordinator's backoff, or the
+    // broker's setting), within a cap and never past our own deadline.
+    const auto wait = std::min(max_no_data_wait,
+                               std::chrono::milliseconds(std::get<codec::no_data>(reply).retry_ms));
+    owner_.changed.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + wait),
                               [&] { return !owner_.live(*this) || owner_.close_requested; });
     if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
   }

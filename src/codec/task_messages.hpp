@@ -120,12 +120,15 @@ struct data_reply {
   std::string task_id;
   std::uint64_t request_id = 0;
   blob data = nil_blob;
+  // With nil data: what NO_DATA tells the learner to wait (otherwise the broker's setting).
+  std::optional<std::uint32_t> retry_ms;
   RLBUS_TASK_MESSAGE(data_reply, data_reply)
   template <class S, class F>
   static void fields(S& s, F&& f) {
     f("task_id", s.task_id, rule::id{});
     f("request_id", s.request_id, rule::u64);
     f("data", s.data, rule::shape::any);
+    f("retry_ms", s.retry_ms, rule::range{0, 3'600'000});
   }
 };
 

@@ -257,6 +257,46 @@ TEST_CASE("a task no worker takes within its queue timeout is reported failed", 
   CHECK(coord.open_tasks() == 0);
 }
 
+// SPEC §12.5.10: "no data yet" goes out with retry_ms 10, doubled per further nil in a row up
+// to 1000; data given starts it over.
+TEST_CASE("the coordinator backs a learner off while it has no data", "[coordinator]") {
+  broker::server_thread b(test_config());
+  const auto ep = b.get().router_endpoint();
+  std::atomic<int> asked{0};
+  coordinator_callbacks cb;
+  cb.deal_with_learner_get_data = [&](const std::string&, const std::string&, std::uint32_t,
+                                      std::uint64_t) -> std::optional<std::string> {
+    if (++asked == 5) return flag_map("batch", true);
+    return std::nullopt;
+  };
+  coordinator_options co;
+  co.endpoint = ep;
+  coordinator coord(co, cb);
+  REQUIRE(coord.wait_for(connection_state::ready, 5s));
+  zmq::context_t ctx;
+  raw_peer l(ctx, ep);
+  l.introduce("learner-0", role::learner, 5000);
+  REQUIRE(coord.submit(spec("lt", role::learner))->accepted);
+  const auto start = l.recv_a<codec::task_start>();
+  REQUIRE(start);
+  l.send(codec::started{"lt", start->attempt});
+  std::vector<std::uint32_t> waits;
+  for (std::uint64_t req = 1; req <= 14; ++req) {
+    l.send(codec::get_data{"lt", start->attempt, req, "b", 1, 0});
+    const auto m = l.recv(3000ms);
+    REQUIRE(m);
+    if (const auto* n = std::get_if<codec::no_data>(&*m)) {
+      CHECK(n->request_id == req);
+      waits.push_back(n->retry_ms);
+    } else {
+      REQUIRE(std::holds_alternative<codec::learn>(*m));
+      waits.push_back(0);  // the batch
+    }
+  }
+  CHECK(waits ==
+        std::vector<std::uint32_t>{10, 20, 40, 80, 0, 10, 20, 40, 80, 160, 320, 640, 1000, 1000});
+}
+
 namespace {
 
 // The uint under `key` in the msgpack map `m`, or nullopt.

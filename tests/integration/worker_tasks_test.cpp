@@ -183,3 +183,46 @@ TEST_CASE("keep_alive carries a handler past its step timeout", "[worker-tasks]"
   until_event(coord, "finished");
   CHECK_FALSE(alive_after_close);
 }
+
+// SPEC §12.5.10: the learner waits what NO_DATA says before it asks again, at most 2 s, and
+// never past its own timeout.
+TEST_CASE("get_data waits the NO_DATA hint, within its own timeout", "[worker-tasks]") {
+  broker::server_thread b(test_config());
+  zmq::context_t ctx;
+  raw_peer coord(ctx, b.get().router_endpoint());
+  coord.introduce("coordinator", role::coordinator, 5000);
+  std::atomic<bool> short_wait_gave_up{false};
+  std::atomic<bool> got_batch{false};
+  task_handlers h;
+  h.run = [&](task_handle& t) {
+    // The coordinator says "in 5 s": a 300 ms timeout ends the wait first.
+    const auto t0 = std::chrono::steady_clock::now();
+    short_wait_gave_up =
+        !t.get_data("b", 1, 0, 300ms) && std::chrono::steady_clock::now() - t0 < 2000ms;
+    got_batch = t.get_data("b", 1, 1, 5000ms).has_value();
+    wait_for_stop(t);
+  };
+  worker w(opts(b.get().router_endpoint(), "learner-0", role::learner), h);
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+  coord.send(task("lt", role::learner));
+  const auto request_of = [&] {
+    const auto e = until_event(coord, "data_request");
+    auto fields = msgpack::unpack(e.body.data(), e.body.size());
+    return fields.get().via.map.ptr[0].val.as<std::uint64_t>();
+  };
+  codec::data_reply later{"lt", request_of(), codec::nil_blob};
+  later.retry_ms = 5000;
+  coord.send(later);
+  // The next request comes from the second get_data; answered "in 300 ms".
+  codec::data_reply soon{"lt", request_of(), codec::nil_blob};
+  soon.retry_ms = 300;
+  coord.send(soon);
+  const auto answered = std::chrono::steady_clock::now();
+  const auto again = request_of();
+  CHECK(std::chrono::steady_clock::now() - answered >= 300ms - 20ms);
+  coord.send(codec::data_reply{"lt", again, flag_map("batch", true)});
+  REQUIRE(wait_until([&] { return got_batch.load(); }));
+  CHECK(short_wait_gave_up);
+  coord.send(codec::finish{"lt"});
+  until_event(coord, "finished");
+}
