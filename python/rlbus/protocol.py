@@ -1,0 +1,743 @@
+"""The rlbus wire protocol, version 1, as a table-driven codec.
+
+Everything this module knows about messages comes from ``protocol/messages.json``, loaded
+once at import: the framing header, every message's fields in canonical order with their
+types, ranges, length bounds, patterns and enums, the rules that tie fields together, the
+decoding limits, the event envelope and the event bodies. A field added to messages.json is
+encoded and checked here without a code change.
+
+Where the file is found, first match wins:
+
+1. the path in the environment variable ``RLBUS_MESSAGES_JSON``;
+2. ``../../protocol/messages.json`` relative to this file (a source checkout);
+3. ``messages.json`` inside this package (copied in by ``setup.py`` at build time).
+
+Bodies are decoded under the limits of SPEC §5.1 at every nesting level; opaque user data
+(``"verbatim": true`` fields: task_info, meta, info, result, data, body) is kept as the exact
+bytes received (:class:`Raw`), so it can be forwarded byte for byte, and decoded on demand.
+Anything that breaks the framing, body or field rules raises :class:`ProtocolError` carrying
+the SPEC §6 code (400, 401, 402, 404, 405) and a reason naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import struct
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+
+import msgpack
+
+__all__ = [
+    "ProtocolError", "Raw", "Message", "Event", "MessageSpec", "FieldSpec", "SPEC", "MESSAGES",
+    "BY_ID", "LIMITS", "ERROR_CODES", "VERSION", "messages_json_path", "header", "parse_header",
+    "encode", "encode_body", "decode", "decode_body", "decode_event", "encode_event",
+    "has_message", "has_field", "type_id", "code_name", "unpack_value", "pack_value",
+    "NIL", "EMPTY_MAP",
+]
+
+
+class ProtocolError(ValueError):
+    """A message, body or field that breaks protocol v1.
+
+    ``code`` is the SPEC §6 code a broker would answer with (400 frame, 401 body, 402 field,
+    404 unknown type, 405 version); ``reason`` says what is wrong, naming the field when
+    there is one.
+    """
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(f"{code} {code_name(code)}: {reason}")
+        self.code = code
+        self.reason = reason
+
+
+class Raw(bytes):
+    """One complete msgpack value kept as its exact bytes (opaque user data, SPEC §12.2.3).
+
+    Passing a Raw to :func:`encode` writes these bytes unchanged; :meth:`value` decodes them
+    (the decoded value is cached when the codec already decoded it while checking limits).
+    """
+
+    def value(self) -> Any:
+        """The decoded value (maps as dicts, arrays as lists, str as str, bin as bytes)."""
+        cached = self.__dict__.get("_v", _MISSING)
+        if cached is _MISSING:
+            cached = unpack_value(bytes(self))
+            self.__dict__["_v"] = cached
+        return cached
+
+    @classmethod
+    def of(cls, value: Any) -> "Raw":
+        """The canonical msgpack encoding of ``value``, as a Raw."""
+        raw = cls(pack_value(value))
+        raw.__dict__["_v"] = value
+        return raw
+
+    def __repr__(self) -> str:  # pragma: no cover - diagnostics only
+        return f"Raw({bytes(self)!r})"
+
+
+_MISSING = object()
+NIL = Raw(b"\xc0")
+EMPTY_MAP = Raw(b"\x80")
+
+
+def messages_json_path() -> str:
+    """Where messages.json is read from (see the module docstring for the order)."""
+    env = os.environ.get("RLBUS_MESSAGES_JSON")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    source = os.path.normpath(os.path.join(here, "..", "..", "protocol", "messages.json"))
+    if os.path.isfile(source):
+        return source
+    packaged = os.path.join(here, "messages.json")
+    if os.path.isfile(packaged):
+        return packaged
+    raise FileNotFoundError(
+        "protocol/messages.json not found: set RLBUS_MESSAGES_JSON, run from a source "
+        "checkout, or install the package (setup.py copies it in)")
+
+
+with open(messages_json_path(), "r", encoding="utf-8") as _f:
+    SPEC: Dict[str, Any] = json.load(_f)
+
+VERSION: int = int(SPEC["version"])
+_HDR = SPEC["header"]
+_HEADER_SIZE: int = int(_HDR["size"])
+_SIGNATURE: bytes = bytes(_HDR["signature"])
+_VERSION_OFFSET: int = int(_HDR["version_offset"])
+_TYPE_OFFSET: int = int(_HDR["type_offset"])
+LIMITS: Dict[str, int] = {k: int(v) for k, v in SPEC["limits"].items()}
+_MAX_ARRAY = LIMITS["max_array"]
+_MAX_MAP = LIMITS["max_map"]
+_MAX_STR = LIMITS["max_str"]
+_MAX_BIN = LIMITS["max_bin"]
+_MAX_EXT = LIMITS.get("max_ext", 0)
+_MAX_DEPTH = LIMITS["max_depth"]
+ERROR_CODES: Dict[int, str] = {int(e["code"]): str(e["name"]) for e in SPEC["error_codes"]}
+
+
+def code_name(code: int) -> str:
+    """The SPEC §6 name of a code (``UNKNOWN`` for a code this revision does not know)."""
+    return ERROR_CODES.get(code, "UNKNOWN")
+
+
+def _reject_ext(code: int, data: bytes) -> Any:
+    raise ValueError("ext values are not allowed")
+
+
+# ---- field tables ---------------------------------------------------------------------
+
+_Check = Callable[[Any], Optional[str]]
+
+
+class FieldSpec:
+    """One field of a message or event body, as messages.json declares it."""
+
+    __slots__ = ("name", "type", "required", "verbatim", "always_encoded", "key", "check",
+                 "rules", "is_resources")
+
+    def __init__(self, d: Mapping[str, Any]) -> None:
+        self.name: str = str(d["name"])
+        self.type: str = str(d["type"])
+        self.required: bool = bool(d.get("required", False))
+        self.verbatim: bool = bool(d.get("verbatim", False))
+        self.always_encoded: bool = bool(d.get("always_encoded", False))
+        self.rules: Dict[str, Any] = {k: v for k, v in d.items()
+                                      if k not in ("name", "type", "required")}
+        self.key: bytes = msgpack.packb(self.name, use_bin_type=True)
+        self.is_resources = self.type == "map<str,number>"
+        self.check: _Check = _make_check(self.name, self.type, d)
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The declaration as messages.json has it."""
+        out: Dict[str, Any] = {"name": self.name, "type": self.type, "required": self.required}
+        out.update(self.rules)
+        return out
+
+
+def _utf8_len(s: str) -> int:
+    return len(s) if s.isascii() else len(s.encode("utf-8", "surrogateescape"))
+
+
+def _make_check(name: str, typ: str, d: Mapping[str, Any]) -> _Check:
+    """A function that returns None for a valid decoded value, else why it is not."""
+    if typ == "uint":
+        lo = int(d.get("min", 0))
+        hi = int(d.get("max", 2 ** 64 - 1))
+
+        def check_uint(v: Any) -> Optional[str]:
+            if type(v) is not int or v < 0:
+                return f"{name} must be an unsigned integer"
+            if v < lo or v > hi:
+                return f"{name} must be in {lo}..{hi}"
+            return None
+        return check_uint
+    if typ == "bool":
+        def check_bool(v: Any) -> Optional[str]:
+            return None if type(v) is bool else f"{name} must be a bool"
+        return check_bool
+    if typ == "str":
+        min_len = int(d.get("min_length", 0))
+        max_len = int(d.get("max_length", _MAX_STR))
+        enum: Optional[FrozenSet[str]] = frozenset(d["enum"]) if "enum" in d else None
+        pattern = re.compile(d["pattern"]) if "pattern" in d else None
+
+        def check_str(v: Any) -> Optional[str]:
+            if type(v) is not str:
+                return f"{name} must be a str"
+            if enum is not None:
+                if v not in enum:
+                    return f"{name} must be one of {', '.join(sorted(enum))}"
+                return None
+            n = _utf8_len(v)
+            if n < min_len or n > max_len:
+                return f"{name} must be {min_len}..{max_len} bytes"
+            if pattern is not None and pattern.match(v) is None:
+                return f"{name} has characters outside A-Z a-z 0-9 . _ : @ / -"
+            return None
+        return check_str
+    if typ == "bin":
+        max_bin = int(d.get("max_length", _MAX_BIN))
+
+        def check_bin(v: Any) -> Optional[str]:
+            if not isinstance(v, (bytes, bytearray, memoryview)) or isinstance(v, Raw):
+                return f"{name} must be bin"
+            if len(v) > max_bin:
+                return f"{name} must be at most {max_bin} bytes"
+            return None
+        return check_bin
+    if typ == "msgpack-map":
+        def check_map(v: Any) -> Optional[str]:
+            return None if isinstance(v, dict) else f"{name} must be a map"
+        return check_map
+    if typ == "msgpack-any":
+        return lambda v: None
+    if typ == "map<str,number>":
+        max_entries = int(d.get("max_entries", _MAX_MAP))
+        kmin = int(d.get("key_min_length", 1))
+        kmax = int(d.get("key_max_length", 64))
+        vmin = float(d.get("value_min", 0))
+        finite = bool(d.get("value_finite", True))
+
+        def check_resources(v: Any) -> Optional[str]:
+            if not isinstance(v, dict):
+                return f"{name} must be a map of str to number"
+            if len(v) > max_entries:
+                return f"{name} has more than {max_entries} entries"
+            for k, x in v.items():
+                if type(k) is not str or not kmin <= _utf8_len(k) <= kmax:
+                    return f"{name}: names must be str of {kmin}..{kmax} bytes"
+                if type(x) is not int and type(x) is not float:
+                    return f"{name}: '{k}' must be a number"
+                if (finite and not math.isfinite(x)) or x < vmin:
+                    return f"{name}: '{k}' must be a non-negative finite number"
+            return None
+        return check_resources
+    raise ValueError(f"messages.json: field {name} has unknown type {typ}")
+
+
+class MessageSpec:
+    """One message of messages.json: its id, name and fields in canonical order."""
+
+    def __init__(self, d: Mapping[str, Any]) -> None:
+        self.name: str = str(d["name"])
+        self.id: int = int(d["id"])
+        self.direction: str = str(d.get("direction", ""))
+        self.transport: str = str(d.get("transport", "router"))
+        self.fields: Tuple[FieldSpec, ...] = tuple(FieldSpec(f) for f in d.get("fields", []))
+        self.by_name: Dict[str, FieldSpec] = {f.name: f for f in self.fields}
+        self.together: Optional[List[Any]] = d.get("together")
+        self.exactly_one: Optional[List[str]] = d.get("exactly_one")
+        self.header: bytes = header(self.id)
+        self.known: FrozenSet[str] = frozenset(self.by_name)
+
+
+def header(type_id: int) -> bytes:
+    """The 4-byte header frame of a message of ``type_id`` (SPEC §3.2)."""
+    out = bytearray(_HEADER_SIZE)
+    out[0:len(_SIGNATURE)] = _SIGNATURE
+    out[_VERSION_OFFSET] = VERSION
+    out[_TYPE_OFFSET] = type_id
+    return bytes(out)
+
+
+MESSAGES: Dict[str, MessageSpec] = {}
+BY_ID: Dict[int, MessageSpec] = {}
+for _m in SPEC["messages"]:
+    _spec = MessageSpec(_m)
+    MESSAGES[_spec.name] = _spec
+    BY_ID[_spec.id] = _spec
+
+_ENVELOPE: Tuple[FieldSpec, ...] = tuple(FieldSpec(f) for f in SPEC.get("event_envelope", []))
+_EVENTS_EXACT: Dict[str, Tuple[FieldSpec, ...]] = {}
+_EVENTS_PREFIX: List[Tuple[str, Tuple[FieldSpec, ...]]] = []
+_EVENTS_SUFFIX: Dict[str, Tuple[FieldSpec, ...]] = {}
+for _e in SPEC.get("events", []):
+    _fields = tuple(FieldSpec(f) for f in _e.get("fields", []))
+    if "topic_prefix" in _e:
+        _EVENTS_PREFIX.append((str(_e["topic_prefix"]), _fields))
+    else:
+        _EVENTS_EXACT[str(_e["topic"])] = _fields
+        _suffix = "." + str(_e["topic"]).rsplit(".", 1)[-1]
+        _EVENTS_SUFFIX.setdefault(_suffix, _fields)
+
+
+def has_message(name: str) -> bool:
+    """True when messages.json declares a message of this name."""
+    return name in MESSAGES
+
+
+def has_field(message: str, field: str) -> bool:
+    """True when messages.json declares ``field`` in ``message``."""
+    spec = MESSAGES.get(message)
+    return spec is not None and field in spec.by_name
+
+
+def type_id(name: str) -> int:
+    """The type id of a message name; ProtocolError(404) for a name messages.json lacks."""
+    spec = MESSAGES.get(name)
+    if spec is None:
+        raise ProtocolError(404, f"no message named {name}")
+    return spec.id
+
+
+# ---- values ---------------------------------------------------------------------------
+
+def pack_value(value: Any) -> bytes:
+    """Canonical msgpack of a value: shortest ints, str as str, bytes as bin, floats as
+    float64. A :class:`Raw` is written as its bytes (nested Raw values too)."""
+    if isinstance(value, Raw):
+        return bytes(value)
+    return _packer().pack(value)
+
+
+def _raw_default(obj: Any) -> Any:
+    if isinstance(obj, (bytearray, memoryview)):
+        return bytes(obj)
+    if isinstance(obj, tuple):
+        return list(obj)
+    raise TypeError(f"cannot encode a {type(obj).__name__} as msgpack")
+
+
+import threading as _threading  # noqa: E402  (kept local to the codec's packers)
+
+_local = _threading.local()
+
+
+def _packer() -> msgpack.Packer:
+    p = getattr(_local, "packer", None)
+    if p is None:
+        p = msgpack.Packer(use_bin_type=True, default=_raw_default, autoreset=True)
+        _local.packer = p
+    return p
+
+
+def _unpacker() -> msgpack.Unpacker:
+    return msgpack.Unpacker(
+        raw=False, strict_map_key=False, unicode_errors="surrogateescape", use_list=True,
+        max_str_len=_MAX_STR, max_bin_len=_MAX_BIN, max_array_len=_MAX_ARRAY,
+        max_map_len=_MAX_MAP, max_ext_len=_MAX_EXT, ext_hook=_reject_ext,
+        max_buffer_size=max(1 << 20, 0))
+
+
+class _Pairs(list):
+    """A map decoded as its (key, value) pairs: keys that Python cannot hash, kept."""
+
+
+def _too_deep(v: Any, depth: int) -> bool:
+    """True when the containers in ``v`` (itself at nesting ``depth``) pass max_depth."""
+    stack = [(v, depth)]
+    while stack:
+        x, d = stack.pop()
+        t = type(x)
+        if t is dict:
+            if d > _MAX_DEPTH:
+                return True
+            for k, y in x.items():
+                tk, ty = type(k), type(y)
+                if tk is tuple or tk is list or tk is dict:
+                    stack.append((k, d + 1))
+                if ty is dict or ty is list or ty is _Pairs:
+                    stack.append((y, d + 1))
+        elif t is list:
+            if d > _MAX_DEPTH:
+                return True
+            for y in x:
+                ty = type(y)
+                if ty is dict or ty is list or ty is _Pairs:
+                    stack.append((y, d + 1))
+        elif t is tuple:  # an array used as a map key
+            if d > _MAX_DEPTH:
+                return True
+            for y in x:
+                if type(y) in (tuple, list, dict, _Pairs):
+                    stack.append((y, d + 1))
+        elif t is _Pairs:
+            if d > _MAX_DEPTH:
+                return True
+            for k, y in x:
+                for z in (k, y):
+                    if type(z) in (tuple, list, dict, _Pairs):
+                        stack.append((z, d + 1))
+    return False
+
+
+def unpack_value(data: bytes) -> Any:
+    """Decodes one msgpack value under the SPEC §5.1 limits (ProtocolError 401 otherwise).
+    Maps are dicts, except under a map with a key Python cannot hash (a list of pairs)."""
+    for tolerant in (False, True):
+        u = _make_unpacker(tolerant)
+        u.feed(data)
+        try:
+            v = u.unpack()
+        except msgpack.OutOfData:
+            raise ProtocolError(401, "truncated msgpack value") from None
+        except TypeError:
+            if tolerant:
+                raise ProtocolError(401, "a map key of a kind that cannot be read") from None
+            continue
+        except (ValueError, msgpack.FormatError, msgpack.StackError) as e:
+            raise ProtocolError(401, f"malformed msgpack: {e}") from None
+        if u.tell() != len(data):
+            raise ProtocolError(401, f"{len(data) - u.tell()} trailing bytes after the value")
+        if _too_deep(v, 1):
+            raise ProtocolError(401, "msgpack nesting too deep")
+        return v
+    raise AssertionError("unreachable")
+
+
+def _map_count(raw: bytes) -> int:
+    b = raw[0]
+    if 0x80 <= b <= 0x8F:
+        return b & 0x0F
+    if b == 0xDE:
+        return struct.unpack_from(">H", raw, 1)[0]
+    if b == 0xDF:
+        return struct.unpack_from(">I", raw, 1)[0]
+    return -1
+
+
+# ---- messages -------------------------------------------------------------------------
+
+class Message:
+    """A decoded ROUTER message: its spec name, type id and fields (absent optional fields
+    are left out; verbatim fields are :class:`Raw`)."""
+
+    __slots__ = ("name", "type_id", "fields")
+
+    def __init__(self, name: str, type_id: int, fields: Dict[str, Any]) -> None:
+        self.name = name
+        self.type_id = type_id
+        self.fields = fields
+
+    def __getitem__(self, key: str) -> Any:
+        return self.fields[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A field's value, or ``default`` when the message does not carry it."""
+        return self.fields.get(key, default)
+
+    def __repr__(self) -> str:  # pragma: no cover - diagnostics only
+        return f"Message({self.name}, {self.fields!r})"
+
+
+class Event:
+    """A decoded PUB event: topic, envelope and body fields together in ``fields``."""
+
+    __slots__ = ("topic", "fields")
+
+    def __init__(self, topic: str, fields: Dict[str, Any]) -> None:
+        self.topic = topic
+        self.fields = fields
+
+    def __getitem__(self, key: str) -> Any:
+        return self.fields[key]
+
+
+def parse_header(frame: bytes) -> int:
+    """The type id of a header frame; ProtocolError 400 (framing) or 405 (version)."""
+    if len(frame) != _HEADER_SIZE or frame[:len(_SIGNATURE)] != _SIGNATURE:
+        raise ProtocolError(400, f"header frame must be {_HEADER_SIZE} bytes starting 'RL'")
+    if frame[_VERSION_OFFSET] != VERSION:
+        raise ProtocolError(405, f"protocol version {frame[_VERSION_OFFSET]} is not {VERSION}")
+    return frame[_TYPE_OFFSET]
+
+
+def _make_unpacker(tolerant: bool) -> msgpack.Unpacker:
+    if not tolerant:
+        return _unpacker()
+    return msgpack.Unpacker(
+        raw=False, strict_map_key=False, unicode_errors="surrogateescape", use_list=True,
+        max_str_len=_MAX_STR, max_bin_len=_MAX_BIN, max_array_len=_MAX_ARRAY,
+        max_map_len=_MAX_MAP, max_ext_len=_MAX_EXT, ext_hook=_reject_ext,
+        object_pairs_hook=_Pairs)
+
+
+def _read_map(body: bytes, tolerant: bool = False) -> List[Tuple[str, Any, int, int]]:
+    """The top-level entries of a body: (key, decoded value, value start, value end),
+    checked against SPEC §3.4 and §5.1 (ProtocolError 401). Maps nested in values are
+    dicts; when one has a key Python cannot hash, the body is read again ``tolerant``ly,
+    every nested map then kept as a list of pairs."""
+    if not body:
+        raise ProtocolError(401, "empty body: expected a msgpack map")
+    u = _make_unpacker(tolerant)
+    u.feed(body)
+    try:
+        n = u.read_map_header()
+    except msgpack.OutOfData:
+        raise ProtocolError(401, "truncated msgpack body") from None
+    except (ValueError, msgpack.FormatError, msgpack.StackError):
+        raise ProtocolError(401, "body is not a msgpack map") from None
+    if n > _MAX_MAP:
+        raise ProtocolError(401, "msgpack limit exceeded (map size overflow)")
+    if 2 * n > len(body) - u.tell():
+        raise ProtocolError(401, "truncated msgpack body")
+    out: List[Tuple[str, Any, int, int]] = []
+    seen = set()
+    try:
+        for _ in range(n):
+            key = u.unpack()
+            start = u.tell()
+            value = u.unpack()
+            end = u.tell()
+            if type(key) is not str:
+                raise ProtocolError(401, "map key is not a string")
+            if key in seen:
+                raise ProtocolError(401, f"duplicate key '{key[:64]}'")
+            seen.add(key)
+            t = type(value)
+            if (t is dict or t is list or t is _Pairs) and _too_deep(value, 2):
+                raise ProtocolError(401, "msgpack nesting too deep")
+            out.append((key, value, start, end))
+    except msgpack.OutOfData:
+        raise ProtocolError(401, "truncated msgpack body") from None
+    except TypeError:
+        if tolerant:
+            raise ProtocolError(401, "a map key of a kind that cannot be read") from None
+        return _read_map(body, True)
+    except (ValueError, msgpack.FormatError, msgpack.StackError) as e:
+        raise ProtocolError(401, f"malformed msgpack body: {e}") from None
+    if u.tell() != len(body):
+        raise ProtocolError(401, f"{len(body) - u.tell()} trailing bytes after the msgpack body")
+    return out
+
+
+def _check_fields(spec_name: str, fields: Sequence[FieldSpec], values: Dict[str, Any],
+                  raw_counts: Optional[Dict[str, int]] = None) -> None:
+    for f in fields:
+        v = values.get(f.name, _MISSING)
+        if v is _MISSING:
+            if f.required:
+                raise ProtocolError(402, f"{spec_name}: {f.name} is missing")
+            continue
+        if v is None and f.type != "msgpack-any":
+            raise ProtocolError(402, f"{spec_name}: {f.name} must not be nil")
+        why = f.check(v.value() if f.verbatim and isinstance(v, Raw) else v)
+        if why is not None:
+            raise ProtocolError(402, f"{spec_name}: {why}")
+        if f.is_resources and raw_counts is not None and raw_counts.get(f.name, -1) != len(v):
+            raise ProtocolError(402, f"{spec_name}: {f.name} repeats a name")
+
+
+def _check_rules(spec: MessageSpec, values: Mapping[str, Any]) -> None:
+    if spec.exactly_one:
+        present = [n for n in spec.exactly_one if n in values]
+        if len(present) != 1:
+            raise ProtocolError(
+                402, f"{spec.name}: exactly one of {' and '.join(spec.exactly_one)} is required")
+    if spec.together:
+        singles = [n for n in spec.together if isinstance(n, str)]
+        groups = [g for g in spec.together if not isinstance(g, str)]
+        names = singles + [n for g in groups for n in g]
+        if any(n in values for n in names):
+            if not all(n in values for n in singles) or any(
+                    sum(1 for n in g if n in values) != 1 for g in groups):
+                raise ProtocolError(
+                    402, f"{spec.name}: {', '.join(singles)} and one of "
+                    f"{' / '.join('|'.join(g) for g in groups)} travel together")
+
+
+def decode_body(type_id_: int, body: bytes) -> Message:
+    """Decodes and checks the body of a message of ``type_id_`` (SPEC §3.4, §5).
+
+    Unknown fields are ignored (§5.4) but still decoded under the limits.
+    """
+    spec = BY_ID.get(type_id_)
+    if spec is None:
+        raise ProtocolError(404, f"unknown type id 0x{type_id_:02x}")
+    if spec.transport != "router":
+        raise ProtocolError(404, f"{spec.name} never travels on the ROUTER endpoint")
+    body = bytes(body)
+    entries = _read_map(body)
+    known = spec.known
+    values: Dict[str, Any] = {}
+    counts: Optional[Dict[str, int]] = None
+    by_name = spec.by_name
+    for key, value, start, end in entries:
+        if key not in known:
+            continue
+        f = by_name[key]
+        if f.verbatim:
+            raw = Raw(body[start:end])
+            if type(value) is not _Pairs:
+                raw.__dict__["_v"] = value
+            elif f.type == "msgpack-map":
+                value = {}
+            values[key] = raw
+            if f.type == "msgpack-map" and not isinstance(value, (dict, _Pairs)):
+                raise ProtocolError(402, f"{spec.name}: {key} must be a map")
+            continue
+        if f.is_resources:
+            if counts is None:
+                counts = {}
+            counts[key] = _map_count(body[start:end])
+        values[key] = value
+    _check_fields(spec.name, spec.fields, values, counts)
+    _check_rules(spec, values)
+    return Message(spec.name, spec.id, values)
+
+
+def decode(frames: Sequence[bytes]) -> Message:
+    """Decodes ``[header, body]`` as a ROUTER message (SPEC §3.1-§3.6 order of checks,
+    except session state and direction, which are the broker's)."""
+    if len(frames) != 2:
+        raise ProtocolError(400, f"a message is 2 frames, not {len(frames)}")
+    tid = parse_header(bytes(frames[0]))
+    return decode_body(tid, frames[1])
+
+
+def _encode_value(f: FieldSpec, v: Any, packer: msgpack.Packer) -> bytes:
+    if isinstance(v, Raw):
+        return bytes(v)
+    if f.is_resources:
+        return _pack_resources(v, packer)
+    if f.type == "bin" and not isinstance(v, bytes):
+        v = bytes(v)
+    return packer.pack(v)
+
+
+def _pack_resources(res: Mapping[str, Any], packer: msgpack.Packer) -> bytes:
+    """Resources as SPEC §4.1.4 writes them: sorted names, whole values in [0, 2^53) as
+    integers and everything else as float64."""
+    items = sorted(res.items(), key=lambda kv: kv[0].encode("utf-8", "surrogateescape"))
+    out = [_map_header(len(items))]
+    for k, x in items:
+        out.append(packer.pack(k))
+        if type(x) is int and 0 <= x < 2 ** 53:
+            out.append(packer.pack(x))
+        elif float(x).is_integer() and 0 <= float(x) < 2.0 ** 53:
+            out.append(packer.pack(int(x)))
+        else:
+            out.append(b"\xcb" + struct.pack(">d", float(x)))
+    return b"".join(out)
+
+
+def _map_header(n: int) -> bytes:
+    if n < 16:
+        return bytes((0x80 | n,))
+    if n < 0x10000:
+        return b"\xde" + struct.pack(">H", n)
+    return b"\xdf" + struct.pack(">I", n)
+
+
+def encode_body(name: str, fields: Mapping[str, Any], check: bool = True) -> bytes:
+    """The canonical body of message ``name`` (SPEC §5.5): fields in table order, absent
+    optional fields left out (a None value counts as absent), :class:`Raw` values written
+    byte for byte, resources sorted. With ``check`` the values are held to the field rules
+    first (ProtocolError 402 naming the field)."""
+    spec = MESSAGES.get(name)
+    if spec is None:
+        raise ProtocolError(404, f"no message named {name}")
+    present = {k: v for k, v in fields.items() if v is not None or
+               (k in spec.by_name and spec.by_name[k].type == "msgpack-any")}
+    for f in spec.fields:
+        if f.is_resources and f.always_encoded and f.name not in present:
+            present[f.name] = {}
+    if check:
+        unknown = [k for k in present if k not in spec.known]
+        if unknown:
+            raise ProtocolError(402, f"{name}: no field named {unknown[0]}")
+        _check_fields(name, spec.fields, present)
+        _check_rules(spec, present)
+    packer = _packer()
+    parts = []
+    for f in spec.fields:
+        if f.name in present:
+            parts.append(f.key)
+            parts.append(_encode_value(f, present[f.name], packer))
+    return _map_header(len(parts) // 2) + b"".join(parts)
+
+
+def encode(name: str, fields: Optional[Mapping[str, Any]] = None,
+           check: bool = True) -> Tuple[bytes, bytes]:
+    """``(header, body)`` frames of message ``name``."""
+    spec = MESSAGES.get(name)
+    if spec is None:
+        raise ProtocolError(404, f"no message named {name}")
+    return spec.header, encode_body(name, fields or {}, check)
+
+
+# ---- events ---------------------------------------------------------------------------
+
+def _event_fields(topic: str) -> Tuple[FieldSpec, ...]:
+    exact = _EVENTS_EXACT.get(topic)
+    if exact is not None:
+        return exact
+    for prefix, fields in _EVENTS_PREFIX:
+        if topic.startswith(prefix):
+            return fields
+    dot = topic.rfind(".")
+    if dot >= 0:
+        return _EVENTS_SUFFIX.get(topic[dot:], ())
+    return ()
+
+
+def decode_event(frames: Sequence[bytes]) -> Event:
+    """Decodes a PUB event ``[topic, header, body]`` (SPEC §7): the envelope always, the
+    topic's own fields when the topic is known; unknown topics keep only the envelope."""
+    if len(frames) != 3:
+        raise ProtocolError(400, f"an event is 3 frames, not {len(frames)}")
+    topic = bytes(frames[0]).decode("utf-8", "surrogateescape")
+    tid = parse_header(bytes(frames[1]))
+    ev = MESSAGES.get("EVENT")
+    if ev is None or tid != ev.id:
+        raise ProtocolError(404, f"type 0x{tid:02x} is not EVENT")
+    body = bytes(frames[2])
+    entries = _read_map(body)
+    fields = _ENVELOPE + _event_fields(topic)
+    known = {f.name: f for f in fields}
+    values: Dict[str, Any] = {}
+    counts: Dict[str, int] = {}
+    for key, value, start, end in entries:
+        f = known.get(key)
+        if f is None:
+            continue
+        if f.verbatim:
+            value = Raw(body[start:end])
+        if f.is_resources:
+            counts[key] = _map_count(body[start:end])
+        values[key] = value
+    _check_fields(topic, fields, values, counts)
+    return Event(topic, values)
+
+
+def encode_event(topic: str, fields: Mapping[str, Any]) -> Tuple[bytes, bytes, bytes]:
+    """``(topic, header, body)`` frames of an event in canonical form."""
+    spec_fields = _ENVELOPE + _event_fields(topic)
+    present = {k: v for k, v in fields.items() if v is not None}
+    for f in spec_fields:
+        if f.is_resources and f.always_encoded and f.name not in present:
+            present[f.name] = {}
+    _check_fields(topic, spec_fields, present)
+    packer = _packer()
+    parts = []
+    for f in spec_fields:
+        if f.name in present:
+            parts.append(f.key)
+            parts.append(_encode_value(f, present[f.name], packer))
+    return (topic.encode("utf-8"), header(MESSAGES["EVENT"].id),
+            _map_header(len(parts) // 2) + b"".join(parts))
