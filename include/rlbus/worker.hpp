@@ -83,10 +83,12 @@ class task_handle {
   [[nodiscard]] std::uint32_t attempt() const noexcept { return attempt_; }
   /// The task_info map from the coordinator's SUBMIT (msgpack).
   [[nodiscard]] const std::string& info() const noexcept { return info_; }
-  /// The latest version of the task's policy when the attempt started: set when the SUBMIT
-  /// named a policy_id and a learner had published a version of it, nullopt otherwise.
-  /// emit_data() tags every data item with its version.
-  [[nodiscard]] const std::optional<rlbus::policy>& policy() const noexcept { return policy_; }
+  /// The latest version of the task's policy known to this attempt: the one its TASK_START
+  /// carried (set when the SUBMIT named a policy_id and a learner had published a version of
+  /// it), replaced by each newer one the broker pushes while the attempt starts or runs
+  /// (POLICY_UPDATE, SPEC §13.4.6); nullopt when there is none. emit_data() tags every data
+  /// item with this version.
+  [[nodiscard]] std::optional<rlbus::policy> policy() const;
   /// True once the broker asked to close the task or aborted it: wind down and return.
   [[nodiscard]] bool stop_requested() const;
   /// True when the broker aborted the task (timeout, cancel, re-assignment): nothing more
@@ -151,6 +153,11 @@ struct task_handlers {
   /// After `run`, once the broker asks to close: the final result (a msgpack map). Unset:
   /// an empty map.
   std::function<std::string(task_handle&)> close;
+  /// Optional: a newer version of the running task's policy arrived (POLICY_UPDATE); the
+  /// task's policy() already returns it. Runs on the worker's I/O thread, so it must be
+  /// quick and must not wait on the task (get_data, emit_data under no credit ...).
+  std::function<void(const std::string& task_id, std::uint32_t attempt, const rlbus::policy& p)>
+      on_policy;
 };
 
 class worker {

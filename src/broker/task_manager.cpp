@@ -122,7 +122,8 @@ std::optional<refusal> task_manager::handle(const std::string& from, rlbus::role
   const bool from_coordinator = role == rlbus::role::coordinator;
   if (std::holds_alternative<codec::submitted>(m) || std::holds_alternative<codec::task_event>(m) ||
       std::holds_alternative<codec::stream_gap>(m) ||
-      std::holds_alternative<codec::data_credit>(m) || std::holds_alternative<codec::data_ack>(m))
+      std::holds_alternative<codec::data_credit>(m) || std::holds_alternative<codec::data_ack>(m) ||
+      std::holds_alternative<codec::policy_update>(m))
     return refuse(
         codec::error_code::unknown_type,
         fmt::format("{} is sent by the broker, never to it",
@@ -167,6 +168,16 @@ std::optional<refusal> task_manager::on_policy(const std::string& from, codec::p
   if (auto refused = policies_.publish(from, std::move(p))) return refused;
   spdlog::debug("policy {} version {} from {}", status.policy_id, status.version, from);
   const auto topic = "policy." + status.policy_id;
+  // Attempts that run this policy hear of the new version now, not only at their next start.
+  if (const stored_policy* held = policies_.latest(status.policy_id)) {
+    for (const auto& [id, t] : tasks_) {
+      if (t.policy_id != status.policy_id || t.worker.empty() ||
+          (t.st != state::starting && t.st != state::running))
+        continue;
+      sink_.send_to(t.worker, codec::policy_update{t.id, t.attempt, status.policy_id, held->version,
+                                                   held->ref, held->params});
+    }
+  }
   sink_.publish(topic, std::move(status));
   return std::nullopt;
 }

@@ -60,6 +60,9 @@ struct task_handle::owner {
   // the current task (one at a time), and one that arrived while an aborted one winds down
   std::optional<codec::task_start> task;
   std::optional<codec::task_start> next_task;
+  // The latest policy version known to the current attempt: its TASK_START's, then each
+  // newer POLICY_UPDATE's (SPEC §13.4.6).
+  std::optional<rlbus::policy> policy;
   bool close_requested = false;
   bool aborted = false;
   bool stopping = false;
@@ -200,13 +203,21 @@ bool task_handle::emit_data(std::string data_id, std::string buffer_id, std::str
                         std::move(buffer_id),
                         std::move(meta_msgpack),
                         std::move(payload)};
-    if (policy_) d.policy_version = policy_->version;
+    if (owner_.live(*this) && owner_.policy) d.policy_version = owner_.policy->version;
     // Numbered, so that the broker relays it once however often it is sent (§12.11).
     d.index = ++owner_.data_sent;
     owner_.outbox.push_back(std::move(d));
   }
   owner_.wake.notify();
   return true;
+}
+
+std::optional<rlbus::policy> task_handle::policy() const {
+  std::lock_guard lock(owner_.mu);
+  // The attempt's own latest while it is current; the one it started with once it is over.
+  if (owner_.task && owner_.task->task_id == id_ && owner_.task->attempt == attempt_)
+    return owner_.policy;
+  return policy_;
 }
 
 bool task_handle::keep_alive() {
@@ -331,6 +342,20 @@ struct worker::impl {
   }
 
   void on_task_message(codec::message&& m) {
+    std::optional<rlbus::policy> updated;
+    std::string task_id;
+    std::uint32_t attempt = 0;
+    if (const auto* u = std::get_if<codec::policy_update>(&m)) {
+      task_id = u->task_id;
+      attempt = u->attempt;
+    }
+    on_task_message_locked(std::move(m), updated);
+    // Outside the lock: the callback may call the task's members.
+    if (updated && handlers.on_policy) handlers.on_policy(task_id, attempt, *updated);
+  }
+
+  // `updated`: set to the new policy when a POLICY_UPDATE for the current attempt brings one.
+  void on_task_message_locked(codec::message&& m, std::optional<rlbus::policy>& updated) {
     std::lock_guard lock(tasks.mu);
     const auto current = [&](const std::string& id, std::uint32_t attempt) {
       return tasks.task && tasks.task->task_id == id && tasks.task->attempt == attempt;
@@ -363,6 +388,14 @@ struct worker::impl {
       } else {
         begin(std::move(*start));
       }
+    } else if (auto* u = std::get_if<codec::policy_update>(&m)) {
+      // Versions only grow; one that is not newer (a reordering) changes nothing.
+      if (current(u->task_id, u->attempt) && (!tasks.policy || tasks.policy->id != u->policy_id ||
+                                              tasks.policy->version < u->policy_version)) {
+        tasks.policy = rlbus::policy{std::move(u->policy_id), u->policy_version,
+                                     std::move(u->policy_ref), std::move(u->policy_params)};
+        updated = tasks.policy;
+      }
     } else if (const auto* c = std::get_if<codec::task_close>(&m)) {
       if (current(c->task_id, c->attempt)) tasks.close_requested = true;
     } else if (const auto* a = std::get_if<codec::task_abort>(&m)) {
@@ -394,6 +427,10 @@ struct worker::impl {
   // Makes `start` the current task and tells the broker (tasks.mu held).
   void begin(codec::task_start&& start) {
     tasks.outbox.push_back(codec::started{start.task_id, start.attempt});
+    tasks.policy.reset();
+    if (start.policy_id && start.policy_version)
+      tasks.policy = rlbus::policy{*start.policy_id, *start.policy_version, start.policy_ref,
+                                   start.policy_params};
     tasks.task = std::move(start);
     tasks.data_sent = 0;
     tasks.track(tasks.task->task_id, tasks.task->attempt);

@@ -358,6 +358,8 @@ std::optional<std::string_view> type_name(std::uint8_t id) noexcept {
       return "NO_DATA";
     case msg_type::task_abort:
       return "TASK_ABORT";
+    case msg_type::policy_update:
+      return "POLICY_UPDATE";
     case msg_type::started:
       return "STARTED";
     case msg_type::data:

@@ -64,7 +64,8 @@ using message =
                  policy,                                // (§13)
                  replay, ack, stream_gap, data_credit,  // stream flow control (§12.9)
                  data_ack, data_lost,                   // reliable data (§12.11)
-                 task_alive>;                           // keep-alive of an attempt
+                 task_alive,                            // keep-alive of an attempt
+                 policy_update>;                        // a newer policy version (§13.4.6)
 
 /// The type id each message struct travels under.
 constexpr msg_type type_of(const hello&) noexcept {

@@ -151,6 +151,8 @@ result<message> read_task(std::uint8_t type, field_reader& r) {
       return read_as<no_data>(r);
     case msg_type::task_abort:
       return read_as<task_abort>(r);
+    case msg_type::policy_update:
+      return read_as<policy_update>(r);
     case msg_type::started:
       return read_as<started>(r);
     case msg_type::data:
@@ -208,6 +210,7 @@ RLBUS_INSTANTIATE(task_close)
 RLBUS_INSTANTIATE(learn)
 RLBUS_INSTANTIATE(no_data)
 RLBUS_INSTANTIATE(task_abort)
+RLBUS_INSTANTIATE(policy_update)
 RLBUS_INSTANTIATE(started)
 RLBUS_INSTANTIATE(data_ready)
 RLBUS_INSTANTIATE(info)
@@ -262,6 +265,7 @@ bool is_task_type(std::uint8_t type) noexcept {
     case msg_type::learn:
     case msg_type::no_data:
     case msg_type::task_abort:
+    case msg_type::policy_update:
     case msg_type::started:
     case msg_type::data:
     case msg_type::info:

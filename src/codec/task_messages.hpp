@@ -272,6 +272,32 @@ struct task_abort {
   }
 };
 
+/// POLICY_UPDATE (broker -> worker): the broker now holds a newer version of the policy the
+/// attempt's task named; the same policy fields as TASK_START, all of them present (§13.4.6).
+struct policy_update {
+  std::string task_id;
+  std::uint32_t attempt = 1;
+  std::string policy_id;
+  std::uint64_t policy_version = 1;
+  std::optional<std::string> policy_ref;
+  std::optional<std::string> policy_params;
+  RLBUS_TASK_MESSAGE(policy_update, policy_update)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+    f("attempt", s.attempt, rule::attempt);
+    f("policy_id", s.policy_id, rule::id{});
+    f("policy_version", s.policy_version, rule::version);
+    f("policy_ref", s.policy_ref, rule::policy_ref);
+    f("policy_params", s.policy_params, rule::bin{~std::size_t{0}});
+  }
+  static std::optional<std::string_view> check(const policy_update& u) {
+    if (u.policy_ref.has_value() == u.policy_params.has_value())
+      return "exactly one of 'policy_ref' and 'policy_params'";
+    return std::nullopt;
+  }
+};
+
 /// STARTED (worker -> broker): the worker took the task.
 struct started {
   std::string task_id;

@@ -226,3 +226,44 @@ TEST_CASE("get_data waits the NO_DATA hint, within its own timeout", "[worker-ta
   coord.send(codec::finish{"lt"});
   until_event(coord, "finished");
 }
+
+// SPEC §13.4.6: a running task learns of a newer policy version through on_policy and its
+// policy(), and tags its data with it.
+TEST_CASE("a running task sees a newer policy version", "[worker-tasks]") {
+  broker::server_thread b(test_config());
+  zmq::context_t ctx;
+  raw_peer coord(ctx, b.get().router_endpoint()), l(ctx, b.get().router_endpoint());
+  coord.introduce("coordinator", role::coordinator, 5000);
+  l.introduce("learner-0", role::learner, 5000);
+  std::atomic<std::uint64_t> told{0};
+  std::atomic<std::uint64_t> seen{0};
+  task_handlers h;
+  h.on_policy = [&](const std::string& task_id, std::uint32_t, const rlbus::policy& p) {
+    CHECK(task_id == "ct");
+    told = p.version;
+  };
+  h.run = [&](task_handle& t) {
+    REQUIRE_FALSE(t.policy());  // none published when it started
+    REQUIRE(wait_until([&] { return t.policy().has_value(); }));
+    seen = t.policy()->version;
+    REQUIRE(t.emit_data("d0", "b", flag_map("done", false)));
+    wait_for_stop(t);
+  };
+  worker w(opts(b.get().router_endpoint(), "collector-0", role::collector), h);
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+  auto s = task("ct", role::collector);
+  s.policy_id = "pi";
+  coord.send(s);
+  until_event(coord, "started");
+  l.send(codec::policy{"pi", 7, "/ckpt/7", std::nullopt});
+  const auto data = until_event(coord, "data");
+  CHECK(seen == 7);
+  CHECK(told == 7);
+  auto fields = msgpack::unpack(data.body.data(), data.body.size());
+  const auto& m = fields.get().via.map;
+  CHECK(std::string_view(m.ptr[m.size - 1].key.via.str.ptr, m.ptr[m.size - 1].key.via.str.size) ==
+        "policy_version");
+  CHECK(m.ptr[m.size - 1].val.as<std::uint64_t>() == 7);
+  coord.send(codec::finish{"ct"});
+  until_event(coord, "finished");
+}

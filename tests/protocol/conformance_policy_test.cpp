@@ -173,6 +173,8 @@ TEST_CASE_METHOD(fixture, "SPEC 13.4.1: every attempt starts with the version he
   std::string params;
   for (int i = 0; i < 256; ++i) params.push_back(static_cast<char>(i));
   publish(l, inline_version("p", 1, params));
+  // The running attempt is told (§13.4.6) ...
+  CHECK(next_a<codec::policy_update>(c).policy_version == 1u);
   // ... and the next attempt gets it, byte for byte.
   c.send(codec::task_failed{"t", 1, "crash"});
   next_event(coord, "t", "requeued");
@@ -183,6 +185,7 @@ TEST_CASE_METHOD(fixture, "SPEC 13.4.1: every attempt starts with the version he
   CHECK(second.policy_params == params);
   next_event(coord, "t", "assigned");
   publish(l, inline_version("p", 2, "two"));
+  CHECK(next_a<codec::policy_update>(c).policy_version == 2u);
   c.send(codec::task_failed{"t", 2, "crash"});
   next_event(coord, "t", "requeued");
   CHECK(next_a<codec::task_start>(c).policy_version == 2u);
