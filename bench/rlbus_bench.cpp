@@ -4,8 +4,10 @@
 // subcommands `proxy` and `echo`) for the baselines' middle processes. See bench/README.md.
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 
@@ -69,6 +71,23 @@ std::string shell_quoted(const std::string& s) {
   return out + "'";
 }
 
+// `rlbus-bench python [ARGS]`: the Python SDK's rows come from bench/python_bench.py, which
+// needs the Python package and runs this binary itself for the C++ SDK rows and the proxy.
+// ARGS go to it unchanged; it is told where this build is.
+int run_python_rows(const std::string& python, const std::vector<std::string>& args) {
+  const auto build = std::filesystem::path(self_path()).parent_path().parent_path();
+  std::vector<std::string> words = {python, std::string(RLBUS_SOURCE_DIR) + "/bench/python_bench.py",
+                                    "--build", build.lexically_normal().string()};
+  words.insert(words.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(w.data());
+  argv.push_back(nullptr);
+  std::fflush(nullptr);
+  ::execv(python.c_str(), argv.data());
+  std::fprintf(stderr, "rlbus-bench: cannot run %s: %s\n", python.c_str(), std::strerror(errno));
+  return 1;
+}
+
 // bench/plot.py JSON DIR: PNGs with gnuplot (or matplotlib). Returns its exit status.
 int draw_plots(const std::string& python, const std::string& json_path, const std::string& dir) {
   const auto script = std::string(RLBUS_SOURCE_DIR) + "/bench/plot.py";
@@ -81,6 +100,9 @@ int draw_plots(const std::string& python, const std::string& json_path, const st
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Everything after `python` belongs to the script, --help included.
+  if (argc >= 2 && std::string(argv[1]) == "python")
+    return run_python_rows("/usr/bin/python3", std::vector<std::string>(argv + 2, argv + argc));
   CLI::App app{
       "rlbus-bench: rlbus beside bare ZeroMQ, in one run on one machine.\n"
       "Starts the real broker and its baselines (a zmq_proxy, an echo server, and DI-engine's\n"
@@ -205,6 +227,12 @@ int main(int argc, char** argv) {
   auto* echo_cmd = app.add_subcommand("echo", "baseline: ROUTER echo server");
   echo_cmd->group("");
   echo_cmd->add_option("--bind", echo_bind);
+  auto* python_cmd = app.add_subcommand(
+      "python",
+      "the Python SDK's rows (latency, data items/s) beside a bare pyzmq loop, the C++ SDK and "
+      "HTTP; the rest of the line goes to bench/python_bench.py (e.g. `python --quick`, "
+      "`python --help`)");
+  (void)python_cmd;  // listed for --help; main() hands `python ...` to the script first
   (void)all;
 
   try {
