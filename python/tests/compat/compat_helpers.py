@@ -32,8 +32,9 @@ def wait_until(cond, timeout, what="condition"):
 
 
 def broker_binary():
+    build = os.environ.get("RLBUS_BUILD_DIR", os.path.join(ROOT, "build"))
     for cand in (os.environ.get("RLBUS_BROKER"),
-                 os.path.join(ROOT, "build", "src", "rlbus-broker"),
+                 os.path.join(build, "src", "rlbus-broker"),
                  shutil.which("rlbus-broker")):
         if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
             return cand

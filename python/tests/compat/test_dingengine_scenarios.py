@@ -312,3 +312,45 @@ def test_comm_collectors_with_coordinator(ding, tmp_path, caplog):
     assert coord.late_calls == []
     wait_until(lambda: not (set(threading.enumerate()) - before), 10,
                "every thread of the coordinator and the workers to end")
+
+
+def test_comm_learner_with_coordinator(ding, tmp_path, caplog):
+    """DI-engine's test_learner_with_coordinator: a comm learner that prefetches through a
+    1-slot demand queue and blocks in its learn step for the next info; every iteration's
+    info reaches send_info and the end-of-run info finishes the task."""
+    caplog.set_level(logging.INFO)
+    from ding.worker.collector.comm import NaiveCollector
+    from ding.worker.learner.comm.flask_fs_learner import FlaskFileSystemLearner
+    before = set(threading.enumerate())
+    collectors = [NaiveCollector("127.0.0.1", port, prefix=str(tmp_path / "data"))
+                  for port in (18401, 18402)]
+    learner = FlaskFileSystemLearner({"host": "127.0.0.1", "port": 18403,
+                                      "train_iterations": 10})
+    for c in collectors:
+        c.start()
+    learner.start()
+    assert learner._slave.role == "learner" and learner._slave.resources == {"gpu": 1}
+    coord = ding.Coordinator({"coordinator": comm_cfg()})
+    try:
+        coord.start()
+        wait_until(lambda: coord._commander._learner_task_finish_count >= 1, 40,
+                   "a finished learner task")
+    except BaseException:
+        coord.close()
+        for c in collectors:
+            c.shutdown()
+        learner.close()
+        raise
+    finished = learner_finished(coord)
+    for task_id in finished:
+        infos = coord._commander._learner_info.get(task_id, [])
+        assert [i["learner_step"] for i in infos] == list(range(10))
+        assert not any(i["learner_done"] for i in infos)
+    t0 = time.monotonic()
+    coord.close()
+    assert time.monotonic() - t0 < 20
+    assert coord._replay_buffer == {}
+    for c in collectors:
+        c.shutdown()
+    learner.close()
+    assert coord.late_calls == []
