@@ -1,0 +1,787 @@
+"""The Coordinator: submits collector and learner tasks to an rlbus broker and follows them
+through their ordered stream of events, with callbacks named after DI-engine's coordinator
+``callback_fn`` keys.
+
+Threads. A :class:`~rlbus._session.Session` owns the socket and its I/O thread; every message
+is sent from there, and the state of the stream (the next seq expected, events that came
+early, what to acknowledge) lives there too. A second thread, the *callback thread*, runs every
+user callback, one at a time, in stream order. The two meet in a queue guarded by a lock.
+
+The stream (SPEC §12.8, §12.9). Every step of this coordinator's tasks arrives as a TASK_EVENT
+numbered by ``seq``. The coordinator asks for its stream with REPLAY as the first message of
+every connection (from 1 in a new session; after a resumption, from the event after the last
+one its callbacks finished), acknowledges what its callbacks finished with ACK, drops
+duplicates (``stream_duplicates``), holds back an event that comes after a jump in ``seq``
+while it asks REPLAY for what is missing, and reports events the broker could no longer keep
+with ``on_stream_lost`` (``stream_gaps``). So each callback runs exactly once per event, in
+order, across reconnects of the same session.
+
+A new session (the broker restarted, or it expired this coordinator's session): the broker
+cancelled every task of the old session without telling anyone (SPEC §12.5.8), and the old
+stream is gone. The coordinator reconnects by itself, starts the new stream at 1, and reports
+each task it still had open with ``on_task_cancelled(task_id, reason)`` (the reason says the
+session was lost) once the events of the old stream it had received have been handled; such
+tasks may be submitted again. A FINISH, CANCEL or DATA_REPLY that could not be sent before the
+old session ended is dropped: its task is gone.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import threading
+from typing import Any, Callable, Deque, Dict, Mapping, Optional, Tuple
+
+from . import protocol as P
+from ._session import Session
+from ._types import SubmitResult
+
+__all__ = ["Coordinator", "CALLBACK_NAMES"]
+
+log = logging.getLogger("rlbus.coordinator")
+
+#: The callbacks a Coordinator knows, by name (see :class:`Coordinator`).
+CALLBACK_NAMES = (
+    "deal_with_collector_send_data",
+    "deal_with_collector_judge_finish",
+    "deal_with_collector_finish_task",
+    "deal_with_learner_get_data",
+    "deal_with_learner_judge_finish",
+    "deal_with_learner_send_info",
+    "deal_with_learner_finish_task",
+    "deal_with_increase_collector",
+    "deal_with_decrease_collector",
+    "on_task_requeued",
+    "on_task_failed",
+    "on_task_cancelled",
+    "on_capacity",
+    "on_stream_lost",
+    "on_data_lost",
+)
+
+_ACK_EVERY = 32          # finished events per ACK while more are waiting
+_NO_DATA_FIRST_MS = 10   # retry_ms of the first "no data yet" in a row for a task
+_NO_DATA_MAX_MS = 1000   # ... doubled for each further one, up to this
+_MAX_EARLY = 65536       # events kept that came ahead of a jump in seq
+_MAX_RECONCILE = 1_000_000  # most capacity callbacks one report may cause
+_SEND_RETRY_S = 0.02     # retry of commands the socket's full queue refused
+SESSION_LOST_REASON = ("the broker ended this coordinator's session (restart or expiry) "
+                       "and cancelled the task with it")
+
+# Items for the callback thread.
+_EVENT, _LOST, _CAPACITY, _RESET = range(4)
+
+
+def _default_judge(key: str) -> Callable[[str, Any], bool]:
+    def judge(task_id: str, info: Any) -> bool:
+        return isinstance(info, dict) and bool(info.get(key))
+    judge.__name__ = f"default_judge_{key}"
+    return judge
+
+
+def _resolve_callbacks(callbacks: Any) -> Dict[str, Callable[..., Any]]:
+    """Callbacks from a dict (name -> callable) or an object (methods of those names)."""
+    found: Dict[str, Callable[..., Any]] = {}
+    if callbacks is None:
+        return found
+    if isinstance(callbacks, (str, bytes, list, tuple, int, float)):
+        raise ValueError(f"callbacks: expected an object with callback methods or a dict "
+                         f"name -> callable, got {type(callbacks).__name__}")
+    if isinstance(callbacks, Mapping):
+        for name, fn in callbacks.items():
+            if name not in CALLBACK_NAMES:
+                raise ValueError(f"callbacks: unknown callback name {name!r} (known: "
+                                 f"{', '.join(CALLBACK_NAMES)})")
+            if fn is None:
+                continue
+            if not callable(fn):
+                raise ValueError(f"callbacks: {name} is not callable: {fn!r}")
+            found[name] = fn
+        return found
+    for name in CALLBACK_NAMES:
+        fn = getattr(callbacks, name, None)
+        if fn is None:
+            continue
+        if not callable(fn):
+            raise ValueError(f"callbacks: {name} is not callable: {fn!r}")
+        found[name] = fn
+    return found
+
+
+class _Task:
+    """What the coordinator knows of one open task."""
+
+    __slots__ = ("kind", "generation", "judged_final", "no_data_ms")
+
+    def __init__(self, kind: Optional[str], generation: int) -> None:
+        self.kind = kind
+        self.generation = generation
+        self.judged_final = False   # FINISH sent for the current attempt (callback thread)
+        self.no_data_ms = 0         # retry_ms of the last "no data yet" in a row (callback thread)
+
+
+class _SubmitWait:
+    """One submit() waiting for its SUBMITTED."""
+
+    __slots__ = ("task_id", "kind", "done", "result", "connection", "abandoned")
+
+    def __init__(self, task_id: str, kind: str) -> None:
+        self.task_id = task_id
+        self.kind = kind
+        self.done = threading.Event()
+        self.result: Optional[SubmitResult] = None
+        self.connection = 0
+        self.abandoned = False
+
+
+class _Command:
+    """A message for the broker that waits in the outbox until the session is ready."""
+
+    __slots__ = ("name", "fields", "generation", "wait")
+
+    def __init__(self, name: str, fields: Dict[str, Any], generation: Optional[int],
+                 wait: Optional[_SubmitWait] = None) -> None:
+        self.name = name
+        self.fields = fields
+        self.generation = generation  # None: valid in any session (a SUBMIT)
+        self.wait = wait
+
+
+class _Handler:
+    """The Session's handler: forwards to the Coordinator's I/O-thread methods."""
+
+    def __init__(self, owner: "Coordinator") -> None:
+        self._owner = owner
+
+    def on_ready(self, welcome: P.Message) -> None:
+        self._owner._io_ready(welcome)
+
+    def on_message(self, msg: P.Message) -> None:
+        self._owner._io_message(msg)
+
+    def on_close(self) -> None:
+        self._owner._io_close()
+
+
+class Coordinator:
+    """A coordinator of an rlbus broker (SPEC §12): submits tasks and runs callbacks for
+    their events, in stream order, exactly once.
+
+    ``callbacks`` is an object with any subset of these methods, or a dict name -> callable
+    (names not in the dict are not called; an unknown name is a ValueError):
+
+    - ``deal_with_collector_send_data(task_id, buffer_id, data_id, data)``: a collector's
+      DATA; ``data`` is a dict ``{data_id, buffer_id, meta, payload?, policy_version?}``.
+    - ``deal_with_collector_judge_finish(task_id, info) -> bool``: an INFO; True closes the
+      task (FINISH, once per attempt). Default: ``info.get("collector_done")``.
+    - ``deal_with_collector_finish_task(task_id, result)``: the collector's RESULT.
+    - ``deal_with_learner_get_data(task_id, buffer_id, batch_size, cur_learner_iter)``:
+      the return value is the batch sent to the learner; None (or an exception, logged)
+      means "no data yet": the learner is told to wait 10 ms, doubled for each further
+      None in a row for that task up to 1000 ms; a batch given starts the count over.
+    - ``deal_with_learner_judge_finish(task_id, info) -> bool``: a LEARN_INFO; True closes
+      the task. Default: ``info.get("learner_done")``.
+    - ``deal_with_learner_send_info(task_id, buffer_id, info)``: a LEARN_INFO not judged
+      final (one judged final is not passed on, as in the C++ SDK).
+    - ``deal_with_learner_finish_task(task_id, result)``: the learner's RESULT.
+    - ``deal_with_increase_collector()`` / ``deal_with_decrease_collector()``: once per
+      collector that joined or left the broker, so that +1/-1 per call adds up to
+      :attr:`collectors` whatever reports were missed (SPEC §12.10.7).
+    - ``on_capacity(kind, change, worker_id, count)``: every capacity report, both kinds;
+      ``change`` is ``increase``, ``decrease`` or ``snapshot``.
+    - ``on_task_requeued(task_id, attempt, reason, result)``: attempt ``attempt`` ended
+      and the task waits for another worker; ``result`` is the dict the failing worker
+      sent with TASK_FAILED, or None.
+    - ``on_task_failed(task_id, reason, result)``: the task failed for good.
+    - ``on_task_cancelled(task_id, reason)``: cancelled by :meth:`cancel`, by a broker
+      shutting down, or because the broker lost this coordinator's session (see the module
+      docstring).
+    - ``on_stream_lost(first, last)``: events ``first..last`` of the stream are lost for
+      good; counted in :attr:`stream_gaps`.
+    - ``on_data_lost(task_id, attempt, first, last)``: a collector dropped DATA with these
+      indexes before the broker got them; counted in :attr:`data_lost`.
+
+    Every callback runs on the coordinator's callback thread; an exception from one is
+    logged and the stream goes on. A callback may call :meth:`submit`, :meth:`cancel` and
+    :meth:`finish` (submit blocks the stream while it waits for its answer).
+
+    The constructor validates the options (ValueError naming the bad one) and starts
+    connecting without waiting; use :meth:`wait_for` to wait for ``ready``.
+    """
+
+    def __init__(self, endpoint: str, id: str = "coordinator", callbacks: Any = None, *,
+                 heartbeat_ms: int = 1000, reconnect_min: float = 0.1,
+                 reconnect_max: float = 5.0) -> None:
+        cbs = _resolve_callbacks(callbacks)
+        self._cb = cbs
+        self._judge_collector = cbs.get("deal_with_collector_judge_finish",
+                                        _default_judge("collector_done"))
+        self._judge_learner = cbs.get("deal_with_learner_judge_finish",
+                                      _default_judge("learner_done"))
+        self._id = id
+        self._session = Session(endpoint, "coordinator", id, _Handler(self),
+                                heartbeat_ms=heartbeat_ms, reconnect_min=reconnect_min,
+                                reconnect_max=reconnect_max)
+
+        # shared between threads, under _cv
+        self._cv = threading.Condition()
+        self._queue: Deque[Tuple[int, int, Any]] = collections.deque()
+        self._closing = False
+        self._tasks: Dict[str, _Task] = {}
+        self._gaps = 0
+        self._duplicates = 0
+        self._data_lost = 0
+        self._replays = 0
+        self._collectors = 0
+        self._learners = 0
+
+        # I/O thread only
+        self._generation = 0      # +1 per new session (a new stream)
+        self._connection = 0      # +1 per WELCOME
+        self._next_seq = 1        # the next seq to hand to the callback thread
+        self._processed = 0       # the last seq the callbacks finished
+        self._since_ack = 0
+        self._early: Dict[int, P.Message] = {}
+        self._replay_asked: Optional[int] = None  # next_seq when the pending REPLAY was asked
+        self._outbox: Deque[_Command] = collections.deque()
+        self._waits: Dict[str, Deque[_SubmitWait]] = {}
+        self._retry_timer: Any = None
+
+        self._cb_thread = threading.Thread(target=self._callback_loop,
+                                           name=f"rlbus-cb-{id}", daemon=True)
+        self._cb_thread.start()
+        self._session.start()
+
+    # ---- public API ------------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        """This coordinator's peer id."""
+        return self._id
+
+    @property
+    def state(self) -> str:
+        """``connecting``, ``ready``, ``reconnecting``, ``refused`` or ``stopped``."""
+        return self._session.state
+
+    @property
+    def last_error(self) -> str:
+        """The latest refusal, ERROR or disconnect detail from the broker ("" when none)."""
+        return self._session.last_error
+
+    @property
+    def welcomes(self) -> int:
+        """WELCOMEs received (1 after the first connection, +1 per reconnection)."""
+        return self._session.welcomes
+
+    def wait_for(self, state: str, timeout: float) -> bool:
+        """Waits until :attr:`state` is ``state``; False when ``timeout`` seconds pass."""
+        return self._session.wait_for(state, timeout)
+
+    def submit(self, task_id: str, kind: str, task_info: Optional[Mapping[str, Any]] = None,
+               *, requirements: Optional[Mapping[str, float]] = None,
+               start_timeout_ms: Optional[int] = None, step_timeout_ms: Optional[int] = None,
+               close_timeout_ms: Optional[int] = None, task_timeout_ms: Optional[int] = None,
+               max_attempts: Optional[int] = None, policy_id: Optional[str] = None,
+               queue_timeout_ms: Optional[int] = None,
+               timeout: float = 5.0) -> Optional[SubmitResult]:
+        """Submits a task and waits up to ``timeout`` seconds for the broker's answer.
+
+        Returns :class:`rlbus.SubmitResult` ``(task_id, accepted, code, reason, queued)``:
+        accepted, or refused with the broker's code (411 duplicate id, 412 queue full, 503
+        shutting down) or 402 for a field that breaks the protocol's rules (checked here,
+        nothing is sent); ``queued`` is the number of tasks ahead of it in the queue. None
+        when no answer came in time (not connected, or the connection was lost before the
+        answer: the task may then exist; submitting it again tells, with 411).
+        ``task_info`` (a dict, default ``{}``) is serialized before this returns. Timeouts
+        are milliseconds; absent ones take the broker's settings.
+        """
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+            raise ValueError(f"timeout: expected a number of seconds >= 0, got {timeout!r}")
+        fields: Dict[str, Any] = {
+            "task_id": task_id, "kind": kind,
+            "requirements": dict(requirements) if requirements is not None else None,
+            "start_timeout_ms": start_timeout_ms, "step_timeout_ms": step_timeout_ms,
+            "close_timeout_ms": close_timeout_ms, "task_timeout_ms": task_timeout_ms,
+            "max_attempts": max_attempts, "policy_id": policy_id,
+            "queue_timeout_ms": queue_timeout_ms,
+        }
+        try:
+            info = {} if task_info is None else task_info
+            fields["task_info"] = info if isinstance(info, P.Raw) else P.Raw.of(info)
+        except (TypeError, ValueError, OverflowError) as e:
+            return SubmitResult(task_id, False, 402, f"SUBMIT: task_info cannot be encoded: {e}",
+                                0)
+        fields = {k: v for k, v in fields.items() if v is not None}
+        for name in ("start_timeout_ms", "step_timeout_ms", "close_timeout_ms",
+                     "task_timeout_ms", "max_attempts", "queue_timeout_ms"):
+            if isinstance(fields.get(name), bool):
+                return SubmitResult(task_id, False, 402, f"SUBMIT: {name} must be an integer", 0)
+        try:
+            P.encode("SUBMIT", fields)
+        except P.ProtocolError as e:
+            return SubmitResult(task_id, False, e.code, e.reason, 0)
+        except (TypeError, ValueError, OverflowError) as e:
+            return SubmitResult(task_id, False, 402, f"SUBMIT: {e}", 0)
+
+        wait = _SubmitWait(task_id, kind)
+        if self._closing or not self._session.post(
+                functools.partial(self._io_command, _Command("SUBMIT", fields, None, wait))):
+            return None
+        if wait.done.wait(timeout):
+            return wait.result
+        self._session.post(functools.partial(self._io_withdraw, wait))
+        return wait.result if wait.done.is_set() else None
+
+    def cancel(self, task_id: str, reason: str = "cancelled") -> None:
+        """Drops a task wherever it is (queued or running); ``on_task_cancelled`` follows."""
+        self._post_command("CANCEL", {"task_id": task_id, "reason": reason})
+
+    def finish(self, task_id: str) -> None:
+        """Closes a running task now, as a judge returning True does: its worker is asked
+        for its result, which reaches ``deal_with_*_finish_task``."""
+        self._post_command("FINISH", {"task_id": task_id})
+
+    @property
+    def open_tasks(self) -> int:
+        """Tasks accepted and not yet finished, failed or cancelled (as far as the
+        callbacks have got)."""
+        with self._cv:
+            return len(self._tasks)
+
+    @property
+    def stream_gaps(self) -> int:
+        """Events of the stream that never arrived (reported with ``on_stream_lost``)."""
+        return self._gaps
+
+    @property
+    def data_lost(self) -> int:
+        """DATA that collectors reported lost (``on_data_lost``), over all tasks."""
+        return self._data_lost
+
+    @property
+    def collectors(self) -> int:
+        """Live collectors on the broker, as of the last capacity report handled."""
+        return self._collectors
+
+    @property
+    def learners(self) -> int:
+        """Live learners on the broker, as of the last capacity report handled."""
+        return self._learners
+
+    @property
+    def stream_replays(self) -> int:
+        """REPLAYs sent: one per connection and one per jump in seq."""
+        return self._replays
+
+    @property
+    def stream_duplicates(self) -> int:
+        """Events that arrived again (after a replay) and were dropped."""
+        return self._duplicates
+
+    def close(self) -> None:
+        """Says DISCONNECT and stops both threads; idempotent. No callback runs after this
+        returns (one running when close() is called is waited for). The broker cancels the
+        tasks still open (SPEC §12.5.8). A submit() waiting returns None."""
+        with self._cv:
+            first = not self._closing
+            self._closing = True
+            self._queue.clear()
+            self._cv.notify_all()
+        if self._cb_thread is not threading.current_thread():
+            self._cb_thread.join()
+        if first:
+            self._session.close()
+
+    def __enter__(self) -> "Coordinator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<rlbus.Coordinator {self._id} {self.state} open_tasks={self.open_tasks}>"
+
+    # ---- commands (any thread -> I/O thread) -------------------------------------------
+
+    def _post_command(self, name: str, fields: Dict[str, Any],
+                      generation: Optional[int] = None, current: bool = True) -> None:
+        """Sends ``name`` from the I/O thread. ``current``: valid in the session current when
+        it reaches the I/O thread; otherwise only in session ``generation``."""
+        try:
+            P.encode(name, fields)
+        except P.ProtocolError as e:
+            raise ValueError(str(e)) from None
+        if self._closing:
+            return
+
+        def run() -> None:
+            gen = self._generation if current else generation
+            self._io_command(_Command(name, fields, gen))
+        self._session.post(run)
+
+    # ---- I/O thread ------------------------------------------------------------------
+
+    def _io_command(self, cmd: _Command) -> None:
+        if cmd.generation is not None and cmd.generation != self._generation:
+            log.debug("coordinator %s: %s of an ended session dropped", self._id, cmd.name)
+            return
+        self._outbox.append(cmd)
+        self._io_flush()
+
+    def _io_flush(self) -> None:
+        s = self._session
+        while self._outbox and s.ready:
+            cmd = self._outbox[0]
+            try:
+                sent = s.send(cmd.name, cmd.fields)
+            except P.ProtocolError as e:  # checked before posting: should not happen
+                log.error("coordinator %s: %s not sent: %s", self._id, cmd.name, e)
+                self._outbox.popleft()
+                continue
+            if not sent:
+                if self._retry_timer is None:
+                    self._retry_timer = s.call_later(_SEND_RETRY_S, self._io_retry)
+                return
+            self._outbox.popleft()
+            if cmd.wait is not None:
+                cmd.wait.connection = self._connection
+                self._waits.setdefault(cmd.wait.task_id, collections.deque()).append(cmd.wait)
+
+    def _io_retry(self) -> None:
+        self._retry_timer = None
+        self._io_flush()
+
+    def _io_withdraw(self, wait: _SubmitWait) -> None:
+        """A submit() gave up: a SUBMIT not sent yet is never sent; one sent keeps its place
+        so its late answer is matched to it (and an accepted task is still followed)."""
+        for cmd in self._outbox:
+            if cmd.wait is wait:
+                self._outbox.remove(cmd)
+                return
+        wait.abandoned = True
+
+    def _io_ready(self, welcome: P.Message) -> None:
+        self._connection += 1
+        # SUBMITs sent on an earlier connection will never be answered.
+        for task_id in list(self._waits):
+            for w in self._waits.pop(task_id):
+                w.done.set()
+        if not welcome["resumed"]:
+            if self._generation > 0:
+                log.warning("coordinator %s: the broker began a new session; the tasks of the "
+                            "old one were cancelled by the broker, the stream starts at 1",
+                            self._id)
+            self._generation += 1
+            self._next_seq = 1
+            self._processed = 0
+            self._since_ack = 0
+            self._early.clear()
+            self._outbox = collections.deque(
+                c for c in self._outbox if c.generation is None)
+            if self._generation > 1:
+                self._enqueue(_RESET, self._generation, None)
+        else:
+            log.info("coordinator %s: session resumed; asking the stream again from %d",
+                     self._id, self._processed + 1)
+        # First on every connection: make the stream windowed and fetch what we have not
+        # finished (on a resumption, what went down with the old connection).
+        self._replay_asked = None
+        self._io_replay(self._processed + 1)
+        self._io_flush()
+
+    def _io_replay(self, from_seq: int) -> None:
+        if self._session.send("REPLAY", {"from_seq": from_seq}):
+            self._replay_asked = self._next_seq
+            with self._cv:
+                self._replays += 1
+
+    def _io_message(self, msg: P.Message) -> None:
+        name = msg.name
+        if name == "TASK_EVENT":
+            self._io_event(msg)
+        elif name == "SUBMITTED":
+            self._io_submitted(msg)
+        elif name == "CAPACITY":
+            self._enqueue(_CAPACITY, self._generation,
+                          (msg["kind"], msg["change"], msg["worker_id"], msg["count"]))
+        elif name == "STREAM_GAP":
+            self._io_gap(msg["first"], msg["last"])
+        elif name == "ERROR":
+            ref = msg.get("ref_type")
+            what = P.BY_ID[ref].name if ref in P.BY_ID else str(ref)
+            log.warning("coordinator %s: broker refused %s: %d %s", self._id, what, msg["code"],
+                        msg["reason"])
+        else:
+            log.debug("coordinator %s: ignored %s", self._id, name)
+
+    def _io_submitted(self, msg: P.Message) -> None:
+        task_id = msg["task_id"]
+        waits = self._waits.get(task_id)
+        wait = waits.popleft() if waits else None
+        if waits is not None and not waits:
+            del self._waits[task_id]
+        if msg["accepted"]:
+            with self._cv:  # open before any of its events reaches the callbacks
+                self._tasks[task_id] = _Task(wait.kind if wait else None, self._generation)
+        if wait is not None:
+            wait.result = SubmitResult(task_id, msg["accepted"], msg["code"], msg["reason"],
+                                       msg["queued"])
+            wait.done.set()
+            if wait.abandoned and msg["accepted"]:
+                log.warning("coordinator %s: task %s was accepted after its submit() gave up; "
+                            "its events are handled as usual", self._id, task_id)
+
+    def _io_event(self, msg: P.Message) -> None:
+        seq = msg["seq"]
+        if seq < self._next_seq:
+            with self._cv:
+                self._duplicates += 1
+        elif seq > self._next_seq:
+            if len(self._early) < _MAX_EARLY:
+                self._early.setdefault(seq, msg)
+        else:
+            self._deliver(msg)
+        self._settle()
+
+    def _deliver(self, msg: P.Message) -> None:
+        self._next_seq += 1
+        self._enqueue(_EVENT, self._generation, msg)
+
+    def _settle(self) -> None:
+        """Hands on the early events that are next, and asks once per jump for what is
+        missing."""
+        while self._early:
+            first = min(self._early)
+            if first > self._next_seq:
+                break
+            msg = self._early.pop(first)
+            if first == self._next_seq:
+                self._deliver(msg)
+            else:
+                with self._cv:
+                    self._duplicates += 1
+        if self._replay_asked is not None and self._next_seq > self._replay_asked:
+            self._replay_asked = None  # that jump is filled
+        if self._early and self._replay_asked is None:
+            log.info("coordinator %s: events from %d missing; asking again", self._id,
+                     self._next_seq)
+            self._io_replay(self._next_seq)
+
+    def _io_gap(self, first: int, last: int) -> None:
+        if last < self._next_seq:
+            return  # about events we have
+        if first > self._next_seq:
+            self._io_replay(self._next_seq)  # more is missing before it: ask from there
+            return
+        lost_first = self._next_seq
+        log.warning("coordinator %s: events %d..%d of the stream are lost", self._id,
+                    lost_first, last)
+        with self._cv:
+            self._gaps += last - lost_first + 1
+        self._enqueue(_LOST, self._generation, (lost_first, last))
+        self._next_seq = last + 1
+        for seq in [s for s in self._early if s < self._next_seq]:
+            del self._early[seq]
+        self._settle()
+
+    def _io_processed(self, seq: int, generation: int, caught_up: bool) -> None:
+        if generation != self._generation or seq <= self._processed:
+            return
+        self._processed = seq
+        self._since_ack += 1
+        if self._since_ack >= _ACK_EVERY or caught_up:
+            self._since_ack = 0
+            self._session.send("ACK", {"seq": seq})  # lost when not ready: REPLAY says it
+
+    def _io_close(self) -> None:
+        for cmd in self._outbox:
+            if cmd.wait is not None:
+                cmd.wait.done.set()
+        self._outbox.clear()
+        for task_id in list(self._waits):
+            for w in self._waits.pop(task_id):
+                w.done.set()
+
+    def _enqueue(self, kind: int, generation: int, item: Any) -> None:
+        with self._cv:
+            if self._closing:
+                return
+            self._queue.append((kind, generation, item))
+            self._cv.notify_all()
+
+    # ---- callback thread ---------------------------------------------------------------
+
+    def _callback_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closing:
+                    self._cv.wait()
+                if self._closing:
+                    return
+                kind, generation, item = self._queue.popleft()
+            if kind == _CAPACITY:
+                self._guard("capacity", self._on_capacity, *item)
+                continue
+            if kind == _RESET:
+                self._on_reset(generation)
+                continue
+            if kind == _LOST:
+                fn = self._cb.get("on_stream_lost")
+                if fn is not None:
+                    self._guard("on_stream_lost", fn, item[0], item[1])
+                seq = item[1]
+            else:
+                self._guard(f"{item['event']} of task {item['task_id']}", self._dispatch,
+                            item, generation)
+                seq = item["seq"]
+            with self._cv:
+                caught_up = not self._queue
+            self._session.post(functools.partial(self._io_processed, seq, generation, caught_up))
+
+    def _guard(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception:
+            log.exception("coordinator %s: callback for %s raised", self._id, what)
+            return None
+
+    def _call(self, name: str, *args: Any) -> Any:
+        fn = self._cb.get(name)
+        if fn is None:
+            return None
+        return self._guard(name, fn, *args)
+
+    def _task(self, task_id: str) -> Optional[_Task]:
+        with self._cv:
+            return self._tasks.get(task_id)
+
+    def _close_task(self, task_id: str) -> Optional[_Task]:
+        with self._cv:
+            return self._tasks.pop(task_id, None)
+
+    def _send_finish(self, task_id: str, generation: int) -> None:
+        rec = self._task(task_id)
+        if rec is not None:
+            if rec.judged_final:
+                return  # one FINISH per attempt: a second one would be a fault
+            rec.judged_final = True
+        self._post_command("FINISH", {"task_id": task_id}, generation, current=False)
+
+    def _dispatch(self, msg: P.Message, generation: int) -> None:
+        event = msg["event"]
+        task_id = msg["task_id"]
+        body = msg["body"].value()
+        fields = body if isinstance(body, dict) else {}
+        if event == "data":
+            self._set_kind(task_id, "collector")
+            self._call("deal_with_collector_send_data", task_id, fields.get("buffer_id", ""),
+                       fields.get("data_id", ""), body)
+        elif event == "info":
+            self._set_kind(task_id, "collector")
+            if self._guard("deal_with_collector_judge_finish", self._judge_collector,
+                           task_id, body):
+                self._send_finish(task_id, generation)
+        elif event == "learn_info":
+            self._set_kind(task_id, "learner")
+            info = fields.get("info")
+            if self._guard("deal_with_learner_judge_finish", self._judge_learner,
+                           task_id, info):
+                self._send_finish(task_id, generation)
+            else:
+                self._call("deal_with_learner_send_info", task_id, fields.get("buffer_id", ""),
+                           info)
+        elif event == "data_request":
+            self._set_kind(task_id, "learner")
+            self._answer_data_request(task_id, fields, generation)
+        elif event == "finished":
+            rec = self._close_task(task_id)
+            if rec is not None and rec.kind == "learner":
+                self._call("deal_with_learner_finish_task", task_id, body)
+            else:
+                self._call("deal_with_collector_finish_task", task_id, body)
+        elif event == "requeued":
+            rec = self._task(task_id)
+            if rec is not None:
+                rec.judged_final = False
+                rec.no_data_ms = 0
+            self._call("on_task_requeued", task_id, msg["attempt"], fields.get("reason", ""),
+                       fields.get("result"))
+        elif event == "failed":
+            self._close_task(task_id)
+            self._call("on_task_failed", task_id, fields.get("reason", ""), fields.get("result"))
+        elif event == "cancelled":
+            self._close_task(task_id)
+            self._call("on_task_cancelled", task_id, fields.get("reason", ""))
+        elif event == "data_lost":
+            first = int(fields.get("first_index", 0))
+            last = int(fields.get("last_index", 0))
+            if last >= first > 0:
+                with self._cv:
+                    self._data_lost += last - first + 1
+            self._call("on_data_lost", task_id, msg["attempt"], first, last)
+        # assigned, started and events this revision does not know: nothing to do
+
+    def _set_kind(self, task_id: str, kind: str) -> None:
+        rec = self._task(task_id)
+        if rec is not None and rec.kind is None:
+            rec.kind = kind
+
+    def _answer_data_request(self, task_id: str, req: Dict[str, Any], generation: int) -> None:
+        data: Any = None
+        fn = self._cb.get("deal_with_learner_get_data")
+        if fn is not None:
+            try:
+                data = fn(task_id, req.get("buffer_id", ""), req.get("batch_size", 0),
+                          req.get("cur_learner_iter", 0))
+                if data is not None and not isinstance(data, P.Raw):
+                    data = P.Raw(P.pack_value(data))
+            except Exception:
+                log.exception("coordinator %s: deal_with_learner_get_data for task %s failed; "
+                              "answered no data", self._id, task_id)
+                data = None
+        rec = self._task(task_id)
+        fields: Dict[str, Any] = {"task_id": task_id, "request_id": req.get("request_id", 0)}
+        if data is not None and data != P.NIL:
+            fields["data"] = data
+            if rec is not None:
+                rec.no_data_ms = 0
+        else:
+            fields["data"] = P.NIL
+            ms = _NO_DATA_FIRST_MS
+            if rec is not None:
+                ms = (_NO_DATA_FIRST_MS if rec.no_data_ms == 0
+                      else min(_NO_DATA_MAX_MS, rec.no_data_ms * 2))
+                rec.no_data_ms = ms
+            fields["retry_ms"] = ms
+        self._post_command("DATA_REPLY", fields, generation, current=False)
+
+    def _on_capacity(self, kind: str, change: str, worker_id: str, count: int) -> None:
+        """Steps the known count to the broker's one at a time, calling the seed's collector
+        callbacks at each step (SPEC §12.10.7), then on_capacity."""
+        collector = kind == "collector"
+        known = self._collectors if collector else self._learners
+        target = min(count, known + _MAX_RECONCILE)
+        while known != target:
+            up = known < target
+            known += 1 if up else -1
+            with self._cv:
+                if collector:
+                    self._collectors = known
+                else:
+                    self._learners = known
+            if collector:
+                self._call("deal_with_increase_collector" if up
+                           else "deal_with_decrease_collector")
+        self._call("on_capacity", kind, change, worker_id, count)
+
+    def _on_reset(self, generation: int) -> None:
+        """A new session began: the tasks of older sessions were cancelled by the broker."""
+        with self._cv:
+            gone = [t for t, rec in self._tasks.items() if rec.generation < generation]
+            for t in gone:
+                del self._tasks[t]
+        for task_id in gone:
+            self._call("on_task_cancelled", task_id, SESSION_LOST_REASON)
+
