@@ -1,0 +1,665 @@
+"""The Python Worker against the real broker, with the other side played by a raw DEALER
+coordinator speaking the codec (SUBMIT, TASK_EVENT, FINISH, CANCEL, ACK, DATA_REPLY)."""
+
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import pytest
+import zmq
+
+from conftest import Broker, wait_until
+from rlbus import protocol as P
+from rlbus._types import Policy, TaskFailure
+from rlbus.worker import Task, Worker
+
+FAST = {"heartbeat_ms": 200, "reconnect_min": 0.02, "reconnect_max": 0.2}
+
+
+class Coord:
+    """A coordinator made of one DEALER socket: submits tasks and collects their events."""
+
+    def __init__(self, broker: Broker, id: str = "coord-1", windowed: bool = False) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.linger = 0
+        self.sock.connect(broker.router)
+        self.events: List[P.Message] = []
+        self.submitted: Dict[str, P.Message] = {}
+        self.others: List[P.Message] = []
+        # a long heartbeat: this coordinator may stay silent for the whole test
+        self.send("HELLO", {"role": "coordinator", "id": id, "heartbeat_ms": 60000})
+        assert self.wait(lambda: any(m.name == "WELCOME" for m in self.others)), "no WELCOME"
+        if windowed:
+            self.send("REPLAY", {"from_seq": 1})
+
+    def send(self, name: str, fields: Dict[str, Any]) -> None:
+        self.sock.send_multipart(list(P.encode(name, fields)))
+
+    def pump(self, timeout: float = 0.02) -> None:
+        if not self.sock.poll(int(timeout * 1000)):
+            return
+        while True:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            m = P.decode(frames)
+            if m.name == "TASK_EVENT":
+                self.events.append(m)
+            elif m.name == "SUBMITTED":
+                self.submitted[m["task_id"]] = m
+            else:
+                self.others.append(m)
+
+    def wait(self, cond: Callable[[], bool], timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() >= deadline:
+                return False
+            self.pump()
+        return True
+
+    def submit(self, task_id: str, kind: str, info: Optional[dict] = None, **opts: Any) -> None:
+        self.send("SUBMIT", dict({"task_id": task_id, "kind": kind,
+                                  "task_info": P.Raw.of(info or {})}, **opts))
+        assert self.wait(lambda: task_id in self.submitted)
+        assert self.submitted[task_id]["accepted"], self.submitted[task_id].fields
+
+    def of(self, task_id: str, event: Optional[str] = None) -> List[P.Message]:
+        return [m for m in self.events if m["task_id"] == task_id
+                and (event is None or m["event"] == event)]
+
+    def names(self, task_id: str) -> List[str]:
+        return [m["event"] for m in self.of(task_id)]
+
+    def has(self, task_id: str, event: str, n: int = 1) -> Callable[[], bool]:
+        return lambda: len(self.of(task_id, event)) >= n
+
+    def close(self) -> None:
+        self.sock.close()
+        self.ctx.term()
+
+
+def body(m: P.Message) -> Any:
+    return m["body"].value()
+
+
+@pytest.fixture
+def coord_factory():
+    made: List[Coord] = []
+
+    def make(broker: Broker, **kw: Any) -> Coord:
+        c = Coord(broker, **kw)
+        made.append(c)
+        return c
+    yield make
+    for c in made:
+        c.close()
+
+
+@pytest.fixture
+def workers():
+    made: List[Worker] = []
+
+    def make(*args: Any, **kw: Any) -> Worker:
+        w = Worker(*args, **kw)
+        made.append(w)
+        return w
+    yield make
+    for w in made:
+        w.close()
+
+
+def commands_run(cmds: "queue.Queue[Callable[[Task], Any]]", seen: List[Task]) -> Callable:
+    """A run handler that executes the test's commands on the handler thread until stopped."""
+    def run(task: Task) -> None:
+        seen.append(task)
+        while not task.stop_requested:
+            try:
+                fn = cmds.get(timeout=0.02)
+            except queue.Empty:
+                continue
+            fn(task)
+    return run
+
+
+class CutProxy:
+    """A TCP relay in front of the broker. cut() makes the connections open now swallow
+    everything in both directions (a partition for them); connections made later pass."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(16)
+        self.lsock.settimeout(0.05)
+        self.port = self.lsock.getsockname()[1]
+        self.swallowed = 0
+        self.conns: List[List[Any]] = []  # [client, upstream, cut]
+        self.lock = threading.Lock()
+        self.stop = False
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    def cut(self) -> None:
+        with self.lock:
+            for c in self.conns:
+                c[2] = True
+
+    def _accept(self) -> None:
+        while not self.stop:
+            try:
+                client, _ = self.lsock.accept()
+            except socket.timeout:
+                continue
+            up = socket.create_connection(("127.0.0.1", self.target))
+            entry = [client, up, False]
+            with self.lock:
+                self.conns.append(entry)
+            for a, b in ((client, up), (up, client)):
+                t = threading.Thread(target=self._pipe, args=(entry, a, b), daemon=True)
+                self.threads.append(t)
+                t.start()
+
+    def _pipe(self, entry: List[Any], src: socket.socket, dst: socket.socket) -> None:
+        src.settimeout(0.05)
+        while not self.stop:
+            try:
+                data = src.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+            if not data:
+                break
+            with self.lock:
+                cut = entry[2]
+                if cut:
+                    self.swallowed += len(data)
+            if not cut:
+                try:
+                    dst.sendall(data)
+                except OSError:
+                    break
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.stop = True
+        for t in self.threads:
+            t.join(2)
+        with self.lock:
+            for c, u, _ in self.conns:
+                c.close()
+                u.close()
+        self.lsock.close()
+
+
+# ---- options and lifecycle ---------------------------------------------------------------
+
+@pytest.mark.parametrize("kw, name", [
+    ({"role": "coordinator"}, "role"),
+    ({"run": None}, "run"),
+    ({"close": 5}, "close"),
+    ({"on_policy": "x"}, "on_policy"),
+    ({"max_unconfirmed_data": 0}, "max_unconfirmed_data"),
+    ({"max_unconfirmed_bytes": -1}, "max_unconfirmed_bytes"),
+    ({"endpoint": "nowhere"}, "endpoint"),
+    ({"id": "bad id"}, "id"),
+    ({"heartbeat_ms": 5}, "heartbeat_ms"),
+    ({"resources": {"gpu": -1}}, "resources"),
+    ({"reconnect_min": 0}, "reconnect_min"),
+])
+def test_bad_options_raise_value_error_naming_the_option(kw: dict, name: str) -> None:
+    before = set(threading.enumerate())
+    args = dict({"endpoint": "tcp://127.0.0.1:1", "role": "collector", "id": "w-bad",
+                 "run": lambda t: None}, **kw)
+    with pytest.raises(ValueError, match=name):
+        Worker(**args)
+    assert set(threading.enumerate()) <= before
+
+
+def test_constructor_does_not_wait_for_a_broker_and_close_leaves_no_thread() -> None:
+    before = set(threading.enumerate())
+    w = Worker("tcp://127.0.0.1:1", "learner", "w-nobody", run=lambda t: None)
+    assert w.state == "connecting"
+    w.close()
+    w.close()  # idempotent
+    assert w.state == "stopped"
+    assert set(threading.enumerate()) <= before
+
+
+def test_close_stops_a_running_handler_promptly_and_joins_its_threads(
+        broker: Broker, coord_factory) -> None:
+    before = set(threading.enumerate())
+    coord = coord_factory(broker)
+    seen: Dict[str, Any] = {}
+    closes: List[Task] = []
+
+    def run(task: Task) -> None:
+        seen["thread"] = threading.current_thread().name
+        seen["stopped"] = task.wait_stop(60)
+
+    w = Worker(broker.router, "collector", "w-close", run=run, close=closes.append,
+               on_policy=lambda t, p: None, **FAST)
+    with w:
+        assert w.wait_for("ready", 10)
+        assert w.welcomes == 1 and w.session != 0
+        coord.submit("t-close", "collector")
+        assert coord.wait(coord.has("t-close", "started"))
+        assert wait_until(lambda: "thread" in seen)
+        t0 = time.monotonic()
+        w.close()
+        assert time.monotonic() - t0 < 5.0
+    assert seen["stopped"] is True
+    assert seen["thread"].startswith("rlbus-handler-")
+    assert closes == []
+    assert w.state == "stopped"
+    assert set(threading.enumerate()) <= before
+    # the broker saw the worker leave: the attempt ended and the task went back to the queue
+    assert coord.wait(coord.has("t-close", "requeued"))
+    assert "lost" in body(coord.of("t-close", "requeued")[0])["reason"]
+
+
+# ---- collector ---------------------------------------------------------------------------
+
+def test_collector_task_reports_data_info_and_result_in_order(
+        broker: Broker, coord_factory, workers) -> None:
+    coord = coord_factory(broker)
+    got: Dict[str, Any] = {}
+
+    def run(task: Task) -> None:
+        got.update(id=task.id, attempt=task.attempt, kind=task.kind, info=task.info,
+                   policy=task.policy())
+        assert task.emit_data("d0", "buf", {"env_id": 0, 7: "int key"})
+        assert task.emit_data("d1", "buf", {"env_id": 1}, b"\x00\xffpayload")
+        assert task.emit_data("d2", "other", {"env_id": 2})
+        assert task.emit_info({"collector_done": True, "n": 3})
+        got["stopped"] = task.wait_stop(10)
+        got["aborted"] = task.aborted
+
+    def close(task: Task) -> dict:
+        got["close_thread"] = threading.current_thread().name
+        return {"total": 3, 1: "x"}
+
+    w = workers(broker.router, "collector", "w-col", run=run, close=close, **FAST)
+    assert w.wait_for("ready", 10)
+    coord.submit("t-col", "collector", {"buffer_id": "buf", 42: [1, 2.5]})
+    assert coord.wait(coord.has("t-col", "info"))
+    coord.send("FINISH", {"task_id": "t-col"})
+    assert coord.wait(coord.has("t-col", "finished"))
+    assert coord.names("t-col") == ["assigned", "started", "data", "data", "data", "info",
+                                    "finished"]
+    data = [body(m) for m in coord.of("t-col", "data")]
+    assert [d["data_id"] for d in data] == ["d0", "d1", "d2"]
+    assert [d["buffer_id"] for d in data] == ["buf", "buf", "other"]
+    assert data[0]["meta"] == {"env_id": 0, 7: "int key"}
+    assert "payload" not in data[0] and data[1]["payload"] == b"\x00\xffpayload"
+    assert body(coord.of("t-col", "info")[0]) == {"collector_done": True, "n": 3}
+    assert body(coord.of("t-col", "finished")[0]) == {"total": 3, 1: "x"}
+    assert got["id"] == "t-col" and got["attempt"] == 1 and got["kind"] == "collector"
+    assert got["info"] == {"buffer_id": "buf", 42: [1, 2.5]}
+    assert got["policy"] is None
+    assert got["stopped"] is True and got["aborted"] is False
+    assert got["close_thread"].startswith("rlbus-handler-")
+
+
+def test_emit_data_waits_for_credit_while_the_coordinator_lags(
+        broker_factory, coord_factory, workers) -> None:
+    broker = broker_factory("--stream-window", "8")
+    coord = coord_factory(broker, windowed=True)  # an acknowledging coordinator: credit applies
+    n = 30
+    results: List[bool] = []
+
+    def run(task: Task) -> None:
+        for i in range(n):
+            results.append(task.emit_data(f"d{i}", "buf", {"i": i}))
+        task.emit_info({"collector_done": True})
+        task.wait_stop(20)
+
+    w = workers(broker.router, "collector", "w-credit", run=run, **FAST)
+    assert w.wait_for("ready", 10)
+    coord.submit("t-credit", "collector")
+    # without ACKs the collector runs out of credit and waits
+    assert coord.wait(lambda: w.credit_waits >= 1)
+    coord.pump(0.2)
+    held_back = len(coord.of("t-credit", "data"))
+    assert 0 < held_back < n
+    while not coord.has("t-credit", "info")():
+        assert coord.wait(lambda: bool(coord.events)), "stream stalled"
+        coord.send("ACK", {"seq": coord.events[-1]["seq"]})
+        before = len(coord.events)
+        coord.wait(lambda: len(coord.events) > before, 5.0)
+    assert results == [True] * n
+    assert [body(m)["data_id"] for m in coord.of("t-credit", "data")] == \
+        [f"d{i}" for i in range(n)]
+
+
+def test_resumed_session_resends_unconfirmed_data_without_duplicates(
+        broker_factory, coord_factory, workers) -> None:
+    # a liveness of 4 x 500 ms: the worker gives the silent link up after 1.5 s and
+    # resumes before the broker would expire its session at 2 s
+    broker = broker_factory("--liveness", "4")
+    proxy = CutProxy(broker.router_port)
+    try:
+        coord = coord_factory(broker)
+        cmds: "queue.Queue[Callable[[Task], Any]]" = queue.Queue()
+        seen: List[Task] = []
+        w = workers(proxy.endpoint, "collector", "w-resend", run=commands_run(cmds, seen),
+                    heartbeat_ms=500, reconnect_min=0.02, reconnect_max=0.1)
+        assert w.wait_for("ready", 10)
+        token = w.session
+        coord.submit("t-resend", "collector")
+        assert coord.wait(coord.has("t-resend", "started"))
+        sent: "queue.Queue[bool]" = queue.Queue()
+        for i in range(1, 4):
+            cmds.put(lambda t, i=i: sent.put(t.emit_data(f"d{i}", "buf", {"i": i})))
+        assert coord.wait(coord.has("t-resend", "data", 3))
+        proxy.cut()
+        for i in range(4, 7):
+            cmds.put(lambda t, i=i: sent.put(t.emit_data(f"d{i}", "buf", {"i": i})))
+        assert [sent.get(timeout=5) for _ in range(6)] == [True] * 6
+        assert wait_until(lambda: proxy.swallowed > 0)  # d4..d6 went into the cut link
+        assert wait_until(lambda: w.welcomes >= 2, 10)
+        assert w.session == token  # resumed, not a new session
+        assert coord.wait(coord.has("t-resend", "data", 6))
+        coord.pump(0.3)
+        ids = [body(m)["data_id"] for m in coord.of("t-resend", "data")]
+        assert ids == [f"d{i}" for i in range(1, 7)]
+        assert w.data_resent >= 3
+        assert w.data_dropped == 0
+        assert not coord.of("t-resend", "data_lost")
+        assert not seen[0].aborted
+    finally:
+        proxy.close()
+
+
+def test_data_let_go_of_past_the_bound_is_declared_lost_on_resume(
+        broker_factory, coord_factory, workers) -> None:
+    broker = broker_factory("--liveness", "4")
+    proxy = CutProxy(broker.router_port)
+    try:
+        coord = coord_factory(broker)
+        cmds: "queue.Queue[Callable[[Task], Any]]" = queue.Queue()
+        w = workers(proxy.endpoint, "collector", "w-lost", run=commands_run(cmds, []),
+                    heartbeat_ms=500, reconnect_min=0.02, reconnect_max=0.1,
+                    max_unconfirmed_data=2)
+        assert w.wait_for("ready", 10)
+        coord.submit("t-lost", "collector")
+        assert coord.wait(coord.has("t-lost", "started"))
+        done: "queue.Queue[bool]" = queue.Queue()
+        for i in range(1, 4):
+            cmds.put(lambda t, i=i: done.put(t.emit_data(f"d{i}", "buf", {"i": i})))
+        assert coord.wait(coord.has("t-lost", "data", 3))
+        proxy.cut()
+        for i in range(4, 7):
+            cmds.put(lambda t, i=i: done.put(t.emit_data(f"d{i}", "buf", {"i": i})))
+        assert [done.get(timeout=5) for _ in range(6)] == [True] * 6
+        # only d5 and d6 are still kept; d4 was let go of before the broker confirmed it
+        assert wait_until(lambda: w.data_dropped == 4)
+        assert wait_until(lambda: w.welcomes >= 2, 10)
+        assert coord.wait(coord.has("t-lost", "data", 5))
+        coord.pump(0.3)
+        steps = [(m["event"], body(m)) for m in coord.of("t-lost")
+                 if m["event"] in ("data", "data_lost")]
+        assert [s[1].get("data_id") for s in steps if s[0] == "data"] == \
+            ["d1", "d2", "d3", "d5", "d6"]
+        assert ("data_lost", {"first_index": 4, "last_index": 4}) in steps
+        assert [s[0] for s in steps] == ["data"] * 3 + ["data_lost"] + ["data"] * 2
+    finally:
+        proxy.close()
+
+
+# ---- learner -----------------------------------------------------------------------------
+
+def test_learner_get_data_gets_the_coordinators_batch_and_none_on_timeout(
+        broker: Broker, coord_factory, workers) -> None:
+    coord = coord_factory(broker)
+    got: Dict[str, Any] = {}
+
+    def run(task: Task) -> None:
+        got["first"] = task.get_data("buf", 4, 7, timeout=10)
+        t0 = time.monotonic()
+        got["unanswered"] = task.get_data("buf", 4, 8, timeout=0.3)
+        got["unanswered_s"] = time.monotonic() - t0
+        t0 = time.monotonic()
+        got["long_hint"] = task.get_data("buf", 4, 9, timeout=0.5)
+        got["long_hint_s"] = time.monotonic() - t0
+        assert task.emit_learn_info("buf", {"learner_done": True, "iter": 9})
+        task.wait_stop(10)
+
+    w = workers(broker.router, "learner", "w-learn", run=run, close=lambda t: {"ok": True},
+                **FAST)
+    assert w.wait_for("ready", 10)
+    coord.submit("t-learn", "learner")
+    assert coord.wait(coord.has("t-learn", "data_request"))
+    req = body(coord.of("t-learn", "data_request")[0])
+    assert (req["buffer_id"], req["batch_size"], req["cur_learner_iter"]) == ("buf", 4, 7)
+    # no data yet, ask again in 50 ms: the learner asks again by itself
+    coord.send("DATA_REPLY", {"task_id": "t-learn", "request_id": req["request_id"],
+                              "data": P.NIL, "retry_ms": 50})
+    assert coord.wait(coord.has("t-learn", "data_request", 2))
+    req2 = body(coord.of("t-learn", "data_request")[1])
+    assert req2["cur_learner_iter"] == 7 and req2["request_id"] != req["request_id"]
+    batch = {"obs": [1, 2, 3], 5: "int key"}
+    coord.send("DATA_REPLY", {"task_id": "t-learn", "request_id": req2["request_id"],
+                              "data": P.Raw.of(batch)})
+    # the second request is left unanswered: None after its timeout
+    assert coord.wait(coord.has("t-learn", "data_request", 3))
+    assert body(coord.of("t-learn", "data_request")[2])["cur_learner_iter"] == 8
+    # the third gets "no data, ask in a minute": the call still ends at its own timeout
+    assert coord.wait(coord.has("t-learn", "data_request", 4))
+    req4 = body(coord.of("t-learn", "data_request")[3])
+    coord.send("DATA_REPLY", {"task_id": "t-learn", "request_id": req4["request_id"],
+                              "data": P.NIL, "retry_ms": 60000})
+    assert coord.wait(coord.has("t-learn", "learn_info"))
+    assert got["first"] == batch
+    assert got["unanswered"] is None and got["unanswered_s"] >= 0.3
+    assert got["long_hint"] is None and got["long_hint_s"] < 1.9  # not the 2 s cap, nor 60 s
+    assert len(coord.of("t-learn", "data_request")) == 4
+    assert body(coord.of("t-learn", "learn_info")[0]) == \
+        {"buffer_id": "buf", "info": {"learner_done": True, "iter": 9}}
+    coord.send("FINISH", {"task_id": "t-learn"})
+    assert coord.wait(coord.has("t-learn", "finished"))
+    assert body(coord.of("t-learn", "finished")[0]) == {"ok": True}
+
+
+# ---- failures and aborts -----------------------------------------------------------------
+
+def test_exceptions_from_run_and_close_fail_the_attempt_with_reason_and_result(
+        broker: Broker, coord_factory, workers) -> None:
+    coord = coord_factory(broker)
+
+    def run(task: Task) -> None:
+        if task.id == "t-fail":
+            if task.attempt == 1:
+                raise TaskFailure("env crashed", {"steps": 3, 9: "int key"})
+            raise ValueError("boom")
+        task.emit_info({"collector_done": True})
+        task.wait_stop(10)
+
+    def close(task: Task) -> dict:
+        raise TaskFailure("close went wrong", {"partial": 1})
+
+    w = workers(broker.router, "collector", "w-fail", run=run, close=close, **FAST)
+    assert w.wait_for("ready", 10)
+    coord.submit("t-fail", "collector", max_attempts=2)
+    assert coord.wait(coord.has("t-fail", "failed"))
+    requeued = body(coord.of("t-fail", "requeued")[0])
+    assert requeued == {"reason": "worker reported: env crashed", "attempt": 1,
+                        "result": {"steps": 3, 9: "int key"}}
+    failed = body(coord.of("t-fail", "failed")[0])
+    assert failed == {"reason": "worker reported: boom", "attempt": 2}
+
+    coord.submit("t-close-fail", "collector", max_attempts=1)
+    assert coord.wait(coord.has("t-close-fail", "info"))
+    coord.send("FINISH", {"task_id": "t-close-fail"})
+    assert coord.wait(coord.has("t-close-fail", "failed"))
+    assert body(coord.of("t-close-fail", "failed")[0]) == {
+        "reason": "worker reported: close went wrong", "attempt": 1, "result": {"partial": 1}}
+
+
+def test_abort_stops_run_skips_close_and_frees_the_worker(
+        broker: Broker, coord_factory, workers) -> None:
+    coord = coord_factory(broker)
+    got: Dict[str, Any] = {}
+    closes: List[str] = []
+
+    def run(task: Task) -> None:
+        if task.id != "t-abort":
+            task.emit_info({"second": True})
+            task.wait_stop(10)
+            return
+        got["stopped"] = task.wait_stop(30)
+        got["aborted"], got["reason"] = task.aborted, task.abort_reason
+        t0 = time.monotonic()
+        got["get_data"] = task.get_data("buf", 1, 0, timeout=30)
+        got["get_data_s"] = time.monotonic() - t0
+        got["emit"] = task.emit_data("late", "buf", {})
+        got["info"] = task.emit_info({"late": True})
+        got["alive"] = task.keep_alive()
+
+    w = workers(broker.router, "collector", "w-abort", run=run,
+                close=lambda t: closes.append(t.id), **FAST)
+    assert w.wait_for("ready", 10)
+    coord.submit("t-abort", "collector")
+    assert coord.wait(coord.has("t-abort", "started"))
+    coord.send("CANCEL", {"task_id": "t-abort", "reason": "enough"})
+    assert coord.wait(coord.has("t-abort", "cancelled"))
+    assert wait_until(lambda: "alive" in got)
+    assert got["stopped"] is True and got["aborted"] is True
+    assert got["reason"] == "cancelled: enough"
+    assert got["get_data"] is None and got["get_data_s"] < 5.0
+    assert got["emit"] is False and got["info"] is False and got["alive"] is False
+    # the worker takes the next task; the aborted one was never closed
+    coord.submit("t-next", "collector")
+    assert coord.wait(coord.has("t-next", "info"))
+    coord.send("FINISH", {"task_id": "t-next"})
+    assert coord.wait(coord.has("t-next", "finished"))
+    assert closes == ["t-next"]
+    assert coord.names("t-abort") == ["assigned", "started", "cancelled"]
+
+
+def test_keep_alive_holds_off_the_step_timeout(broker: Broker, coord_factory, workers) -> None:
+    coord = coord_factory(broker)
+    got: Dict[str, Any] = {}
+
+    def run(task: Task) -> None:
+        if task.info["keep"]:
+            # a first step that takes 2.5 s against a step timeout of 1 s
+            deadline = time.monotonic() + 2.5
+            while time.monotonic() < deadline and not task.stop_requested:
+                assert task.keep_alive()
+                task.wait_stop(0.1)
+            task.emit_info({"collector_done": True})
+            task.wait_stop(10)
+        else:
+            got["stopped"] = task.wait_stop(30)
+            got["reason"] = task.abort_reason
+
+    w = workers(broker.router, "collector", "w-alive", run=run, **FAST)
+    assert w.wait_for("ready", 10)
+    coord.submit("t-alive", "collector", {"keep": True}, step_timeout_ms=1000, max_attempts=1)
+    assert coord.wait(coord.has("t-alive", "info"))
+    coord.send("FINISH", {"task_id": "t-alive"})
+    assert coord.wait(coord.has("t-alive", "finished"))
+    assert coord.names("t-alive") == ["assigned", "started", "info", "finished"]
+    # the same silence without keep_alive times out
+    coord.submit("t-silent", "collector", {"keep": False}, step_timeout_ms=1000,
+                 max_attempts=1)
+    assert coord.wait(coord.has("t-silent", "failed"))
+    assert body(coord.of("t-silent", "failed")[0])["reason"] == "step timeout"
+    assert wait_until(lambda: "reason" in got)
+    assert got["stopped"] is True and got["reason"] == "step timeout"
+
+
+# ---- policies ----------------------------------------------------------------------------
+
+def test_policy_update_reaches_on_policy_and_task_policy(
+        broker: Broker, coord_factory, workers) -> None:
+    coord = coord_factory(broker)
+    updates: List[Any] = []
+    cmds: "queue.Queue[Callable[[Task], Any]]" = queue.Queue()
+    col_tasks: List[Task] = []
+
+    def on_policy(task: Task, policy: Policy) -> None:
+        updates.append((task.id, policy, threading.current_thread().name))
+
+    def learn(task: Task) -> None:
+        assert task.publish_policy("pol", 1, ref="ckpt-1")
+        assert task.publish_policy("pol", 2, params=b"\x00\x01")
+        task.emit_learn_info("buf", {"published": 2})
+        task.wait_stop(10)
+
+    col = workers(broker.router, "collector", "w-pol-c", run=commands_run(cmds, col_tasks),
+                  on_policy=on_policy, **FAST)
+    lrn = workers(broker.router, "learner", "w-pol-l", run=learn, **FAST)
+    assert col.wait_for("ready", 10) and lrn.wait_for("ready", 10)
+    coord.submit("t-pol-c", "collector", policy_id="pol")
+    assert coord.wait(coord.has("t-pol-c", "started"))
+    assert wait_until(lambda: bool(col_tasks))
+    assert col_tasks[0].policy() is None  # no version held when it started
+    coord.submit("t-pol-l", "learner")
+    assert coord.wait(coord.has("t-pol-l", "learn_info"))
+    assert wait_until(lambda: any(u[1].version == 2 for u in updates))
+    assert col_tasks[0].policy() == Policy("pol", 2, None, b"\x00\x01")
+    assert all(u[0] == "t-pol-c" for u in updates)
+    assert all(not u[2].startswith("rlbus-io-") for u in updates)
+    assert [u[1].version for u in updates] in ([1, 2], [2])
+    if len(updates) == 2:
+        assert updates[0][1] == Policy("pol", 1, "ckpt-1", None)
+    # data emitted from now on is tagged with the version
+    cmds.put(lambda t: t.emit_data("after", "buf", {}))
+    assert coord.wait(coord.has("t-pol-c", "data"))
+    assert body(coord.of("t-pol-c", "data")[0])["policy_version"] == 2
+    # a later attempt starts with the held version
+    coord.send("CANCEL", {"task_id": "t-pol-c", "reason": "again"})
+    assert coord.wait(coord.has("t-pol-c", "cancelled"))
+    coord.submit("t-pol-c2", "collector", policy_id="pol")
+    assert wait_until(lambda: len(col_tasks) == 2)
+    assert col_tasks[1].policy() == Policy("pol", 2, None, b"\x00\x01")
+
+
+# ---- reconnects --------------------------------------------------------------------------
+
+def test_worker_reconnects_to_a_restarted_broker_and_takes_new_tasks(
+        broker: Broker, coord_factory, workers) -> None:
+    got: Dict[str, Any] = {}
+
+    def run(task: Task) -> None:
+        if task.id == "t-before":
+            got["stopped"] = task.wait_stop(30)
+            got["aborted"] = task.aborted
+            return
+        task.emit_info({"after_restart": True})
+        task.wait_stop(10)
+
+    w = workers(broker.router, "collector", "w-restart", run=run, **FAST)
+    assert w.wait_for("ready", 10)
+    coord = coord_factory(broker, id="coord-a")
+    coord.submit("t-before", "collector")
+    assert coord.wait(coord.has("t-before", "started"))
+    broker.kill()
+    broker.start()
+    # the new broker does not know the old session: the worker starts a new one, and the
+    # task that ran under the old one is over
+    assert wait_until(lambda: w.welcomes >= 2 and w.state == "ready", 15)
+    assert wait_until(lambda: "aborted" in got)
+    assert got["stopped"] is True and got["aborted"] is True
+    coord2 = coord_factory(broker, id="coord-b")
+    coord2.submit("t-after", "collector")
+    assert coord2.wait(coord2.has("t-after", "info"))
+    coord2.send("FINISH", {"task_id": "t-after"})
+    assert coord2.wait(coord2.has("t-after", "finished"))
