@@ -350,6 +350,8 @@ def test_mixed_fleet_shares_tasks(broker: Broker, peers: Callable[..., CppPeer])
 # ---- a Python worker SIGKILLed mid-task ---------------------------------------------------
 
 VICTIM = r"""
+import sys
+
 import rlbus
 
 endpoint = sys.argv[1]
@@ -374,7 +376,8 @@ def test_sigkilled_python_worker_task_is_requeued_and_finished_once(
     script.write_text(VICTIM)
     env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
     victim = subprocess.Popen(["/usr/bin/python3", str(script), broker.router],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=env)
     lines: List[str] = []
     threading.Thread(target=lambda: lines.extend(victim.stdout), daemon=True).start()
     rec = Recorder()
