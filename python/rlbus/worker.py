@@ -117,6 +117,7 @@ class Task:
         self._next_request = 0
         self._open: set = set()             # request ids get_data waits on
         self._replies: Dict[int, P.Message] = {}
+        self._reask: set = set()            # open requests a lost connection may have lost
 
     def __repr__(self) -> str:
         return f"Task(id={self.id!r}, attempt={self.attempt}, kind={self.kind!r})"
@@ -217,7 +218,9 @@ class Task:
         batch, or None when the task stops or ``timeout`` seconds pass.
 
         While the coordinator has no batch (NO_DATA), this waits the ``retry_ms`` it names
-        (at most 2 s, never past ``timeout``) and asks again.
+        (at most 2 s, never past ``timeout``) and asks again. After the session resumed on a
+        new connection it asks again at once if the request was sent on the old one (the
+        request or its answer may have been lost with it).
         """
         w = self._w
         deadline = time.monotonic() + max(0.0, float(timeout))
@@ -237,10 +240,14 @@ class Task:
                 if not w._post(lambda: w._io_queue("GET_DATA", fields, self)):
                     return None
                 with self._cond:
-                    self._cond.wait_for(lambda: rid in self._replies or self._stopped(),
-                                        max(0.0, deadline - time.monotonic()))
+                    self._cond.wait_for(
+                        lambda: rid in self._replies or rid in self._reask or self._stopped(),
+                        max(0.0, deadline - time.monotonic()))
                     reply = self._replies.pop(rid, None)
                     if reply is None:
+                        if rid in self._reask and not self._stopped() \
+                                and time.monotonic() < deadline:
+                            continue  # the request or its answer went down with a connection
                         return None
                     if reply.name == "LEARN":
                         data = reply["data"]
@@ -254,6 +261,7 @@ class Task:
                 with self._cond:
                     self._open.discard(rid)
                     self._replies.pop(rid, None)
+                    self._reask.discard(rid)
         return data.value() if isinstance(data, P.Raw) else data
 
     def emit_learn_info(self, buffer_id: str, info: Mapping[str, Any]) -> bool:
@@ -699,6 +707,18 @@ class Worker:
         a.kept_bytes = 0
         self._outbox.extendleft(reversed(front))
 
+    def _reask_open(self, t: Task) -> None:
+        """After a resumed session: a GET_DATA sent on the old connection, or the LEARN /
+        NO_DATA answering it, may have gone down with it, and nothing would come; get_data
+        asks again for those (the broker's open request is replaced by the new one)."""
+        unsent = {f["request_id"] for n, f, task in self._outbox
+                  if n == "GET_DATA" and task is t}
+        with t._cond:
+            stale = t._open - unsent - set(t._replies)
+            if stale:
+                t._reask |= stale
+                t._cond.notify_all()
+
     def _end_attempt(self, a: _Attempt, reason: str) -> None:
         """The broker takes nothing more of attempt ``a``: the handler is told (aborted) and
         whatever waits or is kept for it is forgotten."""
@@ -720,6 +740,8 @@ class Worker:
             # again (the broker drops duplicates)
             if a is not None and a.tracking:
                 self._resend(a)
+            if a is not None:
+                self._reask_open(a.task)
         else:
             # a new session: the broker (restarted, or it expired us) no longer holds any
             # attempt of ours nor any credit; what waits for the old session is pointless

@@ -402,3 +402,42 @@ def test_close_from_inside_run_does_not_deadlock(fake) -> None:
     assert done.wait(5)
     assert w.wait_closed(5)
     assert w.state == "stopped"
+
+
+def test_get_data_asks_again_after_a_resume_only_what_the_old_connection_carried(fake) -> None:
+    run, cmds, tasks = scripted()
+    w, s = fake(run, role="learner")
+    start(s, "t1", kind="learner")
+    assert wait_until(lambda: bool(tasks))
+    t = tasks[0]
+    out: "queue.Queue[Any]" = queue.Queue()
+    th = threading.Thread(target=lambda: out.put(t.get_data("b", 2, 0, timeout=10)))
+    th.start()
+    assert wait_until(lambda: len(s.of("GET_DATA")) == 1)
+    first = s.of("GET_DATA")[0]["request_id"]
+    s.drop()
+    s.welcome(True)  # nothing came back on the old connection: ask again
+    assert wait_until(lambda: len(s.of("GET_DATA")) == 2)
+    second = s.of("GET_DATA")[1]["request_id"]
+    assert second != first
+    # an answer to the replaced request is not taken for the new one
+    s.deliver("LEARN", task_id="t1", attempt=1, request_id=first, data=P.Raw.of("old"))
+    s.deliver("LEARN", task_id="t1", attempt=1, request_id=second, data=P.Raw.of({1: "new"}))
+    assert out.get(timeout=5) == {1: "new"}
+    th.join()
+    # a request still waiting to be sent when the connection went is sent once, not twice
+    s.drop()
+    th = threading.Thread(target=lambda: out.put(t.get_data("b", 2, 1, timeout=10)))
+    th.start()
+    assert wait_until(lambda: bool(t._open))
+    s.sync()
+    s.welcome(True)
+    assert wait_until(lambda: len(s.of("GET_DATA")) == 3)
+    s.sync()
+    assert len(s.of("GET_DATA")) == 3
+    s.deliver("NO_DATA", task_id="t1", attempt=1, request_id=s.of("GET_DATA")[2]["request_id"],
+              retry_ms=0)
+    assert wait_until(lambda: len(s.of("GET_DATA")) == 4)
+    s.deliver("TASK_CLOSE", task_id="t1", attempt=1)
+    assert out.get(timeout=5) is None
+    th.join()
