@@ -373,6 +373,21 @@ def test_requeued_and_failed_get_the_workers_failure_result(broker: Broker,
                                      {"partial": 1})
 
 
+def test_data_a_collector_lost_is_reported_in_its_place(broker: Broker, closing: Any) -> None:
+    rec = Recorder()
+    c = coordinator(broker, closing, rec)
+    w = worker(broker, closing, "collector")
+    assert c.submit("col-11", "collector").accepted
+    task, attempt = w.take()
+    w.send("DATA", task_id=task, attempt=attempt, data_id="a", buffer_id="", meta={}, index=1)
+    w.send("DATA_LOST", task_id=task, attempt=attempt, first=2, last=3)
+    w.send("DATA", task_id=task, attempt=attempt, data_id="b", buffer_id="", meta={}, index=4)
+    assert wait_until(lambda: len(rec.of("data")) == 2)
+    assert rec.of("data_lost") == [("col-11", 1, 2, 3)]
+    assert c.data_lost == 2
+    assert [n for n in rec.names() if n in ("data", "data_lost")] == ["data", "data_lost", "data"]
+
+
 # ---- learner tasks ---------------------------------------------------------------------
 
 def test_learner_get_data_replies_and_no_data_backs_off(broker: Broker, closing: Any) -> None:
