@@ -423,3 +423,140 @@ def test_sigkilled_python_worker_task_is_requeued_and_finished_once(
         if victim.poll() is None:
             victim.kill()
         victim.wait(10)
+
+
+# ---- a Python worker frozen mid-task comes back as a ghost ----------------------------------
+
+GHOST = r"""
+import sys
+import threading
+
+import rlbus
+
+endpoint = sys.argv[1]
+go = threading.Event()
+
+def run(task):
+    if task.id != "haunted":
+        task.emit_data(f"{task.id}#0", "replay", {"i": 0, "worker": "ghost"})
+        task.emit_info({"collector_done": True, "worker": "ghost"})
+        task.wait_stop(60)
+        return
+    for i in range(2):
+        task.emit_data(f"{task.id}#{i}", "replay", {"i": i, "worker": "ghost"})
+    print("hanging", task.id, task.attempt, flush=True)
+    go.wait(60)  # frozen (SIGSTOP) and thawed (SIGCONT) in here
+    late = [task.emit_data(f"{task.id}#{i}", "replay", {"i": i, "worker": "ghost", "late": True})
+            for i in range(2, 4)]
+    late.append(task.emit_info({"collector_done": True, "worker": "ghost", "late": True}))
+    print("late", task.attempt, *late, flush=True)
+    task.wait_stop(2)
+
+def close(task):
+    return {"worker": "ghost", "task_id": task.id}
+
+w = rlbus.Worker(endpoint, role="collector", id="ghost", run=run, close=close,
+                 heartbeat_ms=100)
+assert w.wait_for("ready", 20)
+print("ready", flush=True)
+while sys.stdin.readline():
+    go.set()
+w.close()
+"""
+
+
+def test_frozen_python_worker_comes_back_as_a_ghost_and_is_fenced(
+        broker: Broker, tmp_path: Any) -> None:
+    """SIGSTOP a Python worker mid-task: its session expires and the task runs again
+    elsewhere. SIGCONT it: what it still sends for its old attempt never reaches the
+    coordinator, which sees the task finish exactly once."""
+    script = tmp_path / "ghost.py"
+    script.write_text(GHOST)
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+    ghost = subprocess.Popen(["/usr/bin/python3", str(script), broker.router],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env=env)
+    assert ghost.stdin is not None
+    lines: List[str] = []
+    threading.Thread(target=lambda: lines.extend(ghost.stdout), daemon=True).start()
+    rec = Recorder()
+    rescuer = PyCollector("rescuer")
+    try:
+        with rlbus.Coordinator(broker.router, id="ghost-coord", callbacks=rec) as c:
+            assert c.wait_for("ready", DEADLINE)
+            assert wait_until(lambda: "ready\n" in lines, DEADLINE), lines
+            assert wait_until(lambda: c.collectors == 1, DEADLINE)
+            submit(c, "haunted", "collector", {"data": 4}, max_attempts=3)
+            assert wait_until(lambda: "hanging haunted 1\n" in lines, DEADLINE), lines
+            assert wait_until(lambda: len(rec.of("data", "haunted")) == 2, DEADLINE)
+
+            ghost.send_signal(signal.SIGSTOP)
+            assert wait_until(lambda: rec.of("requeued", "haunted"), DEADLINE), rec.log
+            with rlbus.Worker(broker.router, role="collector", id="rescuer", run=rescuer.run,
+                              close=rescuer.close):
+                assert wait_until(lambda: rec.of("finished", "haunted"), DEADLINE), rec.log
+
+            # thawed, the ghost goes on with attempt 1 as if nothing happened
+            ghost.send_signal(signal.SIGCONT)
+            ghost.stdin.write("go\n")
+            ghost.stdin.flush()
+            assert wait_until(lambda: any(x.startswith("late ") for x in lines), DEADLINE), lines
+            # the rescuer is gone, so the next task goes to the ghost: by the time it has
+            # finished, the ghost's late messages (sent before it on the same worker) were
+            # dealt with by the broker
+            submit(c, "exorcism", "collector", {})
+            assert wait_until(lambda: rec.of("finished", "exorcism"), DEADLINE), (rec.log, lines)
+            assert rec.of("finished", "exorcism") == [
+                ("finished", "exorcism", "collector", {"worker": "ghost", "task_id": "exorcism"})]
+
+            assert rec.of("finished", "haunted") == [
+                ("finished", "haunted", "collector",
+                 {"worker": "rescuer", "task_id": "haunted", "count": 4})]
+            metas = [(e[3], e[4]["meta"]) for e in rec.of("data", "haunted")]
+            assert metas == (
+                [(f"haunted#{i}", {"i": i, "worker": "ghost"}) for i in range(2)] +
+                [(f"haunted#{i}", {"i": i, "worker": "rescuer", "attempt": 2})
+                 for i in range(4)])
+            assert [e[2]["worker"] for e in rec.of("info", "haunted")] == ["rescuer"]
+            (_, _, attempt, _, _), = rec.of("requeued", "haunted")
+            assert attempt == 1
+            assert not rec.of("failed") and c.open_tasks == 0
+    finally:
+        if ghost.poll() is None:
+            ghost.send_signal(signal.SIGCONT)
+            ghost.kill()
+        ghost.wait(10)
+
+
+# ---- failures and their result maps across languages -----------------------------------------
+
+def test_failure_results_cross_languages(broker: Broker, peers: Callable[..., CppPeer]) -> None:
+    # a C++ worker fails its attempts: the Python coordinator gets its result map
+    cpp = peers(broker.router, "collector", "cpp-fails", "--fail", "cpp says no")
+    cpp.wait("ready")
+    rec = Recorder()
+    with rlbus.Coordinator(broker.router, id="fail-coord", callbacks=rec) as c:
+        assert c.wait_for("ready", DEADLINE)
+        submit(c, "cpp-doomed", "collector", {"data": 2}, max_attempts=2)
+        assert wait_until(lambda: rec.of("failed", "cpp-doomed"), DEADLINE), rec.log
+        requeued = rec.of("requeued", "cpp-doomed")
+        assert [(e[2], e[4]) for e in requeued] == [(1, {"worker": "cpp-fails", "emitted": 2})]
+        assert "cpp says no" in requeued[0][3]
+        (_, _, reason, result), = rec.of("failed", "cpp-doomed")
+        assert "cpp says no" in reason and result == {"worker": "cpp-fails", "emitted": 2}
+        assert not rec.of("finished") and c.open_tasks == 0
+    cpp.stop()
+
+    # a Python worker raises TaskFailure: the C++ coordinator gets its result map
+    def run(task: Any) -> None:
+        raise rlbus.TaskFailure("py says no", {"worker": "py-fails", "share": 0.25, "n": [1]})
+
+    with rlbus.Worker(broker.router, role="collector", id="py-fails", run=run) as w:
+        assert w.wait_for("ready", DEADLINE)
+        coord = peers(broker.router, "coordinator", "cpp-fail-coord", "--collector-tasks", "1",
+                      "--max-attempts", "1", "--task-prefix", "pyf", "--wait-collectors", "1")
+        failed = coord.wait("failed", task_id="pyf-c0")[0]
+        assert "py says no" in failed["reason"]
+        assert failed["result"] == {"worker": "py-fails", "share": 0.25, "n": [1]}
+        assert coord.wait("done")[0]["open_tasks"] == 0
+        assert not coord.of("finished")
