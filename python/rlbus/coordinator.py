@@ -210,7 +210,7 @@ class Coordinator:
     connecting without waiting; use :meth:`wait_for` to wait for ``ready``.
     """
 
-    def __init__(self, endpoint: str, id: str = "coordinator", callbacks: Any = None, *,
+    def __init__(self, endpoint: str, id: str = "coordinator", callbacks: Any = None,
                  heartbeat_ms: int = 1000, reconnect_min: float = 0.1,
                  reconnect_max: float = 5.0) -> None:
         cbs = _resolve_callbacks(callbacks)
@@ -319,14 +319,20 @@ class Coordinator:
             if isinstance(fields.get(name), bool):
                 return SubmitResult(task_id, False, 402, f"SUBMIT: {name} must be an integer", 0)
         try:
-            P.encode("SUBMIT", fields)
+            size = sum(len(f) for f in P.encode("SUBMIT", fields))
         except P.ProtocolError as e:
             return SubmitResult(task_id, False, e.code, e.reason, 0)
         except (TypeError, ValueError, OverflowError) as e:
             return SubmitResult(task_id, False, 402, f"SUBMIT: {e}", 0)
+        limit = self._session.max_message
+        if limit and size > limit:
+            return SubmitResult(task_id, False, 402, f"SUBMIT: {size} bytes, more than the "
+                                f"broker's max-message of {limit} (task_info too large)", 0)
 
         wait = _SubmitWait(task_id, kind)
-        if self._closing or not self._session.post(
+        if self._closing or self._session.state in ("refused", "stopped"):
+            return None
+        if not self._session.post(
                 functools.partial(self._io_command, _Command("SUBMIT", fields, None, wait))):
             return None
         if wait.done.wait(timeout):
@@ -383,7 +389,9 @@ class Coordinator:
     def close(self) -> None:
         """Says DISCONNECT and stops both threads; idempotent. No callback runs after this
         returns (one running when close() is called is waited for). The broker cancels the
-        tasks still open (SPEC §12.5.8). A submit() waiting returns None."""
+        tasks still open (SPEC §12.5.8). A submit() waiting returns None. Called from a
+        callback, it cannot wait for its own thread: that thread ends as the callback
+        returns, and no other callback runs."""
         with self._cv:
             first = not self._closing
             self._closing = True
@@ -407,12 +415,14 @@ class Coordinator:
 
     def _post_command(self, name: str, fields: Dict[str, Any],
                       generation: Optional[int] = None, current: bool = True) -> None:
-        """Sends ``name`` from the I/O thread. ``current``: valid in the session current when
-        it reaches the I/O thread; otherwise only in session ``generation``."""
-        try:
-            P.encode(name, fields)
-        except P.ProtocolError as e:
-            raise ValueError(str(e)) from None
+        """Sends ``name`` from the I/O thread. ``current`` (the caller's commands, checked
+        here: ValueError): valid in the session current when it reaches the I/O thread;
+        otherwise (the callbacks' own, well-formed) only in session ``generation``."""
+        if current:
+            try:
+                P.encode(name, fields)
+            except P.ProtocolError as e:
+                raise ValueError(str(e)) from None
         if self._closing:
             return
 
@@ -552,16 +562,8 @@ class Coordinator:
     def _settle(self) -> None:
         """Hands on the early events that are next, and asks once per jump for what is
         missing."""
-        while self._early:
-            first = min(self._early)
-            if first > self._next_seq:
-                break
-            msg = self._early.pop(first)
-            if first == self._next_seq:
-                self._deliver(msg)
-            else:
-                with self._cv:
-                    self._duplicates += 1
+        while self._next_seq in self._early:  # entries below next_seq never stay (_io_gap)
+            self._deliver(self._early.pop(self._next_seq))
         if self._replay_asked is not None and self._next_seq > self._replay_asked:
             self._replay_asked = None  # that jump is filled
         if self._early and self._replay_asked is None:
@@ -740,6 +742,12 @@ class Coordinator:
             except Exception:
                 log.exception("coordinator %s: deal_with_learner_get_data for task %s failed; "
                               "answered no data", self._id, task_id)
+                data = None
+            limit = self._session.max_message
+            if data is not None and limit and len(data) + 256 > limit:
+                log.error("coordinator %s: the batch for task %s has %d bytes, more than the "
+                          "broker's max-message of %d; answered no data", self._id, task_id,
+                          len(data), limit)
                 data = None
         rec = self._task(task_id)
         fields: Dict[str, Any] = {"task_id": task_id, "request_id": req.get("request_id", 0)}

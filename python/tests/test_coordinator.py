@@ -443,6 +443,21 @@ def test_learner_without_get_data_callback_is_told_no_data(broker: Broker,
     assert w.expect("NO_DATA")["retry_ms"] == 10
 
 
+def test_a_batch_too_large_for_the_broker_is_answered_no_data(broker: Broker,
+                                                              closing: Any) -> None:
+    rec = Recorder()
+    rec.get_data = lambda *a: b"x" * (2 << 20)  # past the broker's max-message (1 MiB)
+    c = coordinator(broker, closing, rec)
+    w = worker(broker, closing, "learner")
+    assert c.submit("lrn-3", "learner").accepted
+    task, attempt = w.take()
+    w.send("GET_DATA", task_id=task, attempt=attempt, request_id=5, buffer_id="",
+           batch_size=1, cur_learner_iter=0)
+    m = w.expect("NO_DATA")
+    assert m["request_id"] == 5 and m["retry_ms"] == 10
+    assert c.state == "ready" and c.welcomes == 1  # not cut off by the broker
+
+
 # ---- capacity, dict callbacks ----------------------------------------------------------
 
 def test_capacity_counts_and_a_dict_of_callbacks_with_missing_keys(broker: Broker,
@@ -520,6 +535,34 @@ def test_events_the_broker_could_not_keep_are_reported_lost(broker_factory: Any,
     assert set(range(first - 3, last - 2)).isdisjoint(infos)
     names = [n for n in rec.names() if n in ("judge_collector", "stream_lost")]
     assert names.index("stream_lost") == len([i for i in infos if i < first - 3])
+
+
+def test_callbacks_may_submit_and_close(broker: Broker, closing: Any) -> None:
+    results: List[Any] = []
+    holder: List[Coordinator] = []
+
+    def finished(task_id: str, result: Any) -> None:
+        c = holder[0]
+        if task_id == "chain-1":  # DI-engine style: the next task from the finish callback
+            results.append(c.submit("chain-2", "collector", {"after": task_id}))
+        else:
+            c.close()  # from the callback thread itself: no deadlock
+            results.append("closed")
+    c = coordinator(broker, closing, {"deal_with_collector_finish_task": finished})
+    holder.append(c)
+    w = worker(broker, closing, "collector")
+    assert c.submit("chain-1", "collector").accepted
+    for expected in ("chain-1", "chain-2"):
+        task, attempt = w.take()
+        assert task == expected
+        w.send("INFO", task_id=task, attempt=attempt, info={"collector_done": True})
+        w.expect("TASK_CLOSE")
+        w.send("RESULT", task_id=task, attempt=attempt, result={})
+    assert wait_until(lambda: len(results) == 2)
+    assert results[0].accepted and results[1] == "closed"
+    assert wait_until(lambda: c.state == "stopped")
+    # the callback thread ends as the callback that closed returns
+    assert wait_until(lambda: not [t for t in threading.enumerate() if c.id in t.name])
 
 
 # ---- close -----------------------------------------------------------------------------
