@@ -773,7 +773,15 @@ class Worker:
                     a.task._cond.notify_all()
         elif name == "TASK_ABORT":
             a = self._current(msg)
-            if a is not None and not a.task._aborted:
+            nxt = self._next_start
+            if a is None and nxt is not None and nxt.id == msg["task_id"] \
+                    and nxt.attempt == msg["attempt"]:
+                # the task waiting for the handler ended before it began (e.g. its start
+                # timeout while an aborted handler was slow to return)
+                log.warning("worker %s: task %s attempt %d aborted before it started: %s",
+                            self.id, nxt.id, nxt.attempt, msg["reason"])
+                self._next_start = None
+            elif a is not None and not a.task._aborted:
                 log.warning("worker %s: task %s attempt %d aborted: %s", self.id, a.task.id,
                             a.task.attempt, msg["reason"])
                 self._end_attempt(a, msg["reason"])
@@ -788,6 +796,12 @@ class Worker:
         elif name == "POLICY_UPDATE":
             a = self._current(msg)
             p = _policy_of(msg)
+            nxt = self._next_start
+            if a is None and p is not None and nxt is not None and nxt.id == msg["task_id"] \
+                    and nxt.attempt == msg["attempt"]:
+                with nxt._cond:  # not begun yet: it starts with this version
+                    if nxt._policy is None or nxt._policy.version < p.version:
+                        nxt._policy = p
             if a is not None and p is not None:
                 t = a.task
                 with t._cond:
@@ -840,16 +854,21 @@ class Worker:
         task = Task(self, tid, attempt, msg["kind"],
                     info.value() if isinstance(info, P.Raw) else info, _policy_of(msg))
         if a is not None:
-            # The broker frees a worker when it aborts its attempt, so the next task may come
-            # while the aborted handler still winds down: it waits its turn.
-            if a.task._aborted and self._next_start is None:
-                self._next_start = task
-                return
-            log.warning("worker %s: task %s attempt %d refused: task %s still runs",
-                        self.id, tid, attempt, a.task.id)
-            self._outbox.append(("TASK_FAILED", {"task_id": tid, "attempt": attempt,
-                                                 "reason": "worker is busy"}, None))
-            self._io_flush()
+            # The broker assigns only to a free worker, and it frees one when the attempt
+            # ends; so the next task may come while the handler of the ended attempt still
+            # winds down: it waits its turn. If we had not heard of the end (a TASK_ABORT lost
+            # with a connection before the session resumed), this TASK_START is the news.
+            if not a.task._aborted:
+                log.warning("worker %s: task %s attempt %d assigned while task %s attempt %d "
+                            "runs: the broker no longer holds the latter; it is aborted",
+                            self.id, tid, attempt, a.task.id, a.task.attempt)
+                self._end_attempt(a, "the broker assigned this worker another task: it no "
+                                     "longer holds this attempt")
+            old = self._next_start
+            if old is not None:  # its end was missed too: the latest assignment wins
+                log.warning("worker %s: task %s attempt %d replaces task %s attempt %d, which "
+                            "never started", self.id, tid, attempt, old.id, old.attempt)
+            self._next_start = task
             return
         self._begin(task)
 

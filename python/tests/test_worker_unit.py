@@ -188,14 +188,46 @@ def test_messages_of_other_attempts_are_ignored(fake) -> None:
     assert t.aborted and t.abort_reason == "timeout" and t.stop_requested
 
 
-def test_a_task_assigned_while_one_runs_is_refused_busy(fake) -> None:
+def test_a_task_assigned_while_one_runs_means_the_broker_ended_the_first(fake) -> None:
+    # the broker assigns only to a free worker: the end of t1 was lost (e.g. a TASK_ABORT on
+    # a connection that went down before the session resumed)
     run, cmds, tasks = scripted()
     w, s = fake(run)
     start(s, "t1")
     assert wait_until(lambda: bool(tasks))
     start(s, "t2")
-    assert s.of("TASK_FAILED") == [{"task_id": "t2", "attempt": 1, "reason": "worker is busy"}]
-    assert len(tasks) == 1 and not tasks[0].stop_requested
+    assert wait_until(lambda: len(tasks) == 2)
+    assert tasks[0].aborted and "another task" in tasks[0].abort_reason
+    s.sync()
+    assert s.of("STARTED") == [{"task_id": "t1", "attempt": 1}, {"task_id": "t2", "attempt": 1}]
+    assert not s.of("TASK_FAILED") and not tasks[1].stop_requested
+
+
+def test_a_waiting_task_aborted_before_it_began_never_runs(fake) -> None:
+    release = threading.Event()
+    tasks: List[Task] = []
+
+    def run(task: Task) -> None:
+        tasks.append(task)
+        task.wait_stop(10)
+        release.wait(10)
+
+    w, s = fake(run)
+    start(s, "t1")
+    assert wait_until(lambda: bool(tasks))
+    s.deliver("TASK_ABORT", task_id="t1", attempt=1, reason="cancelled: x")
+    start(s, "t2", policy_id="p", policy_version=1, policy_ref="r1")
+    s.deliver("POLICY_UPDATE", task_id="t2", attempt=1, policy_id="p", policy_version=2,
+              policy_ref="r2")
+    s.deliver("TASK_ABORT", task_id="t2", attempt=1, reason="start timeout")
+    start(s, "t3", policy_id="p", policy_version=2, policy_ref="r2")
+    s.deliver("POLICY_UPDATE", task_id="t3", attempt=1, policy_id="p", policy_version=3,
+              policy_ref="r3")
+    release.set()
+    assert wait_until(lambda: len(tasks) == 2)
+    assert tasks[1].id == "t3" and tasks[1].policy() == worker_mod.Policy("p", 3, "r3", None)
+    s.sync()
+    assert [f["task_id"] for f in s.of("STARTED")] == ["t1", "t3"]
 
 
 def test_the_next_task_waits_for_an_aborted_handler_to_return(fake) -> None:
