@@ -52,6 +52,9 @@ struct options {
   std::string fail;
   std::uint32_t exit_after = 0;
   std::uint32_t get_data_timeout_ms = 10000;
+  std::string publish_policy;  // learner: publish a version of this policy after each step
+  // coordinator: the policy_id of its collector tasks
+  std::string policy_id;
   // coordinator
   std::uint32_t collector_tasks = 0;
   std::uint32_t learner_tasks = 0;
@@ -139,8 +142,16 @@ rlbus::resources parse_resources(const std::vector<std::string>& items) {
 
 json policy_json(const std::optional<rlbus::policy>& p) {
   if (!p) return nullptr;
-  return json{{"id", p->id}, {"version", p->version}};
+  json j{{"id", p->id}, {"version", p->version}};
+  if (p->ref) j["ref"] = *p->ref;
+  if (p->params) j["params_hex"] = to_hex(*p->params);
+  return j;
 }
+
+/// The params a learner publishes with version `v`: "params-v<v>".
+std::string policy_params(std::uint64_t v) { return "params-v" + std::to_string(v); }
+
+std::atomic<std::uint64_t> last_published{0};
 
 // ---- workers -------------------------------------------------------------------------------
 
@@ -204,8 +215,8 @@ rlbus::task_handlers collector_handlers(const options& o) {
     return packed({{"worker", o.id}, {"task_id", t.id()}, {"count", sent}});
   };
   h.on_policy = [](const std::string& task_id, std::uint32_t attempt, const rlbus::policy& p) {
-    say({{"event", "policy"}, {"task_id", task_id}, {"attempt", attempt}, {"id", p.id},
-         {"version", p.version}});
+    say({{"event", "policy"}, {"task_id", task_id}, {"attempt", attempt},
+         {"policy", policy_json(p)}});
   };
   return h;
 }
@@ -230,6 +241,12 @@ rlbus::task_handlers learner_handlers(const options& o) {
       }
       say({{"event", "batch"}, {"task_id", t.id()}, {"attempt", t.attempt()}, {"iter", step},
            {"data", user_data(*batch)}});
+      if (!o.publish_policy.empty()) {
+        const auto v = ++last_published;
+        const bool published = t.publish_policy(o.publish_policy, v, policy_params(v));
+        say({{"event", "published"}, {"task_id", t.id()}, {"policy_id", o.publish_policy},
+             {"version", v}, {"ok", published}});
+      }
       const bool last = step + 1 == steps;
       const bool ok = t.emit_learn_info(
           o.buffer_id,
@@ -409,6 +426,7 @@ int run_coordinator(const options& o) {
     spec.kind = kind;
     spec.task_info = collector ? packed({{"data", o.data_per_task}})
                                : packed({{"steps", o.steps}});
+    if (collector && !o.policy_id.empty()) spec.policy_id = o.policy_id;
     spec.max_attempts = o.max_attempts;
     spec.start_timeout_ms = o.start_timeout_ms;
     spec.step_timeout_ms = o.step_timeout_ms;
@@ -482,6 +500,10 @@ int main(int argc, char** argv) {
   app.add_option("--exit-after", o.exit_after, "Workers: exit after this many tasks closed");
   app.add_option("--get-data-timeout-ms", o.get_data_timeout_ms, "Learner: get_data timeout")
       ->capture_default_str();
+  app.add_option("--publish-policy", o.publish_policy,
+                 "Learner: after each step, publish the next version v (1, 2, ...) of this "
+                 "policy with params \"params-v<v>\"");
+  app.add_option("--policy-id", o.policy_id, "Coordinator: policy_id of its collector tasks");
   app.add_option("--collector-tasks", o.collector_tasks, "Coordinator: collector tasks to submit")
       ->capture_default_str();
   app.add_option("--learner-tasks", o.learner_tasks, "Coordinator: learner tasks to submit")

@@ -560,3 +560,90 @@ def test_failure_results_cross_languages(broker: Broker, peers: Callable[..., Cp
         assert failed["result"] == {"worker": "py-fails", "share": 0.25, "n": [1]}
         assert coord.wait("done")[0]["open_tasks"] == 0
         assert not coord.of("finished")
+
+
+# ---- policies across languages -------------------------------------------------------------
+
+class PolicyCollector:
+    """Waits until its task's policy reaches task_info["want"], then emits one DATA (tagged
+    with that version by the SDK) and finishes."""
+
+    def __init__(self) -> None:
+        self.at_start: Dict[str, Any] = {}
+        self.updates: List[tuple] = []
+        self.started = threading.Event()
+
+    def run(self, task: Any) -> None:
+        self.at_start[task.id] = task.policy()
+        self.started.set()
+        want = int(task.info["want"])
+        deadline = time.monotonic() + DEADLINE
+        while (task.policy() is None or task.policy().version < want) and \
+                time.monotonic() < deadline and not task.wait_stop(0.005):
+            pass
+        assert task.emit_data(f"{task.id}#0", "replay", {"policy": task.policy().version})
+        assert task.emit_info({"collector_done": True})
+        task.wait_stop(DEADLINE)
+
+    def on_policy(self, task: Any, policy: Any) -> None:
+        self.updates.append((task.id, policy))
+
+
+def test_policies_cross_languages(broker: Broker, peers: Callable[..., CppPeer]) -> None:
+    rec = Recorder()
+    with rlbus.Coordinator(broker.router, id="pol-coord", callbacks=rec) as c:
+        assert c.wait_for("ready", DEADLINE)
+
+        # a Python learner publishes, a C++ collector's task starts with the latest version
+        def learn(task: Any) -> None:
+            for step in range(2):
+                assert task.get_data("replay", 1, step, timeout=DEADLINE) is not None
+                assert task.publish_policy("pol-py", step + 1, params=b"py-v%d" % (step + 1))
+                assert task.emit_learn_info("replay", {"learner_done": step == 1})
+            task.wait_stop(DEADLINE)
+
+        with rlbus.Worker(broker.router, role="learner", id="py-pub", run=learn) as w:
+            assert w.wait_for("ready", DEADLINE)
+            submit(c, "py-learns", "learner", {})
+            assert wait_until(lambda: rec.of("finished", "py-learns"), DEADLINE), rec.log
+        cpp_col = peers(broker.router, "collector", "cpp-pol", "--data", "1")
+        cpp_col.wait("ready")
+        submit(c, "cpp-collects", "collector", {"data": 1}, policy_id="pol-py")
+        assert wait_until(lambda: rec.of("finished", "cpp-collects"), DEADLINE), rec.log
+        start = cpp_col.wait("task_start", task_id="cpp-collects")[0]
+        assert start["policy"] == {"id": "pol-py", "version": 2, "params_hex": b"py-v2".hex()}
+        (_, _, _, _, data), = rec.of("data", "cpp-collects")
+        assert data["policy_version"] == 2
+        cpp_col.stop()
+        assert wait_until(lambda: c.collectors == 0 and c.learners == 0, DEADLINE)
+
+        # a C++ learner publishes, a Python collector's task starts with the latest version
+        # and, while it runs, gets each newer one (POLICY_UPDATE)
+        cpp_lrn = peers(broker.router, "learner", "cpp-pub", "--publish-policy", "pol-cpp")
+        cpp_lrn.wait("ready")
+        submit(c, "cpp-learns-1", "learner", {"steps": 3})
+        assert wait_until(lambda: rec.of("finished", "cpp-learns-1"), DEADLINE), rec.log
+        pc = PolicyCollector()
+        with rlbus.Worker(broker.router, role="collector", id="py-pol", run=pc.run,
+                          on_policy=pc.on_policy) as w:
+            assert w.wait_for("ready", DEADLINE)
+            submit(c, "py-collects-1", "collector", {"want": 3}, policy_id="pol-cpp")
+            assert wait_until(lambda: rec.of("finished", "py-collects-1"), DEADLINE), rec.log
+            assert pc.at_start["py-collects-1"] == rlbus.Policy("pol-cpp", 3, None, b"params-v3")
+
+            pc.started.clear()
+            submit(c, "py-collects-2", "collector", {"want": 6}, policy_id="pol-cpp")
+            assert pc.started.wait(DEADLINE)
+            submit(c, "cpp-learns-2", "learner", {"steps": 3})
+            assert wait_until(lambda: rec.of("finished", "py-collects-2"), DEADLINE), rec.log
+        assert pc.at_start["py-collects-2"] == rlbus.Policy("pol-cpp", 3, None, b"params-v3")
+        # on_policy runs on a thread of its own: wait for the last call
+        assert wait_until(lambda: any(t == "py-collects-2" and p.version == 6
+                                      for t, p in list(pc.updates)), DEADLINE), pc.updates
+        updates = [p for t, p in pc.updates if t == "py-collects-2"]
+        assert [p.version for p in updates] == [4, 5, 6]
+        assert updates[-1] == rlbus.Policy("pol-cpp", 6, None, b"params-v6")
+        assert [e[4]["policy_version"] for e in rec.of("data", "py-collects-1")] == [3]
+        assert [e[4]["policy_version"] for e in rec.of("data", "py-collects-2")] == [6]
+        assert [e["version"] for e in cpp_lrn.of("published")] == [1, 2, 3, 4, 5, 6]
+        assert not rec.of("failed") and not rec.of("requeued")
