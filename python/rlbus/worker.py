@@ -353,6 +353,11 @@ class Worker:
     fails the attempt (TASK_FAILED): :class:`rlbus.TaskFailure` with its reason and result
     map, any other exception with ``str(exc)``.
 
+    ``run`` and ``close`` run on the worker's handler thread, one task at a time.
+    ``on_policy`` runs on the worker's policy thread, in the order the versions arrived and
+    possibly while ``run`` is running (it should only note the new version; the task's
+    :meth:`Task.policy` already returns it). None of them runs on the I/O thread.
+
     The constructor validates the options (ValueError naming the bad one), starts the
     threads and returns at once: it never waits for the network. :meth:`close` leaves the
     broker and joins every thread the worker started; the worker is a context manager too.
@@ -473,7 +478,12 @@ class Worker:
     def close(self) -> None:
         """Leaves the broker: tells a running handler to stop (``task.stop_requested``),
         waits for it to return, says DISCONNECT and joins every thread the worker started.
-        No handler runs after this returns. Idempotent."""
+        No handler runs after this returns. Idempotent; other callers wait for the first.
+
+        A handler that ignores ``stop_requested`` holds this up (a warning is logged every
+        5 s). Called from a handler itself, it does not wait for that handler to return.
+        The broker ends the attempt that was running (the coordinator sees it re-queued);
+        the task's ``close`` is not called."""
         me = threading.current_thread()
         with self._lock:
             first = not self._stopping
