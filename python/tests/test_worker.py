@@ -663,3 +663,38 @@ def test_worker_reconnects_to_a_restarted_broker_and_takes_new_tasks(
     assert coord2.wait(coord2.has("t-after", "info"))
     coord2.send("FINISH", {"task_id": "t-after"})
     assert coord2.wait(coord2.has("t-after", "finished"))
+
+
+def test_an_abort_lost_with_the_connection_does_not_keep_the_worker_busy(
+        broker_factory, coord_factory, workers) -> None:
+    broker = broker_factory("--liveness", "4")
+    proxy = CutProxy(broker.router_port)
+    try:
+        coord = coord_factory(broker)
+        cmds: "queue.Queue[Callable[[Task], Any]]" = queue.Queue()
+        seen: List[Task] = []
+        w = workers(proxy.endpoint, "collector", "w-lost-abort", run=commands_run(cmds, seen),
+                    close=lambda t: {"closed": t.id}, heartbeat_ms=500, reconnect_min=0.02,
+                    reconnect_max=0.1)
+        assert w.wait_for("ready", 10)
+        coord.submit("t-gone", "collector")
+        assert coord.wait(coord.has("t-gone", "started"))
+        proxy.cut()
+        # the TASK_ABORT of this cancel goes into the cut link
+        coord.send("CANCEL", {"task_id": "t-gone", "reason": "while cut"})
+        assert coord.wait(coord.has("t-gone", "cancelled"))
+        assert wait_until(lambda: w.welcomes >= 2, 10)
+        assert not seen[0].aborted  # resumed: the worker never heard of the cancel
+        # the next assignment tells it: the old attempt is over, the new task runs
+        coord.submit("t-new", "collector")
+        assert wait_until(lambda: len(seen) == 2, 10)
+        assert seen[0].aborted and "another task" in seen[0].abort_reason
+        assert seen[1].id == "t-new"
+        cmds.put(lambda t: t.emit_info({"ok": True}))
+        assert coord.wait(coord.has("t-new", "info"))
+        coord.send("FINISH", {"task_id": "t-new"})
+        assert coord.wait(coord.has("t-new", "finished"))
+        assert body(coord.of("t-new", "finished")[0]) == {"closed": "t-new"}
+        assert coord.names("t-new") == ["assigned", "started", "info", "finished"]
+    finally:
+        proxy.close()
