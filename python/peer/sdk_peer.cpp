@@ -19,7 +19,6 @@
 #include <optional>
 #include <string>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -64,6 +63,7 @@ struct options {
   std::uint32_t no_data_first = 0;
   std::optional<std::uint32_t> max_attempts, start_timeout_ms, step_timeout_ms, task_timeout_ms;
   bool stay = false;
+  bool hold_data = false;
 };
 
 // ---- output ------------------------------------------------------------------------------
@@ -105,6 +105,7 @@ std::string packed(const json& j) {
 
 volatile std::sig_atomic_t signalled = 0;
 std::atomic<bool> stdin_closed{false};
+std::atomic<bool> released{false};  // a "release" line came on stdin
 std::atomic<std::uint32_t> tasks_closed{0};
 
 void on_signal(int /*sig*/) { signalled = 1; }
@@ -291,7 +292,12 @@ int run_worker(const options& o) {
   auto last = w.state();
   say({{"event", "state"}, {"state", std::string(rlbus::to_string(last))}});
   bool ready_said = false;
+  std::uint64_t credit_waits = 0;
   while (!should_stop(o)) {
+    if (w.credit_waits() != credit_waits) {
+      credit_waits = w.credit_waits();
+      say({{"event", "credit_waits"}, {"count", credit_waits}});
+    }
     const auto s = w.state();
     if (s != last) {
       say({{"event", "state"}, {"state", std::string(rlbus::to_string(s))},
@@ -321,8 +327,13 @@ int run_coordinator(const options& o) {
   std::mutex m;
   std::map<std::string, std::uint32_t> requests;  // get_data calls per task
   rlbus::coordinator_callbacks cb;
-  cb.deal_with_collector_send_data = [](const std::string& task_id, const std::string& buffer_id,
-                                        const std::string& data_id, const std::string& data) {
+  cb.deal_with_collector_send_data = [&o](const std::string& task_id,
+                                          const std::string& buffer_id,
+                                          const std::string& data_id, const std::string& data) {
+    if (o.hold_data && !released.load()) {
+      say({{"event", "holding"}, {"task_id", task_id}, {"data_id", data_id}});
+      while (!released.load() && !should_stop(o)) std::this_thread::sleep_for(5ms);
+    }
     say({{"event", "data"}, {"task_id", task_id}, {"buffer_id", buffer_id},
          {"data_id", data_id}, {"data", user_data(data)}});
   };
@@ -479,7 +490,8 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-ms", o.heartbeat_ms, "Heartbeat interval asked of the broker")
       ->capture_default_str();
   app.add_option("--resource", o.resources, "A worker resource, name=value (repeatable)");
-  app.add_flag("--exit-on-eof", o.exit_on_eof, "Exit when stdin reaches its end");
+  app.add_flag("--exit-on-eof", o.exit_on_eof,
+               "Exit when stdin reaches its end (a line \"release\" releases --hold-data)");
   app.add_option("--data", o.data_per_task, "Collector: data per task; coordinator: task_info "
                                             "\"data\" of its collector tasks")
       ->capture_default_str();
@@ -521,14 +533,18 @@ int main(int argc, char** argv) {
   app.add_option("--step-timeout-ms", o.step_timeout_ms, "Coordinator: SUBMIT step_timeout_ms");
   app.add_option("--task-timeout-ms", o.task_timeout_ms, "Coordinator: SUBMIT task_timeout_ms");
   app.add_flag("--stay", o.stay, "Coordinator: keep running after every task ended");
+  app.add_flag("--hold-data", o.hold_data,
+               "Coordinator: the data callback blocks (holding the stream) until a line "
+               "\"release\" comes on stdin");
   CLI11_PARSE(app, argc, argv);
 
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
-  if (o.exit_on_eof) {
+  if (o.exit_on_eof || o.hold_data) {
     std::thread([] {
-      char buf[256];
-      while (::read(0, buf, sizeof buf) > 0) {
+      std::string line;
+      while (std::getline(std::cin, line)) {
+        if (line == "release") released = true;
       }
       stdin_closed = true;
     }).detach();

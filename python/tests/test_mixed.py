@@ -647,3 +647,55 @@ def test_policies_cross_languages(broker: Broker, peers: Callable[..., CppPeer])
         assert [e[4]["policy_version"] for e in rec.of("data", "py-collects-2")] == [6]
         assert [e["version"] for e in cpp_lrn.of("published")] == [1, 2, 3, 4, 5, 6]
         assert not rec.of("failed") and not rec.of("requeued")
+
+
+# ---- a coordinator that falls behind holds its collectors back --------------------------------
+
+def test_slow_python_coordinator_holds_back_cpp_collector(
+        broker_factory: Callable[..., Broker], peers: Callable[..., CppPeer]) -> None:
+    broker = broker_factory("--stream-window", "16")
+    col = peers(broker.router, "collector", "cpp-fast")
+    col.wait("ready")
+    gate = threading.Event()
+    rec = Recorder()
+
+    def first_data_waits(task_id: str, buffer_id: str, data_id: str, data: Any) -> None:
+        gate.wait(DEADLINE)
+        rec.deal_with_collector_send_data(task_id, buffer_id, data_id, data)
+
+    cbs = {"deal_with_collector_send_data": first_data_waits,
+           "deal_with_collector_finish_task": rec.deal_with_collector_finish_task}
+    with rlbus.Coordinator(broker.router, id="slow-coord", callbacks=cbs) as c:
+        assert c.wait_for("ready", DEADLINE)
+        submit(c, "flood", "collector", {"data": 200})
+        # the coordinator's callback is stuck, so its stream is not acknowledged: the
+        # collector runs out of credit and waits instead of flooding the broker
+        col.wait("credit_waits")
+        assert len(col.of("emitted", task_id="flood")) < 200
+        gate.set()
+        assert wait_until(lambda: rec.of("finished", "flood"), DEADLINE), col.raw[-5:]
+        assert data_ids(rec, "flood") == [f"flood#{i}" for i in range(200)]
+        assert c.stream_gaps == 0 and c.data_lost == 0
+
+
+def test_slow_cpp_coordinator_holds_back_python_collector(
+        broker_factory: Callable[..., Broker], peers: Callable[..., CppPeer]) -> None:
+    broker = broker_factory("--stream-window", "16")
+    pc = PyCollector("py-fast")
+    with rlbus.Worker(broker.router, role="collector", id="py-fast", run=pc.run,
+                      close=pc.close) as w:
+        assert w.wait_for("ready", DEADLINE)
+        coord = peers(broker.router, "coordinator", "cpp-slow", "--hold-data",
+                      "--collector-tasks", "1", "--data", "200", "--wait-collectors", "1",
+                      "--task-prefix", "flood")
+        coord.wait("holding")
+        assert wait_until(lambda: w.credit_waits > 0, DEADLINE)
+        assert coord.proc.stdin is not None
+        coord.proc.stdin.write("release\n")
+        coord.proc.stdin.flush()
+        done = coord.wait("done")[0]
+        assert done["stream_gaps"] == 0 and done["data_lost"] == 0
+        assert [d["data_id"] for d in coord.of("data", task_id="flood-c0")] == \
+            [f"flood-c0#{i}" for i in range(200)]
+        assert [e["result"] for e in coord.of("finished", task_id="flood-c0")] == [
+            {"worker": "py-fast", "task_id": "flood-c0", "count": 200}]
