@@ -124,14 +124,13 @@ class _Task:
 class _SubmitWait:
     """One submit() waiting for its SUBMITTED."""
 
-    __slots__ = ("task_id", "kind", "done", "result", "connection", "abandoned")
+    __slots__ = ("task_id", "kind", "done", "result", "abandoned")
 
     def __init__(self, task_id: str, kind: str) -> None:
         self.task_id = task_id
         self.kind = kind
         self.done = threading.Event()
         self.result: Optional[SubmitResult] = None
-        self.connection = 0
         self.abandoned = False
 
 
@@ -238,7 +237,6 @@ class Coordinator:
 
         # I/O thread only
         self._generation = 0      # +1 per new session (a new stream)
-        self._connection = 0      # +1 per WELCOME
         self._next_seq = 1        # the next seq to hand to the callback thread
         self._processed = 0       # the last seq the callbacks finished
         self._since_ack = 0
@@ -309,10 +307,17 @@ class Coordinator:
         }
         try:
             info = {} if task_info is None else task_info
-            fields["task_info"] = info if isinstance(info, P.Raw) else P.Raw.of(info)
+            raw = info if isinstance(info, P.Raw) else P.Raw(P.pack_value(info))
+            P.unpack_value(raw)  # within the limits of SPEC §5.1, as the broker will check
+            fields["task_info"] = raw
+        except P.ProtocolError as e:
+            return SubmitResult(task_id, False, e.code, f"SUBMIT: task_info: {e.reason}", 0)
         except (TypeError, ValueError, OverflowError) as e:
             return SubmitResult(task_id, False, 402, f"SUBMIT: task_info cannot be encoded: {e}",
                                 0)
+        except Exception as e:  # the decoder's own limits (a buffer past 1 MiB)
+            return SubmitResult(task_id, False, 401,
+                                f"SUBMIT: task_info cannot be checked: {e!r}", 0)
         fields = {k: v for k, v in fields.items() if v is not None}
         for name in ("start_timeout_ms", "step_timeout_ms", "close_timeout_ms",
                      "task_timeout_ms", "max_attempts", "queue_timeout_ms"):
@@ -446,9 +451,11 @@ class Coordinator:
             cmd = self._outbox[0]
             try:
                 sent = s.send(cmd.name, cmd.fields)
-            except P.ProtocolError as e:  # checked before posting: should not happen
-                log.error("coordinator %s: %s not sent: %s", self._id, cmd.name, e)
+            except Exception as e:  # checked before posting: should not happen
+                log.error("coordinator %s: %s not sent: %r", self._id, cmd.name, e)
                 self._outbox.popleft()
+                if cmd.wait is not None:
+                    cmd.wait.done.set()
                 continue
             if not sent:
                 if self._retry_timer is None:
@@ -456,7 +463,6 @@ class Coordinator:
                 return
             self._outbox.popleft()
             if cmd.wait is not None:
-                cmd.wait.connection = self._connection
                 self._waits.setdefault(cmd.wait.task_id, collections.deque()).append(cmd.wait)
 
     def _io_retry(self) -> None:
@@ -473,7 +479,6 @@ class Coordinator:
         wait.abandoned = True
 
     def _io_ready(self, welcome: P.Message) -> None:
-        self._connection += 1
         # SUBMITs sent on an earlier connection will never be answered.
         for task_id in list(self._waits):
             for w in self._waits.pop(task_id):
@@ -739,6 +744,7 @@ class Coordinator:
                           req.get("cur_learner_iter", 0))
                 if data is not None and not isinstance(data, P.Raw):
                     data = P.Raw(P.pack_value(data))
+                    P.unpack_value(data)  # within the limits of SPEC §5.1, or the broker refuses
             except Exception:
                 log.exception("coordinator %s: deal_with_learner_get_data for task %s failed; "
                               "answered no data", self._id, task_id)

@@ -240,6 +240,25 @@ def test_submit_is_accepted_queued_or_refused_with_a_code(broker: Broker, closin
                                                                            "n": 3}
 
 
+def test_submit_right_after_construction_waits_for_the_connection(broker: Broker,
+                                                                  closing: Any) -> None:
+    c = Coordinator(broker.router, id=uid("coord"))
+    closing(c)
+    res = c.submit("early-1", "collector", {"a": 1}, timeout=10)  # sent once WELCOMEd
+    assert res is not None and res.accepted
+    assert c.state == "ready" and c.open_tasks == 1
+    # task_info past the limits of the protocol is refused here, nothing sent
+    deep: dict = {}
+    x = deep
+    for _ in range(40):
+        x["a"] = {}
+        x = x["a"]
+    bad = c.submit("early-2", "collector", deep)
+    assert not bad.accepted and bad.code == 401 and "task_info" in bad.reason
+    assert c.submit("early-2", "collector", {}).accepted
+    assert c.last_error == ""
+
+
 # ---- collector tasks -------------------------------------------------------------------
 
 def test_collector_data_and_infos_reach_the_callbacks_in_order_and_judge_finishes(
