@@ -354,9 +354,10 @@ class Worker:
     map, any other exception with ``str(exc)``.
 
     ``run`` and ``close`` run on the worker's handler thread, one task at a time.
-    ``on_policy`` runs on the worker's policy thread, in the order the versions arrived and
-    possibly while ``run`` is running (it should only note the new version; the task's
-    :meth:`Task.policy` already returns it). None of them runs on the I/O thread.
+    ``on_policy`` runs on the worker's policy thread, possibly while ``run`` is running,
+    with versions in the order they arrived; when it is slower than the updates come, it
+    gets the newest and skips those replaced meanwhile (the task's :meth:`Task.policy`
+    already returns the newest). None of them runs on the I/O thread.
 
     The constructor validates the options (ValueError naming the bad one), starts the
     threads and returns at once: it never waits for the network. :meth:`close` leaves the
@@ -416,7 +417,10 @@ class Worker:
         self._data_resent = 0
 
         self._starts: "queue.Queue[Optional[Task]]" = queue.Queue()
-        self._policies: "queue.Queue[Optional[Tuple[Task, Policy]]]" = queue.Queue()
+        # the newest version on_policy has not seen yet (guarded by _lock): a slow on_policy
+        # skips versions that a newer one replaced, so nothing piles up
+        self._policy_slot: Optional[Tuple[Task, Policy]] = None
+        self._policy_wake = threading.Event()
         self._handler_thread = threading.Thread(target=self._handler_loop,
                                                 name=f"rlbus-handler-{id}", daemon=True)
         self._policy_thread: Optional[threading.Thread] = None
@@ -498,7 +502,7 @@ class Worker:
             with running._cond:
                 running._cond.notify_all()
         self._starts.put(None)
-        self._policies.put(None)
+        self._policy_wake.set()
         for t in (self._handler_thread, self._policy_thread):
             if t is None or t is me:
                 continue
@@ -625,9 +629,14 @@ class Worker:
     def _policy_loop(self) -> None:
         assert self._on_policy is not None
         while True:
-            item = self._policies.get()
-            if item is None or self._stopping:
-                return
+            self._policy_wake.wait()
+            with self._lock:
+                if self._stopping:
+                    return
+                self._policy_wake.clear()
+                item, self._policy_slot = self._policy_slot, None
+            if item is None:
+                continue
             task, policy = item
             with task._cond:
                 if not task._live():
@@ -820,7 +829,9 @@ class Worker:
                     if newer:
                         t._policy = p
                 if newer and self._on_policy is not None:
-                    self._policies.put((t, p))
+                    with self._lock:
+                        self._policy_slot = (t, p)
+                    self._policy_wake.set()
         elif name == "DATA_CREDIT":
             key = (msg["task_id"], msg["attempt"])
             limit = max(self._credits.pop(key, 0), msg["limit"])
