@@ -699,3 +699,33 @@ def test_slow_cpp_coordinator_holds_back_python_collector(
             [f"flood-c0#{i}" for i in range(200)]
         assert [e["result"] for e in coord.of("finished", task_id="flood-c0")] == [
             {"worker": "py-fast", "task_id": "flood-c0", "count": 200}]
+
+
+def test_sigkilled_cpp_worker_task_goes_to_a_python_worker(
+        broker: Broker, peers: Callable[..., CppPeer]) -> None:
+    victim = peers(broker.router, "collector", "cpp-victim", "--hang-after", "2",
+                   "--heartbeat-ms", "100")
+    victim.wait("ready")
+    rec = Recorder()
+    rescuer = PyCollector("py-rescuer")
+    with rlbus.Coordinator(broker.router, id="kill-coord-2", callbacks=rec) as c:
+        assert c.wait_for("ready", DEADLINE)
+        submit(c, "cpp-doomed", "collector", {"data": 3}, max_attempts=2)
+        victim.wait("hanging", task_id="cpp-doomed")
+        assert wait_until(lambda: len(rec.of("data", "cpp-doomed")) == 2, DEADLINE)
+        victim.proc.kill()
+        victim.proc.wait(10)
+        assert wait_until(lambda: rec.of("requeued", "cpp-doomed"), DEADLINE), rec.log
+        (_, _, attempt, reason, result), = rec.of("requeued", "cpp-doomed")
+        assert attempt == 1 and reason and result is None
+        with rlbus.Worker(broker.router, role="collector", id="py-rescuer", run=rescuer.run,
+                          close=rescuer.close):
+            assert wait_until(lambda: rec.of("finished", "cpp-doomed"), DEADLINE), rec.log
+        assert rec.of("finished", "cpp-doomed") == [
+            ("finished", "cpp-doomed", "collector",
+             {"worker": "py-rescuer", "task_id": "cpp-doomed", "count": 3})]
+        assert [(e[3], e[4]["meta"]["worker"], e[4]["meta"]["attempt"])
+                for e in rec.of("data", "cpp-doomed")] == (
+            [(f"cpp-doomed#{i}", "cpp-victim", 1) for i in range(2)] +
+            [(f"cpp-doomed#{i}", "py-rescuer", 2) for i in range(3)])
+        assert not rec.of("failed") and c.open_tasks == 0
