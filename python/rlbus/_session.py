@@ -399,8 +399,9 @@ class Session:
                 return
             try:
                 msg = P.decode(frames)
-            except P.ProtocolError as e:
-                log.debug("%s %s: ignored a malformed broker message: %s", self.role, self.id, e)
+            except Exception as e:  # nothing the broker sends may stop this thread
+                log.warning("%s %s: ignored a broker message that does not decode: %s",
+                            self.role, self.id, e)
                 continue
             self._handle(msg)
 

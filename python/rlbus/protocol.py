@@ -196,7 +196,7 @@ def _make_check(name: str, typ: str, d: Mapping[str, Any]) -> _Check:
             n = _utf8_len(v)
             if n < min_len or n > max_len:
                 return f"{name} must be {min_len}..{max_len} bytes"
-            if pattern is not None and pattern.match(v) is None:
+            if pattern is not None and pattern.fullmatch(v) is None:
                 return f"{name} has characters outside A-Z a-z 0-9 . _ : @ / -"
             return None
         return check_str
@@ -212,7 +212,8 @@ def _make_check(name: str, typ: str, d: Mapping[str, Any]) -> _Check:
         return check_bin
     if typ == "msgpack-map":
         def check_map(v: Any) -> Optional[str]:
-            return None if isinstance(v, dict) else f"{name} must be a map"
+            # a map with a key Python cannot hash is read as its pairs: still a map
+            return None if isinstance(v, (dict, _Pairs)) else f"{name} must be a map"
         return check_map
     if typ == "msgpack-any":
         return lambda v: None
@@ -331,17 +332,21 @@ _local = _threading.local()
 def _packer() -> msgpack.Packer:
     p = getattr(_local, "packer", None)
     if p is None:
-        p = msgpack.Packer(use_bin_type=True, default=_raw_default, autoreset=True)
+        # surrogateescape: a str decoded from bytes that are not UTF-8 (kept as surrogates)
+        # is written back as those bytes, as the C++ codec does
+        p = msgpack.Packer(use_bin_type=True, default=_raw_default, autoreset=True,
+                           unicode_errors="surrogateescape")
         _local.packer = p
     return p
 
 
-def _unpacker() -> msgpack.Unpacker:
+def _unpacker(size: int = 0) -> msgpack.Unpacker:
+    # the buffer must hold the whole input: a body is bounded by max-message, not by 1 MiB
     return msgpack.Unpacker(
         raw=False, strict_map_key=False, unicode_errors="surrogateescape", use_list=True,
         max_str_len=_MAX_STR, max_bin_len=_MAX_BIN, max_array_len=_MAX_ARRAY,
         max_map_len=_MAX_MAP, max_ext_len=_MAX_EXT, ext_hook=_reject_ext,
-        max_buffer_size=max(1 << 20, 0))
+        max_buffer_size=max(1 << 20, size))
 
 
 class _Pairs(list):
@@ -390,7 +395,7 @@ def unpack_value(data: bytes) -> Any:
     """Decodes one msgpack value under the SPEC §5.1 limits (ProtocolError 401 otherwise).
     Maps are dicts, except under a map with a key Python cannot hash (a list of pairs)."""
     for tolerant in (False, True):
-        u = _make_unpacker(tolerant)
+        u = _make_unpacker(tolerant, len(data))
         u.feed(data)
         try:
             v = u.unpack()
@@ -467,14 +472,14 @@ def parse_header(frame: bytes) -> int:
     return frame[_TYPE_OFFSET]
 
 
-def _make_unpacker(tolerant: bool) -> msgpack.Unpacker:
+def _make_unpacker(tolerant: bool, size: int = 0) -> msgpack.Unpacker:
     if not tolerant:
-        return _unpacker()
+        return _unpacker(size)
     return msgpack.Unpacker(
         raw=False, strict_map_key=False, unicode_errors="surrogateescape", use_list=True,
         max_str_len=_MAX_STR, max_bin_len=_MAX_BIN, max_array_len=_MAX_ARRAY,
         max_map_len=_MAX_MAP, max_ext_len=_MAX_EXT, ext_hook=_reject_ext,
-        object_pairs_hook=_Pairs)
+        object_pairs_hook=_Pairs, max_buffer_size=max(1 << 20, size))
 
 
 def _read_map(body: bytes, tolerant: bool = False) -> List[Tuple[str, Any, int, int]]:
@@ -484,7 +489,7 @@ def _read_map(body: bytes, tolerant: bool = False) -> List[Tuple[str, Any, int, 
     every nested map then kept as a list of pairs."""
     if not body:
         raise ProtocolError(401, "empty body: expected a msgpack map")
-    u = _make_unpacker(tolerant)
+    u = _make_unpacker(tolerant, len(body))
     u.feed(body)
     try:
         n = u.read_map_header()
@@ -592,6 +597,11 @@ def decode_body(type_id_: int, body: bytes) -> Message:
                 raise ProtocolError(402, f"{spec.name}: {key} must be a map")
             continue
         if f.is_resources:
+            if type(value) is _Pairs:  # read tolerantly because of a key elsewhere
+                try:
+                    value = dict(value)
+                except TypeError:
+                    pass  # a name Python cannot hash: refused by the resources rule
             if counts is None:
                 counts = {}
             counts[key] = _map_count(body[start:end])
@@ -719,6 +729,11 @@ def decode_event(frames: Sequence[bytes]) -> Event:
         if f.verbatim:
             value = Raw(body[start:end])
         if f.is_resources:
+            if type(value) is _Pairs:  # read tolerantly because of a key elsewhere
+                try:
+                    value = dict(value)
+                except TypeError:
+                    pass
             counts[key] = _map_count(body[start:end])
         values[key] = value
     _check_fields(topic, fields, values, counts)
