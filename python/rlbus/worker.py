@@ -178,8 +178,10 @@ class Task:
         stream) and the credit is used up, this waits until more comes, the task is closed or
         the attempt ends: a slow coordinator slows its collectors down. Returns False when
         nothing was sent (the attempt is over, or no credit came before TASK_CLOSE).
-        Raises ValueError when the fields cannot travel (for example ``meta`` not a dict).
+        Raises ValueError when the fields cannot travel (for example ``meta`` not a dict),
+        or on a learner task.
         """
+        self._need("collector", "emit_data")
         fields: Dict[str, Any] = {
             "task_id": self.id, "attempt": self.attempt, "data_id": data_id,
             "buffer_id": buffer_id, "meta": _as_map(meta, "meta"),
@@ -206,7 +208,8 @@ class Task:
 
     def emit_info(self, info: Mapping[str, Any]) -> bool:
         """Reports progress (INFO), e.g. ``{"collector_done": True}``. False when nothing was
-        sent (the attempt is over or closing)."""
+        sent (the attempt is over or closing). ValueError on a learner task."""
+        self._need("collector", "emit_info")
         fields = {"task_id": self.id, "attempt": self.attempt, "info": _as_map(info, "info")}
         return self._progress("INFO", fields)
 
@@ -220,8 +223,9 @@ class Task:
         While the coordinator has no batch (NO_DATA), this waits the ``retry_ms`` it names
         (at most 2 s, never past ``timeout``) and asks again. After the session resumed on a
         new connection it asks again at once if the request was sent on the old one (the
-        request or its answer may have been lost with it).
+        request or its answer may have been lost with it). ValueError on a collector task.
         """
+        self._need("learner", "get_data")
         w = self._w
         deadline = time.monotonic() + max(0.0, float(timeout))
         base = {"task_id": self.id, "attempt": self.attempt, "request_id": 0,
@@ -266,7 +270,9 @@ class Task:
 
     def emit_learn_info(self, buffer_id: str, info: Mapping[str, Any]) -> bool:
         """Reports what one learning step did (LEARN_INFO), e.g. ``{"learner_done": True}``.
-        False when nothing was sent (the attempt is over or closing)."""
+        False when nothing was sent (the attempt is over or closing). ValueError on a
+        collector task."""
+        self._need("learner", "emit_learn_info")
         fields = {"task_id": self.id, "attempt": self.attempt, "buffer_id": buffer_id,
                   "info": _as_map(info, "info")}
         return self._progress("LEARN_INFO", fields)
@@ -297,6 +303,11 @@ class Task:
         broker moves the deadline a full timeout on. It never extends the task timeout.
         False when nothing was sent (the attempt is over or closing)."""
         return self._progress("TASK_ALIVE", {"task_id": self.id, "attempt": self.attempt})
+
+    def _need(self, kind: str, what: str) -> None:
+        # the broker would refuse the message (408) and count it against the session
+        if self.kind != kind:
+            raise ValueError(f"{what}: only a {kind} task does that; this is a {self.kind} task")
 
     def _progress(self, name: str, fields: Dict[str, Any]) -> bool:
         P.encode_body(name, fields)

@@ -524,9 +524,6 @@ def test_abort_stops_run_skips_close_and_frees_the_worker(
             return
         got["stopped"] = task.wait_stop(30)
         got["aborted"], got["reason"] = task.aborted, task.abort_reason
-        t0 = time.monotonic()
-        got["get_data"] = task.get_data("buf", 1, 0, timeout=30)
-        got["get_data_s"] = time.monotonic() - t0
         got["emit"] = task.emit_data("late", "buf", {})
         got["info"] = task.emit_info({"late": True})
         got["alive"] = task.keep_alive()
@@ -541,7 +538,6 @@ def test_abort_stops_run_skips_close_and_frees_the_worker(
     assert wait_until(lambda: "alive" in got)
     assert got["stopped"] is True and got["aborted"] is True
     assert got["reason"] == "cancelled: enough"
-    assert got["get_data"] is None and got["get_data_s"] < 5.0
     assert got["emit"] is False and got["info"] is False and got["alive"] is False
     # the worker takes the next task; the aborted one was never closed
     coord.submit("t-next", "collector")
@@ -550,6 +546,30 @@ def test_abort_stops_run_skips_close_and_frees_the_worker(
     assert coord.wait(coord.has("t-next", "finished"))
     assert closes == ["t-next"]
     assert coord.names("t-abort") == ["assigned", "started", "cancelled"]
+
+
+def test_an_aborted_learner_gets_no_batch_at_once(broker: Broker, coord_factory, workers) -> None:
+    coord = coord_factory(broker)
+    got: Dict[str, Any] = {}
+
+    def run(task: Task) -> None:
+        got["stopped"] = task.wait_stop(30)
+        t0 = time.monotonic()
+        got["get_data"] = task.get_data("buf", 1, 0, timeout=30)
+        got["get_data_s"] = time.monotonic() - t0
+        got["learn_info"] = task.emit_learn_info("buf", {"late": True})
+
+    w = workers(broker.router, "learner", "w-abort-l", run=run, **FAST)
+    assert w.wait_for("ready", 10)
+    coord.submit("t-abort-l", "learner")
+    assert coord.wait(coord.has("t-abort-l", "started"))
+    coord.send("CANCEL", {"task_id": "t-abort-l", "reason": "enough"})
+    assert coord.wait(coord.has("t-abort-l", "cancelled"))
+    assert wait_until(lambda: "learn_info" in got)
+    assert got["stopped"] is True
+    assert got["get_data"] is None and got["get_data_s"] < 5.0
+    assert got["learn_info"] is False
+    assert coord.names("t-abort-l") == ["assigned", "started", "cancelled"]
 
 
 def test_keep_alive_holds_off_the_step_timeout(broker: Broker, coord_factory, workers) -> None:

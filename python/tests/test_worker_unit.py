@@ -395,8 +395,13 @@ def test_bad_user_fields_raise_in_the_caller(fake) -> None:
         t.publish_policy("p", 1)
     with pytest.raises(ValueError, match="learner"):
         t.publish_policy("p", 1, ref="r")
+    with pytest.raises(ValueError, match="get_data: only a learner task"):
+        t.get_data("b", 1, 0, timeout=1)
+    with pytest.raises(ValueError, match="emit_learn_info: only a learner task"):
+        t.emit_learn_info("b", {})
     s.sync()
-    assert not s.of("DATA") and not s.of("POLICY")
+    assert not s.of("DATA") and not s.of("POLICY") and not s.of("GET_DATA")
+    assert not s.of("LEARN_INFO")
     assert t.emit_data("d", "b", {})  # the failed calls used no index
     s.sync()
     assert s.of("DATA")[0]["index"] == 1
@@ -473,6 +478,10 @@ def test_get_data_asks_again_after_a_resume_only_what_the_old_connection_carried
     s.deliver("TASK_CLOSE", task_id="t1", attempt=1)
     assert out.get(timeout=5) is None
     th.join()
+    with pytest.raises(ValueError, match="emit_data: only a collector task"):
+        t.emit_data("d", "b", {})
+    with pytest.raises(ValueError, match="emit_info: only a collector task"):
+        t.emit_info({})
 
 
 def test_a_slow_on_policy_gets_the_newest_version_and_nothing_piles_up(fake) -> None:
