@@ -108,7 +108,9 @@ std::atomic<bool> stdin_closed{false};
 std::atomic<bool> released{false};  // a "release" line came on stdin
 std::atomic<std::uint32_t> tasks_closed{0};
 
-void on_signal(int /*sig*/) { signalled = 1; }
+void on_signal(int /*sig*/) {
+  signalled = 1;
+}
 
 bool should_stop(const options& o) {
   if (signalled != 0) return true;
@@ -150,7 +152,9 @@ json policy_json(const std::optional<rlbus::policy>& p) {
 }
 
 /// The params a learner publishes with version `v`: "params-v<v>".
-std::string policy_params(std::uint64_t v) { return "params-v" + std::to_string(v); }
+std::string policy_params(std::uint64_t v) {
+  return "params-v" + std::to_string(v);
+}
 
 std::atomic<std::uint64_t> last_published{0};
 
@@ -169,8 +173,12 @@ rlbus::task_handlers collector_handlers(const options& o) {
   h.run = [&o, emitted, mutex](rlbus::task_handle& t) {
     const json info = user_data(t.info());
     const std::uint32_t n = info_count(info, "data", o.data_per_task);
-    say({{"event", "task_start"}, {"task_id", t.id()}, {"attempt", t.attempt()},
-         {"kind", "collector"}, {"info", info}, {"policy", policy_json(t.policy())}});
+    say({{"event", "task_start"},
+         {"task_id", t.id()},
+         {"attempt", t.attempt()},
+         {"kind", "collector"},
+         {"info", info},
+         {"policy", policy_json(t.policy())}});
     std::uint32_t sent = 0;
     for (std::uint32_t i = 0; i < n && !t.stop_requested(); ++i) {
       if (o.hang_after && i == *o.hang_after) {
@@ -181,12 +189,17 @@ rlbus::task_handlers collector_handlers(const options& o) {
       const std::string data_id = t.id() + "#" + std::to_string(i);
       const json meta{{"i", i}, {"worker", o.id}, {"attempt", t.attempt()}};
       std::optional<std::string> payload;
-      if (o.payload_bytes > 0) payload = std::string(o.payload_bytes, static_cast<char>('a' + i % 26));
+      if (o.payload_bytes > 0)
+        payload = std::string(o.payload_bytes, static_cast<char>('a' + i % 26));
       const bool ok = t.emit_data(data_id, o.buffer_id, packed(meta), payload);
       if (ok) ++sent;
-      say({{"event", "emitted"}, {"task_id", t.id()}, {"attempt", t.attempt()},
-           {"data_id", data_id}, {"ok", ok}});
-      if (o.step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.step_delay_ms));
+      say({{"event", "emitted"},
+           {"task_id", t.id()},
+           {"attempt", t.attempt()},
+           {"data_id", data_id},
+           {"ok", ok}});
+      if (o.step_delay_ms > 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(o.step_delay_ms));
     }
     {
       const std::lock_guard<std::mutex> lock(*mutex);
@@ -202,7 +215,9 @@ rlbus::task_handlers collector_handlers(const options& o) {
       say({{"event", "info_sent"}, {"task_id", t.id()}, {"attempt", t.attempt()}, {"ok", ok}});
     }
     wait_stop(t);
-    say({{"event", "run_end"}, {"task_id", t.id()}, {"attempt", t.attempt()},
+    say({{"event", "run_end"},
+         {"task_id", t.id()},
+         {"attempt", t.attempt()},
          {"aborted", t.aborted()}});
   };
   h.close = [&o, emitted, mutex](rlbus::task_handle& t) {
@@ -216,7 +231,9 @@ rlbus::task_handlers collector_handlers(const options& o) {
     return packed({{"worker", o.id}, {"task_id", t.id()}, {"count", sent}});
   };
   h.on_policy = [](const std::string& task_id, std::uint32_t attempt, const rlbus::policy& p) {
-    say({{"event", "policy"}, {"task_id", task_id}, {"attempt", attempt},
+    say({{"event", "policy"},
+         {"task_id", task_id},
+         {"attempt", attempt},
          {"policy", policy_json(p)}});
   };
   return h;
@@ -229,32 +246,44 @@ rlbus::task_handlers learner_handlers(const options& o) {
   h.run = [&o, done, mutex](rlbus::task_handle& t) {
     const json info = user_data(t.info());
     const std::uint32_t steps = info_count(info, "steps", o.steps);
-    say({{"event", "task_start"}, {"task_id", t.id()}, {"attempt", t.attempt()},
-         {"kind", "learner"}, {"info", info}, {"policy", policy_json(t.policy())}});
+    say({{"event", "task_start"},
+         {"task_id", t.id()},
+         {"attempt", t.attempt()},
+         {"kind", "learner"},
+         {"info", info},
+         {"policy", policy_json(t.policy())}});
     std::uint32_t step = 0;
     for (; step < steps && !t.stop_requested(); ++step) {
       const auto batch = t.get_data(o.buffer_id, o.batch_size, step,
                                     std::chrono::milliseconds(o.get_data_timeout_ms));
       if (!batch) {
-        say({{"event", "no_batch"}, {"task_id", t.id()}, {"attempt", t.attempt()},
-             {"iter", step}});
+        say({{"event", "no_batch"}, {"task_id", t.id()}, {"attempt", t.attempt()}, {"iter", step}});
         break;
       }
-      say({{"event", "batch"}, {"task_id", t.id()}, {"attempt", t.attempt()}, {"iter", step},
+      say({{"event", "batch"},
+           {"task_id", t.id()},
+           {"attempt", t.attempt()},
+           {"iter", step},
            {"data", user_data(*batch)}});
       if (!o.publish_policy.empty()) {
         const auto v = ++last_published;
         const bool published = t.publish_policy(o.publish_policy, v, policy_params(v));
-        say({{"event", "published"}, {"task_id", t.id()}, {"policy_id", o.publish_policy},
-             {"version", v}, {"ok", published}});
+        say({{"event", "published"},
+             {"task_id", t.id()},
+             {"policy_id", o.publish_policy},
+             {"version", v},
+             {"ok", published}});
       }
       const bool last = step + 1 == steps;
       const bool ok = t.emit_learn_info(
-          o.buffer_id,
-          packed({{"learner_step", step}, {"learner_done", last}, {"worker", o.id}}));
-      say({{"event", "learn_info_sent"}, {"task_id", t.id()}, {"attempt", t.attempt()},
-           {"iter", step}, {"ok", ok}});
-      if (o.step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.step_delay_ms));
+          o.buffer_id, packed({{"learner_step", step}, {"learner_done", last}, {"worker", o.id}}));
+      say({{"event", "learn_info_sent"},
+           {"task_id", t.id()},
+           {"attempt", t.attempt()},
+           {"iter", step},
+           {"ok", ok}});
+      if (o.step_delay_ms > 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(o.step_delay_ms));
     }
     {
       const std::lock_guard<std::mutex> lock(*mutex);
@@ -265,7 +294,9 @@ rlbus::task_handlers learner_handlers(const options& o) {
       throw rlbus::task_failure(o.fail, packed({{"worker", o.id}, {"steps", step}}));
     }
     wait_stop(t);
-    say({{"event", "run_end"}, {"task_id", t.id()}, {"attempt", t.attempt()},
+    say({{"event", "run_end"},
+         {"task_id", t.id()},
+         {"attempt", t.attempt()},
          {"aborted", t.aborted()}});
   };
   h.close = [&o, done, mutex](rlbus::task_handle& t) {
@@ -300,7 +331,8 @@ int run_worker(const options& o) {
     }
     const auto s = w.state();
     if (s != last) {
-      say({{"event", "state"}, {"state", std::string(rlbus::to_string(s))},
+      say({{"event", "state"},
+           {"state", std::string(rlbus::to_string(s))},
            {"welcomes", w.welcomes()}});
       last = s;
     }
@@ -315,8 +347,10 @@ int run_worker(const options& o) {
     std::this_thread::sleep_for(5ms);
   }
   w.stop();
-  say({{"event", "stopped"}, {"tasks_closed", tasks_closed.load()},
-       {"data_resent", w.data_resent()}, {"data_dropped", w.data_dropped()}});
+  say({{"event", "stopped"},
+       {"tasks_closed", tasks_closed.load()},
+       {"data_resent", w.data_resent()},
+       {"data_dropped", w.data_dropped()}});
   return 0;
 }
 
@@ -327,15 +361,17 @@ int run_coordinator(const options& o) {
   std::mutex m;
   std::map<std::string, std::uint32_t> requests;  // get_data calls per task
   rlbus::coordinator_callbacks cb;
-  cb.deal_with_collector_send_data = [&o](const std::string& task_id,
-                                          const std::string& buffer_id,
+  cb.deal_with_collector_send_data = [&o](const std::string& task_id, const std::string& buffer_id,
                                           const std::string& data_id, const std::string& data) {
     if (o.hold_data && !released.load()) {
       say({{"event", "holding"}, {"task_id", task_id}, {"data_id", data_id}});
       while (!released.load() && !should_stop(o)) std::this_thread::sleep_for(5ms);
     }
-    say({{"event", "data"}, {"task_id", task_id}, {"buffer_id", buffer_id},
-         {"data_id", data_id}, {"data", user_data(data)}});
+    say({{"event", "data"},
+         {"task_id", task_id},
+         {"buffer_id", buffer_id},
+         {"data_id", data_id},
+         {"data", user_data(data)}});
   };
   cb.deal_with_collector_judge_finish = [](const std::string& task_id, const std::string& info) {
     const json j = user_data(info);
@@ -344,7 +380,9 @@ int run_coordinator(const options& o) {
   };
   cb.deal_with_collector_finish_task = [&ended](const std::string& task_id,
                                                 const std::string& result) {
-    say({{"event", "finished"}, {"kind", "collector"}, {"task_id", task_id},
+    say({{"event", "finished"},
+         {"kind", "collector"},
+         {"task_id", task_id},
          {"result", user_data(result)}});
     ++ended;
   };
@@ -358,8 +396,12 @@ int run_coordinator(const options& o) {
       n = requests[task_id]++;
     }
     const bool give = n >= o.no_data_first;
-    say({{"event", "data_request"}, {"task_id", task_id}, {"buffer_id", buffer_id},
-         {"batch_size", batch_size}, {"iter", iter}, {"answered", give}});
+    say({{"event", "data_request"},
+         {"task_id", task_id},
+         {"buffer_id", buffer_id},
+         {"batch_size", batch_size},
+         {"iter", iter},
+         {"answered", give}});
     if (!give) return std::nullopt;
     return packed({{"task_id", task_id}, {"iter", iter}, {"batch_size", batch_size}});
   };
@@ -370,7 +412,9 @@ int run_coordinator(const options& o) {
   };
   cb.deal_with_learner_finish_task = [&ended](const std::string& task_id,
                                               const std::string& result) {
-    say({{"event", "finished"}, {"kind", "learner"}, {"task_id", task_id},
+    say({{"event", "finished"},
+         {"kind", "learner"},
+         {"task_id", task_id},
          {"result", user_data(result)}});
     ++ended;
   };
@@ -380,12 +424,17 @@ int run_coordinator(const options& o) {
   cb.on_task_requeued = [result_json](const std::string& task_id, std::uint32_t attempt,
                                       const std::string& reason,
                                       const std::optional<std::string>& result) {
-    say({{"event", "requeued"}, {"task_id", task_id}, {"attempt", attempt}, {"reason", reason},
+    say({{"event", "requeued"},
+         {"task_id", task_id},
+         {"attempt", attempt},
+         {"reason", reason},
          {"result", result_json(result)}});
   };
   cb.on_task_failed = [&ended, result_json](const std::string& task_id, const std::string& reason,
                                             const std::optional<std::string>& result) {
-    say({{"event", "failed"}, {"task_id", task_id}, {"reason", reason},
+    say({{"event", "failed"},
+         {"task_id", task_id},
+         {"reason", reason},
          {"result", result_json(result)}});
     ++ended;
   };
@@ -395,15 +444,21 @@ int run_coordinator(const options& o) {
   };
   cb.on_capacity = [](rlbus::role kind, const std::string& change, const std::string& worker_id,
                       std::uint64_t count) {
-    say({{"event", "capacity"}, {"kind", std::string(rlbus::to_string(kind))}, {"change", change},
-         {"worker_id", worker_id}, {"count", count}});
+    say({{"event", "capacity"},
+         {"kind", std::string(rlbus::to_string(kind))},
+         {"change", change},
+         {"worker_id", worker_id},
+         {"count", count}});
   };
   cb.on_stream_lost = [](std::uint64_t first, std::uint64_t last) {
     say({{"event", "stream_lost"}, {"first", first}, {"last", last}});
   };
   cb.on_data_lost = [](const std::string& task_id, std::uint32_t attempt, std::uint64_t first,
                        std::uint64_t last) {
-    say({{"event", "data_lost"}, {"task_id", task_id}, {"attempt", attempt}, {"first", first},
+    say({{"event", "data_lost"},
+         {"task_id", task_id},
+         {"attempt", attempt},
+         {"first", first},
          {"last", last}});
   };
 
@@ -413,8 +468,7 @@ int run_coordinator(const options& o) {
   co.heartbeat = std::chrono::milliseconds(o.heartbeat_ms);
   rlbus::coordinator c(co, std::move(cb));
   const auto waiting = [&] { return !should_stop(o); };
-  if (!wait_until([&] { return !waiting() || c.state() == rlbus::connection_state::ready; },
-                  30s) ||
+  if (!wait_until([&] { return !waiting() || c.state() == rlbus::connection_state::ready; }, 30s) ||
       !waiting()) {
     say({{"event", "not_ready"}, {"state", std::string(rlbus::to_string(c.state()))}});
     c.stop();
@@ -435,8 +489,7 @@ int run_coordinator(const options& o) {
     const bool collector = kind == rlbus::role::collector;
     spec.task_id = o.task_prefix + (collector ? "-c" : "-l") + std::to_string(i);
     spec.kind = kind;
-    spec.task_info = collector ? packed({{"data", o.data_per_task}})
-                               : packed({{"steps", o.steps}});
+    spec.task_info = collector ? packed({{"data", o.data_per_task}}) : packed({{"steps", o.steps}});
     if (collector && !o.policy_id.empty()) spec.policy_id = o.policy_id;
     spec.max_attempts = o.max_attempts;
     spec.start_timeout_ms = o.start_timeout_ms;
@@ -447,9 +500,13 @@ int run_coordinator(const options& o) {
       say({{"event", "submit_timeout"}, {"task_id", spec.task_id}});
       return;
     }
-    say({{"event", "submitted"}, {"task_id", spec.task_id},
-         {"kind", std::string(rlbus::to_string(kind))}, {"accepted", r->accepted},
-         {"code", r->code}, {"reason", r->reason}, {"queued", r->queued}});
+    say({{"event", "submitted"},
+         {"task_id", spec.task_id},
+         {"kind", std::string(rlbus::to_string(kind))},
+         {"accepted", r->accepted},
+         {"code", r->code},
+         {"reason", r->reason},
+         {"queued", r->queued}});
     if (r->accepted) ++submitted;
   };
   for (std::uint32_t i = 0; i < o.collector_tasks; ++i) submit(rlbus::role::collector, i);
@@ -457,15 +514,19 @@ int run_coordinator(const options& o) {
   bool done_said = false;
   while (!should_stop(o)) {
     if (!done_said && ended.load() >= submitted) {
-      say({{"event", "done"}, {"tasks", submitted}, {"open_tasks", c.open_tasks()},
-           {"stream_gaps", c.stream_gaps()}, {"data_lost", c.data_lost()}});
+      say({{"event", "done"},
+           {"tasks", submitted},
+           {"open_tasks", c.open_tasks()},
+           {"stream_gaps", c.stream_gaps()},
+           {"data_lost", c.data_lost()}});
       done_said = true;
       if (!o.stay) break;
     }
     std::this_thread::sleep_for(5ms);
   }
   c.stop();
-  say({{"event", "stopped"}, {"stream_replays", c.stream_replays()},
+  say({{"event", "stopped"},
+       {"stream_replays", c.stream_replays()},
        {"stream_duplicates", c.stream_duplicates()}});
   return 0;
 }
@@ -492,15 +553,17 @@ int main(int argc, char** argv) {
   app.add_option("--resource", o.resources, "A worker resource, name=value (repeatable)");
   app.add_flag("--exit-on-eof", o.exit_on_eof,
                "Exit when stdin reaches its end (a line \"release\" releases --hold-data)");
-  app.add_option("--data", o.data_per_task, "Collector: data per task; coordinator: task_info "
-                                            "\"data\" of its collector tasks")
+  app.add_option("--data", o.data_per_task,
+                 "Collector: data per task; coordinator: task_info "
+                 "\"data\" of its collector tasks")
       ->capture_default_str();
   app.add_option("--buffer-id", o.buffer_id, "Buffer id of DATA, GET_DATA and LEARN_INFO")
       ->capture_default_str();
   app.add_option("--payload-bytes", o.payload_bytes, "Collector: inline payload size (0: none)")
       ->capture_default_str();
-  app.add_option("--steps", o.steps, "Learner: batches per task; coordinator: task_info "
-                                     "\"steps\" of its learner tasks")
+  app.add_option("--steps", o.steps,
+                 "Learner: batches per task; coordinator: task_info "
+                 "\"steps\" of its learner tasks")
       ->capture_default_str();
   app.add_option("--batch-size", o.batch_size, "Learner: batch size asked for")
       ->capture_default_str();
