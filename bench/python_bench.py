@@ -98,6 +98,12 @@ class Child:
         return out[0]
 
     def stop(self):
+        if self.p.stdin is not None:  # a worker child: its stdin's end closes it cleanly
+            self.p.stdin.close()
+            try:
+                self.p.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
         if self.p.poll() is None:
             try:
                 os.killpg(self.p.pid, signal.SIGTERM)
@@ -308,8 +314,11 @@ class PyCoordinator:
         self.c.close()
 
 
-def spawn_children(mode, args, n):
-    kids = [Child([PY, SELF, "--child", mode] + [str(a) for a in args] + ["w%d" % i], stdin=True)
+def spawn_children(mode, args, n, tag):
+    """n children of one mode, with worker ids unique to the row (`tag`): a worker of an
+    earlier row whose session the broker still holds never shares an id with a new one."""
+    kids = [Child([PY, SELF, "--child", mode] + [str(a) for a in args] + ["%s-w%d" % (tag, i)],
+                  stdin=True)
             for i in range(n)]
     for k in kids:
         k.line_with("ready")
@@ -320,7 +329,7 @@ def bench_latency(cfg, broker_ep, front, back, http, report):
     """Rows: latency of one task step, Python SDK / bare pyzmq / http (+ C++ SDK)."""
     payload = 64
     coord = PyCoordinator(broker_ep, payload)
-    learner = spawn_children("py-learner", [broker_ep], 1)[0]
+    learner = spawn_children("py-learner", [broker_ep], 1, "lat")[0]
     coord.wait_workers("learner", 1)
     ctx = zmq.Context.instance()
     echo = ctx.socket(zmq.DEALER)
@@ -365,7 +374,6 @@ def bench_latency(cfg, broker_ep, front, back, http, report):
         stop.set()
         et.join()
         echo.close(0)
-        learner.p.stdin.close()
         learner.stop()
         coord.close()
     py, bare, ht = median(rows["py"]), median(rows["bare"]), median(rows["http"])
@@ -380,7 +388,7 @@ def bench_latency(cfg, broker_ep, front, back, http, report):
 
 def bench_throughput(cfg, broker_ep, front, back, http, report, n):
     coord = PyCoordinator(broker_ep, 0)
-    kids = spawn_children("py-collector", [broker_ep], n)
+    kids = spawn_children("py-collector", [broker_ep], n, "thr%d" % n)
     coord.wait_workers("collector", n)
     ctx = zmq.Context.instance()
     sink = ctx.socket(zmq.DEALER)
@@ -410,7 +418,7 @@ def bench_throughput(cfg, broker_ep, front, back, http, report, n):
     finally:
         sink.close(0)
         for k in kids:
-            k.p.stdin.close()
+            k.p.stdin.close()  # all of them at once, then wait for each
         for k in kids:
             k.stop()
         coord.close()

@@ -12,7 +12,10 @@ optional methods the I/O thread calls:
 - ``on_message(msg)`` for every other message from the broker, except HEARTBEAT and
   DISCONNECT, including ERRORs that are not about HELLO;
 - ``on_state(state, detail)`` on every change of :attr:`Session.state`;
-- ``on_close()`` once, while closing, before DISCONNECT is sent.
+- ``on_close()`` once, while closing, before DISCONNECT is sent;
+- ``on_idle()`` after each turn of the loop (posted calls, at most a burst of messages,
+  timers), before the thread waits again: where a handler hands on, in one go, what that
+  turn gave it.
 
 Other threads talk to the I/O thread only through :meth:`Session.post`; handler methods,
 posted functions and timers may call :meth:`Session.send` and :meth:`Session.call_later`.
@@ -57,6 +60,8 @@ _BUSY = 503
 _HELLO_ID = P.type_id("HELLO")
 _GOODBYE_LINGER_MS = 500
 _SEND_HWM = 10000
+_READ_BURST = 256  # messages read per turn of the loop, so that a busy socket cannot
+                   # hold back posted calls, timers and on_idle
 
 
 class Timer:
@@ -275,9 +280,12 @@ class Session:
         poller = zmq.Poller()
         poller.register(self._wake_r, zmq.POLLIN)
         registered: Optional[zmq.Socket] = None
+        idle = hasattr(self.handler, "on_idle")
         try:
             self._open()
             while not self._stop:
+                if idle:
+                    self._call("on_idle")
                 if registered is not self._sock:  # the socket was replaced or closed
                     if registered is not None:
                         poller.unregister(registered)
@@ -392,7 +400,9 @@ class Session:
         self._set_state(RECONNECTING if self.welcomes else CONNECTING, why)
 
     def _read(self) -> None:
-        while self._sock is not None and not self._stop:
+        for _ in range(_READ_BURST):
+            if self._sock is None or self._stop:
+                return
             try:
                 frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:

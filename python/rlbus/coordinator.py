@@ -61,6 +61,7 @@ CALLBACK_NAMES = (
 )
 
 _ACK_EVERY = 32          # finished events per ACK while more are waiting
+_ACK_IDLE_S = 0.002      # once caught up, the ACK of the rest waits this long for more
 _NO_DATA_FIRST_MS = 10   # retry_ms of the first "no data yet" in a row for a task
 _NO_DATA_MAX_MS = 1000   # ... doubled for each further one, up to this
 _MAX_EARLY = 65536       # events kept that came ahead of a jump in seq
@@ -162,6 +163,9 @@ class _Handler:
     def on_close(self) -> None:
         self._owner._io_close()
 
+    def on_idle(self) -> None:
+        self._owner._io_idle()
+
 
 class Coordinator:
     """A coordinator of an rlbus broker (SPEC §12): submits tasks and runs callbacks for
@@ -240,6 +244,11 @@ class Coordinator:
         self._next_seq = 1        # the next seq to hand to the callback thread
         self._processed = 0       # the last seq the callbacks finished
         self._since_ack = 0
+        self._ack_timer: Any = None
+        self._handed = False      # queued for the callback thread since the last on_idle
+        # (generation, seq) of the last event the callbacks finished; written by the
+        # callback thread, read by the I/O thread when it resumes the session
+        self._cb_progress: Tuple[int, int] = (0, 0)
         self._early: Dict[int, P.Message] = {}
         self._replay_asked: Optional[int] = None  # next_seq when the pending REPLAY was asked
         self._outbox: Deque[_Command] = collections.deque()
@@ -498,6 +507,9 @@ class Coordinator:
             if self._generation > 1:
                 self._enqueue(_RESET, self._generation, None)
         else:
+            generation, seq = self._cb_progress  # ahead of what the last batch reported
+            if generation == self._generation and seq > self._processed:
+                self._processed = seq
             log.info("coordinator %s: session resumed; asking the stream again from %d",
                      self._id, self._processed + 1)
         # First on every connection: make the stream windowed and fetch what we have not
@@ -593,14 +605,27 @@ class Coordinator:
             del self._early[seq]
         self._settle()
 
-    def _io_processed(self, seq: int, generation: int, caught_up: bool) -> None:
+    def _io_processed(self, seq: int, generation: int, count: int, caught_up: bool) -> None:
+        """The callbacks finished ``count`` more events, up to ``seq``. ACK every 32; once
+        they have caught up, the ACK of the rest goes out shortly, so that a steady trickle
+        of events that the callbacks keep up with is not acknowledged one by one."""
         if generation != self._generation or seq <= self._processed:
             return
         self._processed = seq
-        self._since_ack += 1
-        if self._since_ack >= _ACK_EVERY or caught_up:
+        self._since_ack += count
+        if self._since_ack >= _ACK_EVERY:
+            self._io_ack()
+        elif caught_up and self._ack_timer is None:
+            self._ack_timer = self._session.call_later(_ACK_IDLE_S, self._io_ack)
+
+    def _io_ack(self) -> None:
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+        if self._since_ack > 0:
             self._since_ack = 0
-            self._session.send("ACK", {"seq": seq})  # lost when not ready: REPLAY says it
+            # lost when not ready: the REPLAY on the next connection says it
+            self._session.send("ACK", {"seq": self._processed})
 
     def _io_close(self) -> None:
         for cmd in self._outbox:
@@ -616,36 +641,64 @@ class Coordinator:
             if self._closing:
                 return
             self._queue.append((kind, generation, item))
-            self._cv.notify_all()
+        self._handed = True  # the callback thread is woken once per turn, in on_idle
+
+    def _io_idle(self) -> None:
+        """End of a turn of the I/O loop: wakes the callback thread for what it queued."""
+        if self._handed:
+            self._handed = False
+            with self._cv:
+                self._cv.notify_all()
 
     # ---- callback thread ---------------------------------------------------------------
 
     def _callback_loop(self) -> None:
+        """Takes what is queued in one go, runs it in order, and tells the I/O thread once
+        per batch (and stream) how far the callbacks got."""
         while True:
             with self._cv:
                 while not self._queue and not self._closing:
                     self._cv.wait()
                 if self._closing:
                     return
-                kind, generation, item = self._queue.popleft()
-            if kind == _CAPACITY:
-                self._guard("capacity", self._on_capacity, *item)
-                continue
-            if kind == _RESET:
-                self._on_reset(generation)
-                continue
-            if kind == _LOST:
-                fn = self._cb.get("on_stream_lost")
-                if fn is not None:
-                    self._guard("on_stream_lost", fn, item[0], item[1])
-                seq = item[1]
-            else:
-                self._guard(f"{item['event']} of task {item['task_id']}", self._dispatch,
-                            item, generation)
-                seq = item["seq"]
-            with self._cv:
-                caught_up = not self._queue
-            self._session.post(functools.partial(self._io_processed, seq, generation, caught_up))
+                batch = list(self._queue)
+                self._queue.clear()
+            done: Optional[Tuple[int, int, int]] = None  # (seq, generation, count)
+            for kind, generation, item in batch:
+                if self._closing:
+                    return  # close() waits for this thread: nothing runs after it returns
+                if done is not None and done[1] != generation:
+                    self._tell_processed(done, False)
+                    done = None
+                if kind == _CAPACITY:
+                    self._guard("capacity", self._on_capacity, *item)
+                    continue
+                if kind == _RESET:
+                    self._on_reset(generation)
+                    continue
+                if kind == _LOST:
+                    fn = self._cb.get("on_stream_lost")
+                    if fn is not None:
+                        self._guard("on_stream_lost", fn, item[0], item[1])
+                    seq = item[1]
+                else:
+                    self._guard(f"{item['event']} of task {item['task_id']}", self._dispatch,
+                                item, generation)
+                    seq = item["seq"]
+                self._cb_progress = (generation, seq)
+                done = (seq, generation, 1 if done is None else done[2] + 1)
+                if done[2] >= _ACK_EVERY:
+                    self._tell_processed(done, False)
+                    done = None
+            if done is not None:
+                with self._cv:
+                    caught_up = not self._queue
+                self._tell_processed(done, caught_up)
+
+    def _tell_processed(self, done: Tuple[int, int, int], caught_up: bool) -> None:
+        seq, generation, count = done
+        self._session.post(functools.partial(self._io_processed, seq, generation, count,
+                                             caught_up))
 
     def _guard(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         try:

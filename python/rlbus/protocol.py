@@ -33,7 +33,8 @@ import msgpack
 __all__ = [
     "ProtocolError", "Raw", "Message", "Event", "MessageSpec", "FieldSpec", "SPEC", "MESSAGES",
     "BY_ID", "LIMITS", "ERROR_CODES", "VERSION", "messages_json_path", "header", "parse_header",
-    "encode", "encode_body", "decode", "decode_body", "decode_event", "encode_event",
+    "encode", "encode_body", "check_body", "Encoded", "decode", "decode_body", "decode_event",
+    "encode_event",
     "has_message", "has_field", "type_id", "code_name", "unpack_value", "pack_value",
     "NIL", "EMPTY_MAP",
 ]
@@ -654,11 +655,7 @@ def _map_header(n: int) -> bytes:
     return b"\xdf" + struct.pack(">I", n)
 
 
-def encode_body(name: str, fields: Mapping[str, Any], check: bool = True) -> bytes:
-    """The canonical body of message ``name`` (SPEC §5.5): fields in table order, absent
-    optional fields left out (a None value counts as absent), :class:`Raw` values written
-    byte for byte, resources sorted. With ``check`` the values are held to the field rules
-    first (ProtocolError 402 naming the field)."""
+def _present(name: str, fields: Mapping[str, Any]) -> Tuple["MessageSpec", Dict[str, Any]]:
     spec = MESSAGES.get(name)
     if spec is None:
         raise ProtocolError(404, f"no message named {name}")
@@ -667,12 +664,47 @@ def encode_body(name: str, fields: Mapping[str, Any], check: bool = True) -> byt
     for f in spec.fields:
         if f.is_resources and f.always_encoded and f.name not in present:
             present[f.name] = {}
+    return spec, present
+
+
+def _check_present(spec: "MessageSpec", present: Mapping[str, Any]) -> None:
+    unknown = [k for k in present if k not in spec.known]
+    if unknown:
+        raise ProtocolError(402, f"{spec.name}: no field named {unknown[0]}")
+    _check_fields(spec.name, spec.fields, present)
+    _check_rules(spec, present)
+
+
+def check_body(name: str, fields: Mapping[str, Any]) -> None:
+    """Holds ``fields`` to the rules of message ``name`` as :func:`encode_body` does
+    (ProtocolError 402 naming the field), without encoding them."""
+    _check_present(*_present(name, fields))
+
+
+class Encoded(dict):
+    """The fields of one message together with its body, checked and encoded once (for a
+    message that is built on one thread and sent on another, or sent again): :func:`encode`
+    of the same message name writes :attr:`body` without looking at the fields again. The
+    fields are for reading; changing them does not change the body."""
+
+    __slots__ = ("name", "body")
+
+    def __init__(self, name: str, fields: Mapping[str, Any], check: bool = True) -> None:
+        super().__init__(fields)
+        self.body = encode_body(name, fields, check)
+        self.name = name
+
+
+def encode_body(name: str, fields: Mapping[str, Any], check: bool = True) -> bytes:
+    """The canonical body of message ``name`` (SPEC §5.5): fields in table order, absent
+    optional fields left out (a None value counts as absent), :class:`Raw` values written
+    byte for byte, resources sorted. With ``check`` the values are held to the field rules
+    first (ProtocolError 402 naming the field)."""
+    if type(fields) is Encoded and fields.name == name:
+        return fields.body
+    spec, present = _present(name, fields)
     if check:
-        unknown = [k for k in present if k not in spec.known]
-        if unknown:
-            raise ProtocolError(402, f"{name}: no field named {unknown[0]}")
-        _check_fields(name, spec.fields, present)
-        _check_rules(spec, present)
+        _check_present(spec, present)
     packer = _packer()
     parts = []
     for f in spec.fields:

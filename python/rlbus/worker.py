@@ -186,7 +186,7 @@ class Task:
             "task_id": self.id, "attempt": self.attempt, "data_id": data_id,
             "buffer_id": buffer_id, "meta": _as_map(meta, "meta"),
             "payload": bytes(payload) if payload is not None else None, "index": 1}
-        P.encode_body("DATA", fields)  # the user's fields are checked here, not on the I/O thread
+        P.check_body("DATA", fields)  # the user's fields are checked here, not on the I/O thread
         w = self._w
         with self._cond:
             if self._live() and not self._has_credit():
@@ -200,8 +200,10 @@ class Task:
                 fields["policy_version"] = self._policy.version
             self._emitted += 1
             fields["index"] = self._emitted
+            # encoded once, here: the I/O thread and any resend after a resume send this body
+            data = P.Encoded("DATA", fields, check=False)
             # posted under the lock, so that DATA from several threads leave in index order
-            if w._post(lambda: w._io_queue("DATA", fields, self)):
+            if w._post(lambda: w._io_queue("DATA", data, self)):
                 return True
             self._emitted -= 1
             return False

@@ -65,3 +65,27 @@ def test_event_vector_round_trip(vec: Dict[str, Any]) -> None:
     ev = P.decode_event(frames)
     assert {k: meaning(x) for k, x in ev.fields.items()} == from_json(vec["fields"])
     assert P.encode_event(ev.topic, ev.fields) == tuple(frames)
+
+
+@pytest.mark.parametrize("vec", VALID, ids=[v["name"] for v in VALID])
+def test_encoded_once_writes_the_vector(vec: Dict[str, Any]) -> None:
+    """A message encoded once ahead of sending (P.Encoded) travels as the same bytes."""
+    head, body = bytes.fromhex(vec["header_hex"]), bytes.fromhex(vec["body_hex"])
+    fields = from_json(vec["fields"])
+    P.check_body(vec["type"], fields)
+    e = P.Encoded(vec["type"], fields)
+    assert e.body == body and dict(e) == fields
+    assert P.encode(vec["type"], e) == (head, body)
+
+
+def test_encoded_and_check_body_refuse_what_encode_refuses() -> None:
+    bad = {"task_id": "t", "attempt": 0, "data_id": "d", "buffer_id": "b", "meta": {},
+           "index": 1}
+    for call in (lambda: P.check_body("DATA", bad), lambda: P.Encoded("DATA", bad)):
+        with pytest.raises(P.ProtocolError) as err:
+            call()
+        assert err.value.code == 402 and "attempt" in err.value.reason
+    e = P.Encoded("DATA", dict(bad, attempt=1))
+    # another message name is encoded from the fields, not from the stored body
+    with pytest.raises(P.ProtocolError):
+        P.encode("INFO", e)
