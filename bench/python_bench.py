@@ -508,7 +508,9 @@ def cpp_sdk_rows(bench_bin, cfg):
 def attach_cpp(report, cpp_rows):
     for row in report:
         for c in cpp_rows:
-            if c["scenario"] != row["scenario"]:
+            # the C++ rows come in pairs (median us / p99 us, events/s / cpu us/ev)
+            if c["scenario"] != row["scenario"] or \
+                    c.get("metric") not in ("median us", "events/s"):
                 continue
             if row["scenario"] == "throughput" and \
                     c["params"].get("collectors") != row["params"]["collectors"]:

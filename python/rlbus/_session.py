@@ -60,6 +60,8 @@ _BUSY = 503
 _HELLO_ID = P.type_id("HELLO")
 _GOODBYE_LINGER_MS = 500
 _SEND_HWM = 10000
+_NOBLOCK_MORE = zmq.NOBLOCK | zmq.SNDMORE
+_COPY_BELOW = 65536  # bodies this small are copied into the message: cheaper than tracking
 _READ_BURST = 256  # messages read per turn of the loop, so that a busy socket cannot
                    # hold back posted calls, timers and on_idle
 
@@ -249,9 +251,14 @@ class Session:
 
     def _send(self, name: str, fields: Mapping[str, Any]) -> bool:
         assert self._sock is not None
-        frames = P.encode(name, fields)
+        head, body = P.encode(name, fields)
+        sock = self._sock
         try:
-            self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            # frame by frame: pyzmq's send_multipart costs more than the send itself for
+            # small messages. Once the first frame is queued the second always is (ZeroMQ
+            # queues a message's frames together); large bodies are handed over uncopied.
+            sock.send(head, _NOBLOCK_MORE)
+            sock.send(body, zmq.NOBLOCK, copy=len(body) < _COPY_BELOW)
             return True
         except zmq.Again:
             log.warning("%s %s: send queue full, %s not sent", self.role, self.id, name)
@@ -403,10 +410,13 @@ class Session:
         for _ in range(_READ_BURST):
             if self._sock is None or self._stop:
                 return
+            sock = self._sock
             try:
-                frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
+                frames = [sock.recv(zmq.NOBLOCK)]
             except zmq.Again:
                 return
+            while sock.get(zmq.RCVMORE):  # the rest of a message has arrived with its first frame
+                frames.append(sock.recv(zmq.NOBLOCK))
             try:
                 msg = P.decode(frames)
             except Exception as e:  # nothing the broker sends may stop this thread

@@ -483,6 +483,17 @@ def _make_unpacker(tolerant: bool, size: int = 0) -> msgpack.Unpacker:
         object_pairs_hook=_Pairs, max_buffer_size=max(1 << 20, size))
 
 
+def _reader(size: int) -> Tuple[msgpack.Unpacker, int]:
+    """An unpacker for a body of ``size`` bytes and the offset its tell() starts from: this
+    thread's own one, reused, for bodies up to 1 MiB (a fresh one for larger bodies)."""
+    if size > 1 << 20:
+        return _unpacker(size), 0
+    u = getattr(_local, "reader", None)
+    if u is None:
+        u = _local.reader = _unpacker(size)
+    return u, u.tell()
+
+
 def _read_map(body: bytes, tolerant: bool = False) -> List[Tuple[str, Any, int, int]]:
     """The top-level entries of a body: (key, decoded value, value start, value end),
     checked against SPEC §3.4 and §5.1 (ProtocolError 401). Maps nested in values are
@@ -490,8 +501,32 @@ def _read_map(body: bytes, tolerant: bool = False) -> List[Tuple[str, Any, int, 
     every nested map then kept as a list of pairs."""
     if not body:
         raise ProtocolError(401, "empty body: expected a msgpack map")
-    u = _make_unpacker(tolerant, len(body))
+    if tolerant:
+        u, base = _make_unpacker(True, len(body)), 0
+    else:
+        u, base = _reader(len(body))
     u.feed(body)
+    try:
+        out = _read_entries(u, base, body, tolerant)
+    except BaseException:
+        if not tolerant:
+            _local.reader = None  # it may still hold part of this body
+        raise
+    if out is None:  # a map key Python cannot hash: read it all again, tolerantly
+        _local.reader = None
+        return _read_map(body, True)
+    if u.tell() - base != len(body):
+        if not tolerant:
+            _local.reader = None
+        raise ProtocolError(401, f"{len(body) - (u.tell() - base)} trailing bytes after the "
+                            f"msgpack body")
+    return out
+
+
+def _read_entries(u: msgpack.Unpacker, base: int, body: bytes,
+                  tolerant: bool) -> Optional[List[Tuple[str, Any, int, int]]]:
+    """The entries of the map ``u`` holds from ``base`` on; None when a nested map has a
+    key Python cannot hash (read it again tolerantly)."""
     try:
         n = u.read_map_header()
     except msgpack.OutOfData:
@@ -500,16 +535,17 @@ def _read_map(body: bytes, tolerant: bool = False) -> List[Tuple[str, Any, int, 
         raise ProtocolError(401, "body is not a msgpack map") from None
     if n > _MAX_MAP:
         raise ProtocolError(401, "msgpack limit exceeded (map size overflow)")
-    if 2 * n > len(body) - u.tell():
+    if 2 * n > len(body) - (u.tell() - base):
         raise ProtocolError(401, "truncated msgpack body")
     out: List[Tuple[str, Any, int, int]] = []
     seen = set()
+    unpack, tell = u.unpack, u.tell
     try:
         for _ in range(n):
-            key = u.unpack()
-            start = u.tell()
-            value = u.unpack()
-            end = u.tell()
+            key = unpack()
+            start = tell() - base
+            value = unpack()
+            end = tell() - base
             if type(key) is not str:
                 raise ProtocolError(401, "map key is not a string")
             if key in seen:
@@ -524,11 +560,11 @@ def _read_map(body: bytes, tolerant: bool = False) -> List[Tuple[str, Any, int, 
     except TypeError:
         if tolerant:
             raise ProtocolError(401, "a map key of a kind that cannot be read") from None
-        return _read_map(body, True)
+        return None
+    except ProtocolError:
+        raise
     except (ValueError, msgpack.FormatError, msgpack.StackError) as e:
         raise ProtocolError(401, f"malformed msgpack body: {e}") from None
-    if u.tell() != len(body):
-        raise ProtocolError(401, f"{len(body) - u.tell()} trailing bytes after the msgpack body")
     return out
 
 
@@ -579,14 +615,13 @@ def decode_body(type_id_: int, body: bytes) -> Message:
         raise ProtocolError(404, f"{spec.name} never travels on the ROUTER endpoint")
     body = bytes(body)
     entries = _read_map(body)
-    known = spec.known
     values: Dict[str, Any] = {}
     counts: Optional[Dict[str, int]] = None
     by_name = spec.by_name
     for key, value, start, end in entries:
-        if key not in known:
+        f = by_name.get(key)
+        if f is None:
             continue
-        f = by_name[key]
         if f.verbatim:
             raw = Raw(body[start:end])
             if type(value) is not _Pairs:

@@ -1,0 +1,41 @@
+"""rlbus-bench's Python rows, run small: the harness starts every side (the Python SDK, the
+bare pyzmq loop through the proxy, the HTTP baseline), measures each row beside its
+baselines and reports nothing lost. It checks the harness, never a figure."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import BUILD_DIR, ROOT
+
+SCRIPT = os.path.join(ROOT, "bench", "python_bench.py")
+BENCH = os.path.join(BUILD_DIR, "bench", "rlbus-bench")
+
+
+def test_python_rows_are_measured_beside_their_baselines(tmp_path) -> None:
+    if not os.access(BENCH, os.X_OK):
+        pytest.skip(f"rlbus-bench not built: {BENCH}")
+    out = tmp_path / "python.json"
+    r = subprocess.run([sys.executable, SCRIPT, "--build", BUILD_DIR, "--quick", "--no-cpp",
+                        "--collectors", "1,2", "--json", str(out), "--check"],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(out.read_text())
+    rows = {(row["scenario"], row["params"].get("collectors")): row for row in report["rows"]}
+    assert set(rows) == {("latency", None), ("throughput", 1), ("throughput", 2)}
+    for row in rows.values():
+        assert row["python_sdk"]["median"] > 0 and row["bare_pyzmq"]["median"] > 0
+        assert row["http"] and row["http"]["median"] > 0
+        assert row["ratio_bare"] == pytest.approx(
+            row["python_sdk"]["median"] / row["bare_pyzmq"]["median"])
+    for n in (1, 2):
+        thr = rows[("throughput", n)]
+        assert thr["python_sdk"]["lost"] == 0 and thr["bare_pyzmq"]["lost"] == 0
+        assert thr["params"]["items_per_trial"] > 0
+    # the table names every row
+    assert "throughput  2 coll." in r.stdout and "latency" in r.stdout
