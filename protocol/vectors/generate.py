@@ -345,7 +345,7 @@ VALID += [
 SENDERS = {"HELLO": "none", "DISCONNECT": "collector", "EVENT": "collector",
            "SUBMIT": "coordinator", "REPLAY": "coordinator", "ACK": "coordinator",
            "CAPACITY": "coordinator", "STREAM_GAP": "coordinator",
-           "GET_DATA": "learner", "POLICY": "learner"}
+           "GET_DATA": "learner", "LEARN_INFO": "learner", "POLICY": "learner"}
 
 
 def invalid(name, body_hex, code, note, type_name="HELLO"):
@@ -411,6 +411,13 @@ INVALID = [
             "DISCONNECT"),
     invalid("event_type_on_router", pack({}), 404, "EVENT is never a ROUTER message", "EVENT"),
 ]
+
+VALID.append(valid("data_meta_nests_14", "DATA",
+                   {"task_id": COLLECTOR_TASK, "attempt": 1, "data_id": "d", "buffer_id": BUFFER,
+                    "meta": {"x": nested(13)}},
+                   "meta and 13 arrays in it: the deepest meta a data event can carry "
+                   "(SPEC §12.2.3.1)"))
+
 
 def invalid_task(name, type_name, fields, note, code=402):
     return invalid(name, pack(fields), code, note, type_name)
@@ -505,6 +512,20 @@ INVALID += [
     invalid_task("data_lost_first_zero", "DATA_LOST",
                  {"task_id": COLLECTOR_TASK, "attempt": 1, "first": 0, "last": 3},
                  "DATA indexes count from 1"),
+    # user maps relayed one level deeper nest at most 14 levels (SPEC §12.2.3.1): each body
+    # below is 16 levels deep, within §5.1, but its event would be 17
+    invalid_task("data_meta_nests_15", "DATA",
+                 {"task_id": COLLECTOR_TASK, "attempt": 1, "data_id": "d", "buffer_id": BUFFER,
+                  "meta": {"x": nested(14)}},
+                 "meta and 14 arrays in it: 15 levels, one more than the data event can carry"),
+    invalid_task("learn_info_info_nests_15", "LEARN_INFO",
+                 {"task_id": LEARNER_TASK, "attempt": 1, "buffer_id": BUFFER,
+                  "info": {"x": nested(14)}},
+                 "info and 14 arrays in it: one level more than the learn_info event can carry"),
+    invalid_task("task_failed_result_nests_15", "TASK_FAILED",
+                 {"task_id": COLLECTOR_TASK, "attempt": 1, "reason": "x",
+                  "result": {"x": nested(14)}},
+                 "result and 14 arrays in it: one level more than the failed event can carry"),
 ]
 
 

@@ -212,9 +212,19 @@ def _make_check(name: str, typ: str, d: Mapping[str, Any]) -> _Check:
             return None
         return check_bin
     if typ == "msgpack-map":
+        max_nesting = int(d.get("max_nesting", 0))
+
         def check_map(v: Any) -> Optional[str]:
             # a map with a key Python cannot hash is read as its pairs: still a map
-            return None if isinstance(v, (dict, _Pairs)) else f"{name} must be a map"
+            if not isinstance(v, (dict, _Pairs)):
+                return f"{name} must be a map"
+            if max_nesting:
+                levels = nesting(v)
+                if levels > max_nesting:
+                    return (f"{name} nests {levels} levels of maps and arrays, more than the "
+                            f"{max_nesting} it may have, since the broker relays it one level "
+                            f"deeper")
+            return None
         return check_map
     if typ == "msgpack-any":
         return lambda v: None
@@ -392,9 +402,36 @@ def _too_deep(v: Any, depth: int) -> bool:
     return False
 
 
-def unpack_value(data: bytes) -> Any:
+def nesting(v: Any) -> int:
+    """The levels of maps and arrays in a decoded value, its own included (a scalar is 0,
+    an empty map 1)."""
+    deepest = 0
+    stack = [(v, 1)]
+    while stack:
+        x, d = stack.pop()
+        t = type(x)
+        if t is dict:
+            items: Any = x.items()
+        elif t is _Pairs:
+            items = x
+        elif t is list or t is tuple:
+            items = ((y, None) for y in x)
+        else:
+            continue
+        deepest = max(deepest, d)
+        for k, y in items:
+            for z in (k, y):
+                tz = type(z)
+                if tz is dict or tz is list or tz is tuple or tz is _Pairs:
+                    stack.append((z, d + 1))
+    return deepest
+
+
+def unpack_value(data: bytes, depth: int = 1) -> Any:
     """Decodes one msgpack value under the SPEC §5.1 limits (ProtocolError 401 otherwise).
-    Maps are dicts, except under a map with a key Python cannot hash (a list of pairs)."""
+    Maps are dicts, except under a map with a key Python cannot hash (a list of pairs).
+    ``depth`` is the nesting the value starts at: 1 on its own, 2 as a field of a body
+    (the body's map is the first level), so a field may nest one level less."""
     for tolerant in (False, True):
         u = _make_unpacker(tolerant, len(data))
         u.feed(data)
@@ -410,7 +447,7 @@ def unpack_value(data: bytes) -> Any:
             raise ProtocolError(401, f"malformed msgpack: {e}") from None
         if u.tell() != len(data):
             raise ProtocolError(401, f"{len(data) - u.tell()} trailing bytes after the value")
-        if _too_deep(v, 1):
+        if _too_deep(v, depth):
             raise ProtocolError(401, "msgpack nesting too deep")
         return v
     raise AssertionError("unreachable")

@@ -308,6 +308,7 @@ class Field:
                     ("user-map-key", m_map([(b"\x81\xa1a\x01", m_uint(1))])),
                     ("user-dup-keys", m_map([(m_str("a"), m_uint(1)), (m_str("a"), m_uint(2))])),
                     ("user-whole-f64", m_map([(m_str("x"), m_f64(21.0))])),
+                    ("user-depth-14", m_map([(m_str("x"), m_nested(13))])),  # max_nesting
                     ("user-depth-15", m_map([(m_str("x"), m_nested(14))])),
                     ("user-depth-16", m_map([(m_str("x"), m_nested(15))])),
                     ("user-str-limit", m_map([(m_str("x"), m_str("s" * 65536))])),

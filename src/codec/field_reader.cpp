@@ -3,8 +3,10 @@
 // where each top-level field lies, and reads a field only when asked.
 #include "codec/field_reader.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
+#include <utility>
 
 namespace rlbus::codec::detail {
 
@@ -369,8 +371,38 @@ void pack_resources(msgpack::packer<msgpack::sbuffer>& pk, msgpack::sbuffer& out
   }
 }
 
+namespace {
+
+// The levels of maps and arrays in the value at `pos` of a body that passed the checker (its
+// own included: a scalar is 0, an empty map 1), and the offset just past it. Recursion is
+// bounded by the depth limit the body passed.
+std::pair<std::size_t, std::size_t> nesting(std::string_view buf, std::size_t pos) {
+  const auto h = *read_head(buf, pos);
+  switch (h.k) {
+    case head::kind::str:
+    case head::kind::bin:
+      return {0, h.data + h.n};
+    case head::kind::array:
+    case head::kind::map: {
+      const auto items = h.k == head::kind::map ? 2 * h.n : h.n;
+      std::size_t deepest = 0;
+      auto at = h.data;
+      for (std::uint64_t i = 0; i < items; ++i) {
+        const auto [levels, next] = nesting(buf, at);
+        deepest = std::max(deepest, levels);
+        at = next;
+      }
+      return {deepest + 1, at};
+    }
+    default:
+      return {0, h.data};
+  }
+}
+
+}  // namespace
+
 void field_reader::blob(std::string_view key, std::string& out, bool required, bool want_map,
-                        bool allow_nil) {
+                        bool allow_nil, std::size_t max_nesting) {
   const auto v = get(key, required);
   if (!v) return;
   if (v->k == head::kind::nil) {
@@ -379,6 +411,13 @@ void field_reader::blob(std::string_view key, std::string& out, bool required, b
     return fail(key, "expected a map");
   }
   const auto& f = at(next_ - 1);  // the field get() just found
+  if (max_nesting != 0) {
+    const auto levels = nesting(body_, f.begin).first;
+    if (levels > max_nesting)
+      return fail(key, fmt::format("nests {} levels of maps and arrays, more than the {} it may "
+                                   "have, since the broker relays it one level deeper",
+                                   levels, max_nesting));
+  }
   out.assign(body_.substr(f.begin, f.end - f.begin));
 }
 

@@ -125,9 +125,10 @@ class field_reader {
 
   /// An opaque value (user data: task_info, info, result ...) kept as its exact bytes, so
   /// it is forwarded unchanged. `allow_nil` accepts nil ("none"); otherwise it must be a
-  /// map (`want_map`) or any value.
+  /// map (`want_map`) or any value. A `max_nesting` other than 0 bounds the levels of maps
+  /// and arrays in it, its own included.
   void blob(std::string_view key, std::string& out, bool required, bool want_map,
-            bool allow_nil = false);
+            bool allow_nil = false, std::size_t max_nesting = 0);
 
   void string_list(std::string_view key, std::vector<std::string>& out, std::size_t max_items,
                    std::size_t max_len);

@@ -87,12 +87,15 @@ struct reader {
   void operator()(std::string_view k, std::optional<U>& v, rule::range g) {
     r.opt_uint(k, v, g.lo, g.hi);
   }
-  void operator()(std::string_view k, blob& v, rule::shape s) {
-    r.blob(k, v, true, s == rule::shape::map, s != rule::shape::map);
-  }
+  void operator()(std::string_view k, blob& v, rule::shape s) { read_blob(k, v, s); }
   void operator()(std::string_view k, std::optional<blob>& v, rule::shape s) {
     if (!r.has(k)) return;
-    r.blob(k, v.emplace(), true, s == rule::shape::map, s != rule::shape::map);
+    read_blob(k, v.emplace(), s);
+  }
+  void read_blob(std::string_view k, blob& v, rule::shape s) {
+    const bool map = s == rule::shape::map || s == rule::shape::relayed_map;
+    r.blob(k, v, true, map, !map,
+           s == rule::shape::relayed_map ? rule::max_relayed_nesting : 0);
   }
   void operator()(std::string_view k, rlbus::resources& v) { r.resources(k, v); }
   void operator()(std::string_view k, std::optional<std::string>& v, rule::id /*r*/) {

@@ -29,7 +29,10 @@ struct text {
 struct range {
   std::uint64_t lo, hi;
 };
-enum class shape { map, any, map_or_nil };
+// relayed_map: a map the broker relays one level deeper than it came (DATA's meta inside a
+// `data` event's body, ...), so it may nest at most max_relayed_nesting levels (§12.2.3.1).
+enum class shape { map, any, map_or_nil, relayed_map };
+inline constexpr std::size_t max_relayed_nesting = 14;
 struct bin {
   std::size_t max;
 };
@@ -329,7 +332,7 @@ struct data_ready {
     f("attempt", s.attempt, rule::attempt);
     f("data_id", s.data_id, rule::text{256});
     f("buffer_id", s.buffer_id, rule::text{256});
-    f("meta", s.meta, rule::shape::map);
+    f("meta", s.meta, rule::shape::relayed_map);
     f("payload", s.payload, rule::bin{~std::size_t{0}});
     f("policy_version", s.policy_version, rule::version);
     f("index", s.index, rule::range{1, ~std::uint64_t{0}});
@@ -383,7 +386,7 @@ struct learn_info {
     f("task_id", s.task_id, rule::id{});
     f("attempt", s.attempt, rule::attempt);
     f("buffer_id", s.buffer_id, rule::text{256});
-    f("info", s.body, rule::shape::map);
+    f("info", s.body, rule::shape::relayed_map);
   }
 };
 
@@ -415,7 +418,7 @@ struct task_failed {
     f("task_id", s.task_id, rule::id{});
     f("attempt", s.attempt, rule::attempt);
     f("reason", s.reason, rule::reason);
-    f("result", s.result, rule::shape::map);
+    f("result", s.result, rule::shape::relayed_map);
   }
 };
 

@@ -270,3 +270,41 @@ TEST_CASE_METHOD(fixture, "SPEC 12.11.7: DATA_ACK every 32 DATA and after a resu
   again.send(data(41));
   next_data(coord, 41);
 }
+
+namespace {
+
+/// A user map of `levels` levels: {"x": [[...[]...]]}, the map itself the first level.
+codec::blob nested_map(std::size_t levels) {
+  if (levels == 1) return "\x80"s;
+  return "\x81\xa1x"s + std::string(levels - 2, '\x91') + "\x90"s;
+}
+
+}  // namespace
+
+// §12.2.3.1 "... `meta` of DATA, `info` of LEARN_INFO and `result` of TASK_FAILED SHALL nest
+// at most 14 levels of maps and arrays, the field's own map counting as the first ... A deeper
+// one is refused with 402 naming the field; like every refusal it changes nothing (§12.5.4)."
+// The events that carry them decode within §5.1 (the test's codec reads them under it).
+TEST_CASE_METHOD(fixture, "SPEC 12.2.3.1: user maps relayed one level deeper nest at most 14",
+                 "[spec]") {
+  raw_peer coord(ctx, router), w(ctx, router);
+  running(coord, w);
+  auto deep = data(1);
+  deep.meta = nested_map(15);  // the DATA is 16 levels deep: within §5.1, its event would not be
+  w.send(deep);
+  CHECK(next_error(w, error_code::bad_field, ref(type_data)).reason.find("'meta'") !=
+        std::string::npos);
+  auto edge = data(1);
+  edge.meta = nested_map(14);
+  w.send(edge);  // index 1 is still the next: the refusal changed nothing
+  const auto e = next_event(coord, "t", "data");
+  CHECK(e.body.find(edge.meta) != std::string::npos);
+
+  w.send(codec::task_failed{"t", 1, "broke", nested_map(15)});
+  CHECK(next_error(w, error_code::bad_field, ref(type_task_failed)).reason.find("'result'") !=
+        std::string::npos);
+  w.send(codec::task_failed{"t", 1, "broke", nested_map(14)});
+  const auto end = next_a<codec::task_event>(coord);
+  CHECK((end.event == "requeued" || end.event == "failed"));
+  CHECK(end.body.find(nested_map(14)) != std::string::npos);
+}
