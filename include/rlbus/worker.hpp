@@ -100,7 +100,10 @@ class task_handle {
   /// task timeout. False when the task is over or closing (nothing was sent).
   bool keep_alive();
 
-  // Collector side. Each returns false when the task is over (nothing was sent).
+  // Collector side. Each returns false when the task is over (nothing was sent), and throws
+  // std::invalid_argument, sending nothing, when the broker would refuse what it was given
+  // (meta or info not one msgpack map within the limits of SPEC §5.1 and §12.2.3.1, or a
+  // message past the broker's max-message); emit_learn_info likewise.
   /// When the broker applies data credit to this attempt (its coordinator acknowledges its
   /// stream), emit_data waits while the credit is used up, until the coordinator catches
   /// up: a slow coordinator slows its collectors down instead of losing their data.
@@ -127,6 +130,7 @@ class task_handle {
  private:
   friend class worker;
   struct owner;
+  [[nodiscard]] std::uint64_t max_message() const;  // the broker's (0: not known yet)
   task_handle(owner& o, std::string id, std::uint32_t attempt, std::string info,
               std::optional<rlbus::policy> p)
       : owner_(o),

@@ -62,17 +62,28 @@ def _cut(text: str, limit: int = _MAX_REASON) -> str:
 
 
 def _as_map(value: Any, what: str) -> P.Raw:
-    """A dict (or a Raw already holding a msgpack map) as opaque user data."""
+    """A dict (or a Raw already holding a msgpack map) as opaque user data, held to the
+    limits the broker decodes a body under (SPEC §5.1: nesting, sizes of str, bin, arrays
+    and maps): ValueError naming ``what`` otherwise, since the broker would refuse the
+    message and count it against the session."""
     if isinstance(value, P.Raw):
         if not value or not (0x80 <= value[0] <= 0x8F or value[0] in (0xDE, 0xDF)):
             raise ValueError(f"{what}: expected a msgpack map")
-        return value
-    if not isinstance(value, Mapping):
+        raw = value
+    elif not isinstance(value, Mapping):
         raise ValueError(f"{what}: expected a dict, got {type(value).__name__}")
+    else:
+        try:
+            raw = P.Raw.of(dict(value))
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ValueError(f"{what}: cannot be encoded as msgpack: {e}") from None
     try:
-        return P.Raw.of(dict(value))
-    except (TypeError, ValueError, OverflowError) as e:
-        raise ValueError(f"{what}: cannot be encoded as msgpack: {e}") from None
+        P.unpack_value(raw, depth=2)  # as one field of a message body
+    except P.ProtocolError as e:
+        raise ValueError(f"{what}: {e.reason}") from None
+    except Exception as e:  # the decoder's own limits (a value past 1 MiB)
+        raise ValueError(f"{what}: cannot be checked: {e!r}") from None
+    return raw
 
 
 def _policy_of(msg: P.Message) -> Optional[Policy]:
@@ -198,10 +209,11 @@ class Task:
                 return False
             if self._policy is not None:
                 fields["policy_version"] = self._policy.version
-            self._emitted += 1
-            fields["index"] = self._emitted
+            fields["index"] = self._emitted + 1
             # encoded once, here: the I/O thread and any resend after a resume send this body
             data = P.Encoded("DATA", fields, check=False)
+            w._check_size("DATA", data.body)
+            self._emitted += 1
             # posted under the lock, so that DATA from several threads leave in index order
             if w._post(lambda: w._io_queue("DATA", data, self)):
                 return True
@@ -312,8 +324,8 @@ class Task:
             raise ValueError(f"{what}: only a {kind} task does that; this is a {self.kind} task")
 
     def _progress(self, name: str, fields: Dict[str, Any]) -> bool:
-        P.encode_body(name, fields)
         w = self._w
+        w._check_size(name, P.encode_body(name, fields))
         with self._cond:
             # after TASK_CLOSE the broker refuses progress (408): nothing is sent
             if self._stopped() or w._outbox_full():
@@ -562,6 +574,14 @@ class Worker:
     def _post(self, fn: Callable[[], None]) -> bool:
         return self._session.post(fn)
 
+    def _check_size(self, name: str, body: bytes) -> None:
+        """ValueError when ``body`` is past the broker's max-message (its WELCOME says it):
+        the broker's socket would drop the connection that carries it."""
+        limit = self._session.max_message
+        if limit and len(body) > limit:
+            raise ValueError(f"{name}: {len(body)} bytes, more than the broker's max-message "
+                             f"of {limit}")
+
     def _outbox_full(self) -> bool:
         # read from other threads without a lock: an estimate is all the bound needs
         return len(self._outbox) >= _MAX_OUTBOX
@@ -610,8 +630,8 @@ class Worker:
             try:
                 value = self._close(task) if self._close is not None else None
                 result = _as_map({} if value is None else value, "close() result")
-                P.encode_body("RESULT", {"task_id": task.id, "attempt": task.attempt,
-                                         "result": result})
+                self._check_size("RESULT", P.encode_body(
+                    "RESULT", {"task_id": task.id, "attempt": task.attempt, "result": result}))
             except TaskFailure as e:
                 failure = (e.reason, e.result)
             except BaseException as e:  # noqa: BLE001
@@ -630,7 +650,7 @@ class Worker:
         if fresult is not None:
             try:
                 fields["result"] = _as_map(fresult, "TaskFailure.result")
-                P.encode_body("TASK_FAILED", fields)
+                self._check_size("TASK_FAILED", P.encode_body("TASK_FAILED", fields))
             except (ValueError, TypeError) as e:
                 log.warning("worker %s: task %s: the failure's result is left out: %s",
                             self.id, task.id, e)

@@ -316,6 +316,62 @@ def test_collector_task_reports_data_info_and_result_in_order(
     assert got["close_thread"].startswith("rlbus-handler-")
 
 
+def nested(levels: int) -> Dict[str, Any]:
+    top: Dict[str, Any] = {}
+    cur = top
+    for _ in range(levels - 1):
+        cur["x"] = {}
+        cur = cur["x"]
+    return top
+
+
+def test_user_data_past_the_brokers_limits_raises_and_costs_nothing(
+        broker_factory, coord_factory, workers) -> None:
+    """What the broker would refuse (nesting past SPEC 5.1, a body past max-message) is a
+    ValueError in the caller: nothing is sent, no index is used, the session is not
+    counted against, and what comes next arrives."""
+    broker = broker_factory("--max-message", "8192")
+    coord = coord_factory(broker)
+    got: Dict[str, Any] = {}
+
+    def attempt(name: str, fn: Callable[[], Any]) -> None:
+        try:
+            got[name] = fn()
+        except ValueError as e:
+            got[name] = "ValueError: " + str(e)
+
+    def run(task: Task) -> None:
+        attempt("ok14", lambda: task.emit_data("d-ok", "buf", nested(14)))
+        # one level more than the data event can carry (SPEC 12.2.3.1), then past SPEC 5.1
+        attempt("relayed", lambda: task.emit_data("d-15", "buf", nested(15)))
+        attempt("deep", lambda: task.emit_data("d-deep", "buf", nested(16)))
+        attempt("big", lambda: task.emit_data("d-big", "buf", {}, b"x" * 9000))
+        attempt("info", lambda: task.emit_info({"deep": nested(16)}))
+        attempt("next", lambda: task.emit_data("d-next", "buf", {"i": 2}))
+        task.emit_info({"collector_done": True})
+        task.wait_stop(10)
+
+    w = workers(broker.router, "collector", "w-limits", run=run,
+                close=lambda t: {"r": nested(16)}, **FAST)
+    assert w.wait_for("ready", 10)
+    coord.submit("t-limits", "collector", max_attempts=1)
+    assert coord.wait(coord.has("t-limits", "info"))
+    assert got["ok14"] is True and got["next"] is True
+    assert got["relayed"].startswith("ValueError: 402 BAD_FIELD: DATA: meta nests 15 levels")
+    assert got["deep"].startswith("ValueError: meta: msgpack nesting too deep")
+    assert got["big"].startswith("ValueError: DATA: ") and "max-message of 8192" in got["big"]
+    assert got["info"].startswith("ValueError: info: msgpack nesting too deep")
+    data = [body(m) for m in coord.of("t-limits", "data")]
+    assert [d["data_id"] for d in data] == ["d-ok", "d-next"]
+    # a close() result the broker would refuse fails the attempt, saying why
+    coord.send("FINISH", {"task_id": "t-limits"})
+    assert coord.wait(coord.has("t-limits", "failed"))
+    assert "close() result: msgpack nesting too deep" in body(
+        coord.of("t-limits", "failed")[0])["reason"]
+    assert not any("refused a message" in line for line in broker.lines)
+    assert w.state == "ready" and w.welcomes == 1
+
+
 def test_emit_data_waits_for_credit_while_the_coordinator_lags(
         broker_factory, coord_factory, workers) -> None:
     broker = broker_factory("--stream-window", "8")

@@ -29,6 +29,7 @@ class FakeSession:
         self.token = 0
         self.welcomes = 0
         self.last_error = ""
+        self.max_message = 0  # the broker's, from WELCOME (0: not known)
         self.sent: List[Tuple[str, Dict[str, Any]]] = []
         self._q: "queue.Queue[Optional[Callable[[], None]]]" = queue.Queue()
         self._closing = False

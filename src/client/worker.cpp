@@ -18,6 +18,7 @@
 #include <zmq.hpp>
 
 #include "client/session.hpp"
+#include "codec/codec.hpp"
 #include "util/poll.hpp"
 #include "util/wake_pipe.hpp"
 
@@ -42,11 +43,23 @@ constexpr std::size_t max_outbox = 100'000;                  // messages waiting
 constexpr std::chrono::milliseconds max_no_data_wait{2000};  // the longest NO_DATA hint obeyed
 constexpr std::size_t max_credit_entries = 16;               // attempts whose DATA_CREDIT is kept
 
-// Whether `bytes` begin as a msgpack map (fixmap, map16 or map32); the broker checks the rest.
-bool is_msgpack_map(const std::string& bytes) {
-  if (bytes.empty()) return false;
-  const auto b = static_cast<std::uint8_t>(bytes[0]);
-  return (b & 0xF0U) == 0x80U || b == 0xDE || b == 0xDF;
+// Why the broker would refuse `m` (its body does not decode under the limits, a field breaks
+// its rule, the body is past max-message, which would also cost the connection), or
+// nullopt. A refused DATA would hold back every later one of its attempt (§12.11.4), so the
+// user's data is checked here, where the caller can be told.
+std::optional<std::string> why_refused(const codec::message& m, std::uint64_t max_message) {
+  const auto body = codec::encode_body(m);
+  if (max_message != 0 && body.size() > max_message)
+    return fmt::format("{} bytes, more than the broker's max-message of {}", body.size(),
+                       max_message);
+  const auto decoded = codec::decode_body(static_cast<std::uint8_t>(codec::type_of(m)), body);
+  if (!decoded) return decoded.error().reason;
+  return std::nullopt;
+}
+
+void check_sendable(const codec::message& m, std::uint64_t max_message, std::string_view what) {
+  if (auto why = why_refused(m, max_message))
+    throw std::invalid_argument(fmt::format("{}: {}", what, *why));
 }
 }  // namespace
 
@@ -85,6 +98,7 @@ struct task_handle::owner {
   std::uint64_t dropped_upto = 0;
   std::deque<codec::data_ready> kept;
   std::size_t kept_bytes = 0;
+  std::uint64_t max_message = 0;  // the broker's, from its last WELCOME (0: not known yet)
   std::size_t max_items = 4096;
   std::size_t max_bytes = std::size_t{16} << 20;
   std::uint64_t data_dropped = 0;
@@ -205,7 +219,9 @@ bool task_handle::emit_data(std::string data_id, std::string buffer_id, std::str
                         std::move(payload)};
     if (owner_.live(*this) && owner_.policy) d.policy_version = owner_.policy->version;
     // Numbered, so that the broker relays it once however often it is sent (§12.11).
-    d.index = ++owner_.data_sent;
+    d.index = owner_.data_sent + 1;
+    check_sendable(d, owner_.max_message, "emit_data");
+    ++owner_.data_sent;
     owner_.outbox.push_back(std::move(d));
   }
   owner_.wake.notify();
@@ -230,12 +246,20 @@ bool task_handle::keep_alive() {
 }
 
 bool task_handle::emit_info(std::string info_msgpack) {
-  return live() && owner_.post(codec::info{id_, attempt_, std::move(info_msgpack)});
+  codec::info m{id_, attempt_, std::move(info_msgpack)};
+  check_sendable(m, max_message(), "emit_info");
+  return live() && owner_.post(std::move(m));
 }
 
 bool task_handle::emit_learn_info(std::string buffer_id, std::string info_msgpack) {
-  return live() && owner_.post(codec::learn_info{id_, attempt_, std::move(buffer_id),
-                                                 std::move(info_msgpack)});
+  codec::learn_info m{id_, attempt_, std::move(buffer_id), std::move(info_msgpack)};
+  check_sendable(m, max_message(), "emit_learn_info");
+  return live() && owner_.post(std::move(m));
+}
+
+std::uint64_t task_handle::max_message() const {
+  std::lock_guard lock(owner_.mu);
+  return owner_.max_message;
 }
 
 bool task_handle::publish_policy(std::string policy_id, std::uint64_t version, std::string params) {
@@ -361,6 +385,7 @@ struct worker::impl {
       return tasks.task && tasks.task->task_id == id && tasks.task->attempt == attempt;
     };
     if (const auto* w = std::get_if<codec::welcome>(&m)) {
+      tasks.max_message = w->max_message;
       // A resumed session: whatever the old connection still held is gone, so everything not
       // confirmed goes again. A new session: the broker ended our attempt, nothing to resend.
       if (w->resumed && tasks.data_attempt != 0) {
@@ -497,18 +522,28 @@ struct worker::impl {
           tasks.next_task.reset();
         }
       }
+      const auto max_message = h.max_message();
+      if (result) {
+        codec::task_result r{h.id(), h.attempt(), std::move(*result)};
+        if (auto why = why_refused(r, max_message)) {
+          failure = "the close handler's result cannot travel: " + *why;
+        } else {
+          tasks.post(std::move(r));
+        }
+      }
       if (failure) {
         spdlog::warn("{}: task {} failed: {}", opts.id, h.id(), *failure);
-        // The broker refuses a result that is not one msgpack map: such a one is not sent.
-        if (failure_result && !is_msgpack_map(*failure_result)) {
-          spdlog::warn("{}: task {}: the failure's result is not a msgpack map; left out", opts.id,
-                       h.id());
-          failure_result.reset();
+        codec::task_failed f{h.id(), h.attempt(), failure->substr(0, 1000),
+                             std::move(failure_result)};
+        // A result the broker would refuse is left out: the failure itself still travels.
+        if (f.result) {
+          if (auto why = why_refused(f, max_message)) {
+            spdlog::warn("{}: task {}: the failure's result is left out: {}", opts.id, h.id(),
+                         *why);
+            f.result.reset();
+          }
         }
-        tasks.post(codec::task_failed{h.id(), h.attempt(), failure->substr(0, 1000),
-                                      std::move(failure_result)});
-      } else if (result) {
-        tasks.post(codec::task_result{h.id(), h.attempt(), std::move(*result)});
+        tasks.post(std::move(f));
       }
     }
   }

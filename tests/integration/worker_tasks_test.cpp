@@ -4,6 +4,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
 #include <thread>
 
 #include "rlbus/worker.hpp"
@@ -266,4 +270,80 @@ TEST_CASE("a running task sees a newer policy version", "[worker-tasks]") {
   CHECK(m.ptr[m.size - 1].val.as<std::uint64_t>() == 7);
   coord.send(codec::finish{"ct"});
   until_event(coord, "finished");
+}
+
+namespace {
+
+/// A msgpack map of `levels` levels: {"x": [[...[]...]]}, the map itself the first level.
+std::string nested_map(std::size_t levels) {
+  if (levels == 1) return "\x80";
+  return "\x81\xa1x" + std::string(levels - 2, '\x91') + "\x90";
+}
+
+/// What `fn` threw as std::invalid_argument ("" when it returned).
+template <class F>
+std::string refusal(F&& fn) {
+  try {
+    fn();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("user data the broker would refuse throws in the handler and costs nothing",
+          "[worker-tasks]") {
+  auto cfg = test_config();
+  cfg.max_message = 8192;
+  broker::server_thread b(cfg);
+  zmq::context_t ctx;
+  raw_peer coord(ctx, b.get().router_endpoint());
+  coord.introduce("coordinator", role::coordinator, 5000);
+  std::mutex mu;
+  std::vector<std::string> refused;
+  std::atomic<bool> sent_ok{false};
+  task_handlers h;
+  h.run = [&](task_handle& t) {
+    std::vector<std::string> r{
+        // one level more than a data event can carry (SPEC 12.2.3.1)
+        refusal([&] { t.emit_data("deep", "b", nested_map(15)); }),
+        refusal([&] { t.emit_data("not-a-map", "b", "\x01"); }),
+        refusal([&] { t.emit_data("big", "b", "\x80", std::string(9000, 'x')); }),
+        refusal([&] { t.emit_info(nested_map(16)); }),  // 17 levels with the INFO's own map
+    };
+    sent_ok = t.emit_data("ok", "b", nested_map(14)) && t.emit_info(flag_map("collector_done", true));
+    {
+      std::lock_guard lock(mu);
+      refused = std::move(r);
+    }
+    wait_for_stop(t);
+  };
+  h.close = [](task_handle&) { return nested_map(16); };  // a result that cannot travel
+  worker w(opts(b.get().router_endpoint(), "collector-0", role::collector), h);
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+
+  coord.send(codec::submit{"ct", role::collector, codec::empty_map_blob, {}, {}, {}, {}, {}, 1});
+  std::vector<codec::task_event> seen;
+  until_event(coord, "info", &seen);
+  CHECK(sent_ok);
+  {
+    std::lock_guard lock(mu);
+    REQUIRE(refused.size() == 4);
+    CHECK(refused[0].find("emit_data: field 'meta': nests 15 levels") == 0);
+    CHECK(refused[1].find("emit_data: field 'meta': expected a map") == 0);
+    CHECK(refused[2].find("more than the broker's max-message of 8192") != std::string::npos);
+    CHECK(refused[3].find("emit_info: msgpack nesting too deep") == 0);
+  }
+  // Only what could travel did, and the data index did not skip: "ok" is DATA 1.
+  std::vector<std::string> data;
+  for (const auto& e : seen)
+    if (e.event == "data") data.push_back(e.body);
+  REQUIRE(data.size() == 1);
+  CHECK(data[0].find(nested_map(14)) != std::string::npos);
+  coord.send(codec::finish{"ct"});
+  const auto failed = until_event(coord, "failed");
+  CHECK(failed.body.find("the close handler's result cannot travel") != std::string::npos);
+  CHECK(b.get().snapshot().faults == 0);  // the broker refused nothing
 }
