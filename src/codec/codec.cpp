@@ -310,6 +310,11 @@ std::string encode_event(const event& e) {
   return {buf.data(), buf.size()};
 }
 
+std::optional<decode_error> check_user_map(std::string_view value, std::size_t max_nesting,
+                                           const decode_limits& limits) {
+  return detail::check_user_map_impl(value, max_nesting, limits);
+}
+
 bool valid_peer_id(std::string_view id) noexcept {
   if (id.empty() || id.size() > max_id_length) return false;
   return std::all_of(id.begin(), id.end(), [](char c) {

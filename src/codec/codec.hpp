@@ -73,6 +73,13 @@ std::string encode_event(const event& e);
 /// True for the type ids of task messages and of stream flow control (SPEC §12, §12.9).
 bool is_task_type(std::uint8_t type) noexcept;
 
+/// Why `value` cannot travel as a user map field of a message (task_info, meta, info,
+/// result): nullopt when it is one complete msgpack map within `limits` at the depth of a
+/// body's field (SPEC §5.1) and, when `max_nesting` is not 0, of at most that many levels of
+/// maps and arrays (§12.2.3.1). What the broker's decoder would say, without a whole message.
+std::optional<decode_error> check_user_map(std::string_view value, std::size_t max_nesting = 0,
+                                           const decode_limits& limits = {});
+
 /// True when `id` is a valid peer id: 1..128 bytes of [A-Za-z0-9._:@/-].
 bool valid_peer_id(std::string_view id) noexcept;
 

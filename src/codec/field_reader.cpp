@@ -401,6 +401,27 @@ std::pair<std::size_t, std::size_t> nesting(std::string_view buf, std::size_t po
 
 }  // namespace
 
+std::optional<decode_error> check_user_map_impl(std::string_view value, std::size_t max_nesting,
+                                                const decode_limits& limits) {
+  checker c(value, limits);
+  const auto end = c.value(0, 1);  // a field's value: the body's map is the first level
+  if (!end) return c.fault;
+  if (*end != value.size())
+    return decode_error{error_code::bad_body,
+                        fmt::format("{} trailing bytes after the value", value.size() - *end)};
+  if (read_head(value, 0)->k != head::kind::map)
+    return decode_error{error_code::bad_field, "expected a map"};
+  if (max_nesting != 0) {
+    const auto levels = nesting(value, 0).first;
+    if (levels > max_nesting)
+      return decode_error{error_code::bad_field,
+                          fmt::format("nests {} levels of maps and arrays, more than the {} it "
+                                      "may have, since the broker relays it one level deeper",
+                                      levels, max_nesting)};
+  }
+  return std::nullopt;
+}
+
 void field_reader::blob(std::string_view key, std::string& out, bool required, bool want_map,
                         bool allow_nil, std::size_t max_nesting) {
   const auto v = get(key, required);

@@ -38,6 +38,10 @@ struct head {
 /// never-used byte 0xc1. Payload lengths are not checked against `buf`.
 std::optional<head> read_head(std::string_view buf, std::size_t pos);
 
+/// codec::check_user_map's work (it needs the body checker of field_reader.cpp).
+std::optional<decode_error> check_user_map_impl(std::string_view value, std::size_t max_nesting,
+                                                const decode_limits& limits);
+
 /// Resources in canonical form: whole numbers below 2^53 as integers, others as float64.
 void pack_resources(msgpack::packer<msgpack::sbuffer>& pk, msgpack::sbuffer& out,
                     const rlbus::resources& res);

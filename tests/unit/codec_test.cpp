@@ -516,3 +516,25 @@ TEST_CASE("the in-place body check agrees with msgpack-c's unpacker", "[unit][co
   CHECK(agreed_accept > 1000);
   CHECK(agreed_refuse > 1000);
 }
+
+TEST_CASE("check_user_map gives the decoder's verdict on one user map", "[unit][codec]") {
+  using codec::error_code;
+  // {"x": [[...]]}: the map and levels-1 arrays
+  const auto nested = [](std::size_t levels) {
+    return "\x81\xa1x" + std::string(levels - 2, '\x91') + "\x90";
+  };
+  CHECK_FALSE(codec::check_user_map("\x80"));
+  CHECK_FALSE(codec::check_user_map(nested(15)));  // a field may hold 15 levels (SPEC 5.1)
+  CHECK_FALSE(codec::check_user_map(nested(14), 14));
+  const auto code = [](const std::optional<codec::decode_error>& e) {
+    REQUIRE(e);
+    return e->code;
+  };
+  CHECK(code(codec::check_user_map(nested(16))) == error_code::bad_body);
+  CHECK(code(codec::check_user_map(nested(15), 14)) == error_code::bad_field);
+  CHECK(code(codec::check_user_map(std::string("\x01", 1))) == error_code::bad_field);
+  CHECK(code(codec::check_user_map(std::string("\x80\x80", 2))) == error_code::bad_body);
+  CHECK(code(codec::check_user_map(std::string("\x81\xa1", 2))) == error_code::bad_body);
+  CHECK(code(codec::check_user_map(std::string("\x81\xa1x\xd4\x01\x00", 6))) ==
+        error_code::bad_body);  // an ext value
+}
