@@ -402,9 +402,19 @@ def _too_deep(v: Any, depth: int) -> bool:
     return False
 
 
+_SCALARS = frozenset((int, float, bool, type(None), str, bytes))
+
+
+def _flat(d: Mapping[Any, Any]) -> bool:
+    """True for a map of scalars only (the common metadata record): two passes in C."""
+    return _SCALARS.issuperset(map(type, d.values())) and _SCALARS.issuperset(map(type, d))
+
+
 def nesting(v: Any) -> int:
     """The levels of maps and arrays in a decoded value, its own included (a scalar is 0,
     an empty map 1)."""
+    if type(v) is dict and _flat(v):
+        return 1
     deepest = 0
     stack = [(v, 1)]
     while stack:
@@ -425,6 +435,20 @@ def nesting(v: Any) -> int:
                 if tz is dict or tz is list or tz is tuple or tz is _Pairs:
                     stack.append((z, d + 1))
     return deepest
+
+
+def user_map(value: Mapping[Any, Any]) -> Raw:
+    """``value`` as one user map field of a message (task_info, meta, info, result): its
+    canonical bytes, held to the limits the receiver decodes them under (SPEC §5.1, at the
+    depth of a field); ProtocolError 401 saying which otherwise, TypeError or OverflowError
+    when it cannot be written as msgpack at all. A map of scalars is checked in place; any
+    other is decoded again under the limits."""
+    d = dict(value)
+    raw = Raw.of(d)
+    if len(raw) <= _MAX_STR and len(d) <= _MAX_MAP and _flat(d):
+        return raw  # no container inside, and no str or bin longer than the whole
+    unpack_value(raw, depth=2)
+    return raw
 
 
 def unpack_value(data: bytes, depth: int = 1) -> Any:

@@ -66,24 +66,23 @@ def _as_map(value: Any, what: str) -> P.Raw:
     limits the broker decodes a body under (SPEC §5.1: nesting, sizes of str, bin, arrays
     and maps): ValueError naming ``what`` otherwise, since the broker would refuse the
     message and count it against the session."""
-    if isinstance(value, P.Raw):
-        if not value or not (0x80 <= value[0] <= 0x8F or value[0] in (0xDE, 0xDF)):
-            raise ValueError(f"{what}: expected a msgpack map")
-        raw = value
-    elif not isinstance(value, Mapping):
-        raise ValueError(f"{what}: expected a dict, got {type(value).__name__}")
-    else:
-        try:
-            raw = P.Raw.of(dict(value))
-        except (TypeError, ValueError, OverflowError) as e:
-            raise ValueError(f"{what}: cannot be encoded as msgpack: {e}") from None
     try:
-        P.unpack_value(raw, depth=2)  # as one field of a message body
+        if isinstance(value, P.Raw):
+            if not value or not (0x80 <= value[0] <= 0x8F or value[0] in (0xDE, 0xDF)):
+                raise ValueError(f"{what}: expected a msgpack map")
+            P.unpack_value(value, depth=2)  # as one field of a message body
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{what}: expected a dict, got {type(value).__name__}")
+        return P.user_map(value)
     except P.ProtocolError as e:
         raise ValueError(f"{what}: {e.reason}") from None
+    except (TypeError, ValueError, OverflowError) as e:
+        if str(e).startswith(what + ":"):
+            raise
+        raise ValueError(f"{what}: cannot be encoded as msgpack: {e}") from None
     except Exception as e:  # the decoder's own limits (a value past 1 MiB)
         raise ValueError(f"{what}: cannot be checked: {e!r}") from None
-    return raw
 
 
 def _policy_of(msg: P.Message) -> Optional[Policy]:

@@ -89,3 +89,21 @@ def test_encoded_and_check_body_refuse_what_encode_refuses() -> None:
     # another message name is encoded from the fields, not from the stored body
     with pytest.raises(P.ProtocolError):
         P.encode("INFO", e)
+
+
+def test_user_map_holds_user_data_to_the_decoders_limits() -> None:
+    flat = {"env_id": 3, "priority": 1.0, "tag": "é", 7: None, "raw": b"\x00"}
+    assert P.user_map(flat) == P.Raw.of(flat) and P.user_map(flat).value() == flat
+    nested = {"a": [{"b": 1}]}
+    assert P.user_map(nested) == P.pack_value(nested)
+    deep: Any = 0
+    for _ in range(15):
+        deep = [deep]
+    for bad in ({"x": deep},                      # 17 levels in a body
+                {"s": "x" * (P.LIMITS["max_str"] + 1)},
+                {i: 0 for i in range(P.LIMITS["max_map"] + 1)},
+                {"a": list(range(P.LIMITS["max_array"] + 1))}):
+        with pytest.raises(P.ProtocolError) as err:
+            P.user_map(bad)
+        assert err.value.code == 401
+    assert P.user_map({"s": "x" * P.LIMITS["max_str"]})  # at the limit: fine
