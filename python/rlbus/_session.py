@@ -62,6 +62,7 @@ _GOODBYE_LINGER_MS = 500
 _SEND_HWM = 10000
 _NOBLOCK_MORE = zmq.NOBLOCK | zmq.SNDMORE
 _COPY_BELOW = 65536  # bodies this small are copied into the message: cheaper than tracking
+_SESSION_MESSAGES = frozenset(("WELCOME", "HEARTBEAT", "ERROR", "DISCONNECT"))
 _READ_BURST = 256  # messages read per turn of the loop, so that a busy socket cannot
                    # hold back posted calls, timers and on_idle
 
@@ -124,6 +125,7 @@ class Session:
         self.role = role
         self.id = id
         self.handler = handler
+        self._on_message = getattr(handler, "on_message", None)
         self.resources = dict(resources or {})
         self.requested_heartbeat_ms = heartbeat_ms
         self.reconnect_min = float(reconnect_min)
@@ -430,6 +432,14 @@ class Session:
         if self._state == READY:
             self._broker_deadline = now + self._silence()
         name = msg.name
+        if name not in _SESSION_MESSAGES:  # the common case: straight to the handler
+            on_message = self._on_message
+            if on_message is not None:
+                try:
+                    on_message(msg)
+                except Exception:  # a handler bug must not end the connection
+                    log.exception("%s %s: on_message raised", self.role, self.id)
+            return
         if name == "WELCOME":
             if self._state == READY:
                 return  # the answer to a repeated HELLO
@@ -462,7 +472,7 @@ class Session:
                 with self._cond:
                     self.last_error = detail
                 self._call("on_message", msg)
-        elif name == "DISCONNECT":
+        else:  # DISCONNECT
             detail = (f"broker said DISCONNECT {msg['code']} {P.code_name(msg['code'])}: "
                       f"{msg['reason']}")
             if msg["code"] == _REPLACED:
@@ -472,8 +482,6 @@ class Session:
             if msg["code"] in (_EXPIRED, _TOO_MANY_FAULTS):
                 self.token = 0  # that session is gone for good
             self._retry_later(detail)
-        else:
-            self._call("on_message", msg)
 
     def _shutdown(self) -> None:
         self._call("on_close")

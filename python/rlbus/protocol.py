@@ -133,13 +133,14 @@ def _reject_ext(code: int, data: bytes) -> Any:
 # ---- field tables ---------------------------------------------------------------------
 
 _Check = Callable[[Any], Optional[str]]
+_PASSED_MAX = 4096  # ids a pattern field remembers as checked
 
 
 class FieldSpec:
     """One field of a message or event body, as messages.json declares it."""
 
     __slots__ = ("name", "type", "required", "verbatim", "always_encoded", "key", "check",
-                 "rules", "is_resources")
+                 "rules", "is_resources", "is_bin")
 
     def __init__(self, d: Mapping[str, Any]) -> None:
         self.name: str = str(d["name"])
@@ -151,6 +152,7 @@ class FieldSpec:
                                       if k not in ("name", "type", "required")}
         self.key: bytes = msgpack.packb(self.name, use_bin_type=True)
         self.is_resources = self.type == "map<str,number>"
+        self.is_bin = self.type == "bin"
         self.check: _Check = _make_check(self.name, self.type, d)
 
     def as_dict(self) -> Dict[str, Any]:
@@ -194,12 +196,19 @@ def _make_check(name: str, typ: str, d: Mapping[str, Any]) -> _Check:
                 if v not in enum:
                     return f"{name} must be one of {', '.join(sorted(enum))}"
                 return None
+            if v in passed:  # ids come again and again: each is matched once
+                return None
             n = _utf8_len(v)
             if n < min_len or n > max_len:
                 return f"{name} must be {min_len}..{max_len} bytes"
-            if pattern is not None and pattern.fullmatch(v) is None:
-                return f"{name} has characters outside A-Z a-z 0-9 . _ : @ / -"
+            if pattern is not None:
+                if pattern.fullmatch(v) is None:
+                    return f"{name} has characters outside A-Z a-z 0-9 . _ : @ / -"
+                if len(passed) >= _PASSED_MAX:
+                    passed.clear()
+                passed.add(v)
             return None
+        passed: set = set()  # values of this field that passed (pattern fields only)
         return check_str
     if typ == "bin":
         max_bin = int(d.get("max_length", _MAX_BIN))
@@ -785,9 +794,12 @@ class Encoded(dict):
 
     __slots__ = ("name", "body")
 
-    def __init__(self, name: str, fields: Mapping[str, Any], check: bool = True) -> None:
+    def __init__(self, name: str, fields: Mapping[str, Any], check: bool = True,
+                 body: Optional[bytes] = None) -> None:
+        """``body``, when given, must be the canonical body of ``fields`` (a caller that
+        wrote it in one go, see :func:`pack_value`); otherwise it is encoded here."""
         super().__init__(fields)
-        self.body = encode_body(name, fields, check)
+        self.body = encode_body(name, fields, check) if body is None else body
         self.name = name
 
 
@@ -802,12 +814,23 @@ def encode_body(name: str, fields: Mapping[str, Any], check: bool = True) -> byt
     if check:
         _check_present(spec, present)
     packer = _packer()
-    parts = []
+    pack = packer.pack
+    parts = [b""]  # the map header goes here
     for f in spec.fields:
-        if f.name in present:
-            parts.append(f.key)
-            parts.append(_encode_value(f, present[f.name], packer))
-    return _map_header(len(parts) // 2) + b"".join(parts)
+        v = present.get(f.name, _MISSING)
+        if v is _MISSING:
+            continue
+        parts.append(f.key)
+        if isinstance(v, Raw):
+            parts.append(v)
+        elif f.is_resources:
+            parts.append(_pack_resources(v, packer))
+        elif f.is_bin and type(v) is not bytes:
+            parts.append(pack(bytes(v)))
+        else:
+            parts.append(pack(v))
+    parts[0] = _map_header(len(parts) // 2)
+    return b"".join(parts)
 
 
 def encode(name: str, fields: Optional[Mapping[str, Any]] = None,

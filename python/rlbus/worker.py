@@ -85,6 +85,22 @@ def _as_map(value: Any, what: str) -> P.Raw:
         raise ValueError(f"{what}: cannot be checked: {e!r}") from None
 
 
+def _data_body(f: Dict[str, Any]) -> bytes:
+    """The canonical body of a DATA in one msgpack call: the fields in SPEC order as one
+    dict, `meta` as the value its Raw was written from (user_map wrote those bytes with the
+    same packer a moment ago, so they come out the same). Not for a meta the caller gave
+    as a Raw: its bytes travel as they are."""
+    d: Dict[str, Any] = {"task_id": f["task_id"], "attempt": f["attempt"],
+                         "data_id": f["data_id"], "buffer_id": f["buffer_id"],
+                         "meta": f["meta"].value()}
+    if f.get("payload") is not None:
+        d["payload"] = f["payload"]
+    if f.get("policy_version") is not None:
+        d["policy_version"] = f["policy_version"]
+    d["index"] = f["index"]
+    return P.pack_value(d)
+
+
 def _policy_of(msg: P.Message) -> Optional[Policy]:
     """The policy a TASK_START or POLICY_UPDATE carries, if any."""
     pid = msg.get("policy_id")
@@ -210,7 +226,8 @@ class Task:
                 fields["policy_version"] = self._policy.version
             fields["index"] = self._emitted + 1
             # encoded once, here: the I/O thread and any resend after a resume send this body
-            data = P.Encoded("DATA", fields, check=False)
+            data = P.Encoded("DATA", fields, check=False,
+                             body=None if isinstance(meta, P.Raw) else _data_body(fields))
             w._check_size("DATA", data.body)
             self._emitted += 1
             # posted under the lock, so that DATA from several threads leave in index order

@@ -54,6 +54,8 @@ class FakeSession:
         if not self.ready:
             return False
         P.decode(P.encode(name, fields))  # what the wire would carry must decode
+        if isinstance(fields, P.Encoded):  # encoded ahead: the canonical bytes of its fields
+            assert fields.body == P.encode_body(name, dict(fields))
         self.sent.append((name, dict(fields)))
         return True
 
@@ -404,8 +406,15 @@ def test_bad_user_fields_raise_in_the_caller(fake) -> None:
     assert not s.of("DATA") and not s.of("POLICY") and not s.of("GET_DATA")
     assert not s.of("LEARN_INFO")
     assert t.emit_data("d", "b", {})  # the failed calls used no index
+    # every shape of field: the body written in one go is the canonical one (FakeSession.send)
+    assert t.emit_data("d2", "b", {"x": [1.0, {"y": "\u00e9", 3: None}], "z": True},
+                       bytearray(b"\x00\xff"))
+    raw = P.Raw(P.pack_value({"f32": 1.5}).replace(b"\xcb", b"\xca", 1)[:-4])  # a float32
+    assert t.emit_data("d3", "b", raw)
     s.sync()
-    assert s.of("DATA")[0]["index"] == 1
+    sent = s.of("DATA")
+    assert [d["index"] for d in sent] == [1, 2, 3]
+    assert sent[1]["payload"] == b"\x00\xff" and bytes(sent[2]["meta"]) == bytes(raw)
 
 
 def test_policy_updates_only_move_forward_and_reach_on_policy_in_order(fake) -> None:
