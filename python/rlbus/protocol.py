@@ -780,10 +780,23 @@ def _check_present(spec: "MessageSpec", present: Mapping[str, Any]) -> None:
     _check_rules(spec, present)
 
 
-def check_body(name: str, fields: Mapping[str, Any]) -> None:
+def check_body(name: str, fields: Mapping[str, Any],
+               only: Optional[Tuple[str, ...]] = None) -> None:
     """Holds ``fields`` to the rules of message ``name`` as :func:`encode_body` does
-    (ProtocolError 402 naming the field), without encoding them."""
-    _check_present(*_present(name, fields))
+    (ProtocolError 402 naming the field), without encoding them. With ``only``, just those
+    fields are held to their rules (the caller vouches for the others)."""
+    if only is None:
+        _check_present(*_present(name, fields))
+        return
+    key = (name, only)
+    subset = _SUBSETS.get(key)
+    if subset is None:
+        spec = MESSAGES[name]
+        subset = _SUBSETS[key] = tuple(spec.by_name[n] for n in only)
+    _check_fields(name, subset, {k: v for k, v in fields.items() if v is not None})
+
+
+_SUBSETS: Dict[Tuple[str, Tuple[str, ...]], Tuple[FieldSpec, ...]] = {}
 
 
 class Encoded(dict):

@@ -85,6 +85,9 @@ def _as_map(value: Any, what: str) -> P.Raw:
         raise ValueError(f"{what}: cannot be checked: {e!r}") from None
 
 
+_DATA_USER_FIELDS = ("data_id", "buffer_id", "meta", "payload")
+
+
 def _data_body(f: Dict[str, Any]) -> bytes:
     """The canonical body of a DATA in one msgpack call: the fields in SPEC order as one
     dict, `meta` as the value its Raw was written from (user_map wrote those bytes with the
@@ -212,7 +215,9 @@ class Task:
             "task_id": self.id, "attempt": self.attempt, "data_id": data_id,
             "buffer_id": buffer_id, "meta": _as_map(meta, "meta"),
             "payload": bytes(payload) if payload is not None else None, "index": 1}
-        P.check_body("DATA", fields)  # the user's fields are checked here, not on the I/O thread
+        # the caller's fields are checked here, not on the I/O thread (the task's own are
+        # the broker's, and the index and version are ours)
+        P.check_body("DATA", fields, _DATA_USER_FIELDS)
         w = self._w
         with self._cond:
             if self._live() and not self._has_credit():

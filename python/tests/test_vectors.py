@@ -107,3 +107,16 @@ def test_user_map_holds_user_data_to_the_decoders_limits() -> None:
             P.user_map(bad)
         assert err.value.code == 401
     assert P.user_map({"s": "x" * P.LIMITS["max_str"]})  # at the limit: fine
+
+
+def test_check_body_of_some_fields_holds_just_those_to_their_rules() -> None:
+    fields = {"task_id": "not an id!", "attempt": 0, "data_id": "d", "buffer_id": "b",
+              "meta": {}, "payload": None}
+    only = ("data_id", "buffer_id", "meta", "payload")
+    P.check_body("DATA", fields, only)  # the task's fields are not looked at
+    with pytest.raises(P.ProtocolError):
+        P.check_body("DATA", fields)
+    for bad in ({"data_id": "x" * 257}, {"meta": []}, {"payload": "str"}):
+        with pytest.raises(P.ProtocolError) as err:
+            P.check_body("DATA", dict(fields, **bad), only)
+        assert err.value.code == 402 and next(iter(bad)) in err.value.reason
