@@ -274,12 +274,6 @@ TEST_CASE("a running task sees a newer policy version", "[worker-tasks]") {
 
 namespace {
 
-/// A msgpack map of `levels` levels: {"x": [[...[]...]]}, the map itself the first level.
-std::string nested_map(std::size_t levels) {
-  if (levels == 1) return "\x80";
-  return "\x81\xa1x" + std::string(levels - 2, '\x91') + "\x90";
-}
-
 /// What `fn` threw as std::invalid_argument ("" when it returned).
 template <class F>
 std::string refusal(F&& fn) {

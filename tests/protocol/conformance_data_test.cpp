@@ -271,16 +271,6 @@ TEST_CASE_METHOD(fixture, "SPEC 12.11.7: DATA_ACK every 32 DATA and after a resu
   next_data(coord, 41);
 }
 
-namespace {
-
-/// A user map of `levels` levels: {"x": [[...[]...]]}, the map itself the first level.
-codec::blob nested_map(std::size_t levels) {
-  if (levels == 1) return "\x80"s;
-  return "\x81\xa1x"s + std::string(levels - 2, '\x91') + "\x90"s;
-}
-
-}  // namespace
-
 // §12.2.3.1 "... `meta` of DATA, `info` of LEARN_INFO and `result` of TASK_FAILED SHALL nest
 // at most 14 levels of maps and arrays, the field's own map counting as the first ... A deeper
 // one is refused with 402 naming the field; like every refusal it changes nothing (§12.5.4)."

@@ -159,6 +159,11 @@ std::string flag_map(std::string_view key, bool value) {
   return {b.data(), b.size()};
 }
 
+std::string nested_map(std::size_t levels) {
+  if (levels <= 1) return "\x80";
+  return "\x81\xa1x" + std::string(levels - 2, '\x91') + "\x90";
+}
+
 std::string event_peer_id(const codec::event& e) {
   if (const auto* j = std::get_if<codec::peer_joined>(&e.body)) return j->id;
   if (const auto* g = std::get_if<codec::peer_gone>(&e.body)) return g->id;

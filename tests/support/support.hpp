@@ -130,6 +130,10 @@ codec::task_event until_event(raw_peer& coord, const std::string& name,
 /// A one-entry msgpack map {key: value}, the shape of DI-engine's done flags.
 std::string flag_map(std::string_view key, bool value);
 
+/// A msgpack map of `levels` (>= 1) levels of maps and arrays, its own the first:
+/// {"x": [[...[]...]]}.
+std::string nested_map(std::size_t levels);
+
 /// The id a peer_joined / peer_gone event is about ("" for other bodies).
 std::string event_peer_id(const codec::event& e);
 

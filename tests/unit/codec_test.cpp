@@ -12,6 +12,7 @@
 
 #include "codec/codec.hpp"
 #include "codec/field_reader.hpp"
+#include "support/support.hpp"
 
 using namespace rlbus;
 using codec::error_code;
@@ -519,10 +520,7 @@ TEST_CASE("the in-place body check agrees with msgpack-c's unpacker", "[unit][co
 
 TEST_CASE("check_user_map gives the decoder's verdict on one user map", "[unit][codec]") {
   using codec::error_code;
-  // {"x": [[...]]}: the map and levels-1 arrays
-  const auto nested = [](std::size_t levels) {
-    return "\x81\xa1x" + std::string(levels - 2, '\x91') + "\x90";
-  };
+  const auto nested = test::nested_map;
   CHECK_FALSE(codec::check_user_map("\x80"));
   CHECK_FALSE(codec::check_user_map(nested(15)));  // a field may hold 15 levels (SPEC 5.1)
   CHECK_FALSE(codec::check_user_map(nested(14), 14));
