@@ -567,6 +567,15 @@ def test_exceptions_from_run_and_close_fail_the_attempt_with_reason_and_result(
         "reason": "worker reported: close went wrong", "attempt": 1, "result": {"partial": 1}}
 
 
+def cancel_once_started(coord: Coord, task_id: str, kind: str) -> None:
+    """Submits `task_id`, cancels it ("enough") once its worker has started it, and waits
+    for the cancel to be reported."""
+    coord.submit(task_id, kind)
+    assert coord.wait(coord.has(task_id, "started"))
+    coord.send("CANCEL", {"task_id": task_id, "reason": "enough"})
+    assert coord.wait(coord.has(task_id, "cancelled"))
+
+
 def test_abort_stops_run_skips_close_and_frees_the_worker(
         broker: Broker, coord_factory, workers) -> None:
     coord = coord_factory(broker)
@@ -587,10 +596,7 @@ def test_abort_stops_run_skips_close_and_frees_the_worker(
     w = workers(broker.router, "collector", "w-abort", run=run,
                 close=lambda t: closes.append(t.id), **FAST)
     assert w.wait_for("ready", 10)
-    coord.submit("t-abort", "collector")
-    assert coord.wait(coord.has("t-abort", "started"))
-    coord.send("CANCEL", {"task_id": "t-abort", "reason": "enough"})
-    assert coord.wait(coord.has("t-abort", "cancelled"))
+    cancel_once_started(coord, "t-abort", "collector")
     assert wait_until(lambda: "alive" in got)
     assert got["stopped"] is True and got["aborted"] is True
     assert got["reason"] == "cancelled: enough"
@@ -617,10 +623,7 @@ def test_an_aborted_learner_gets_no_batch_at_once(broker: Broker, coord_factory,
 
     w = workers(broker.router, "learner", "w-abort-l", run=run, **FAST)
     assert w.wait_for("ready", 10)
-    coord.submit("t-abort-l", "learner")
-    assert coord.wait(coord.has("t-abort-l", "started"))
-    coord.send("CANCEL", {"task_id": "t-abort-l", "reason": "enough"})
-    assert coord.wait(coord.has("t-abort-l", "cancelled"))
+    cancel_once_started(coord, "t-abort-l", "learner")
     assert wait_until(lambda: "learn_info" in got)
     assert got["stopped"] is True
     assert got["get_data"] is None and got["get_data_s"] < 5.0
