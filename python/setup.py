@@ -25,5 +25,6 @@ class BuildWithMessages(build_py):
 
 setup(
     packages=find_packages(include=["rlbus", "rlbus.*"]),
+    package_data={"rlbus": ["py.typed"]},  # the package ships its type hints (PEP 561)
     cmdclass={"build_py": BuildWithMessages},
 )
