@@ -100,10 +100,12 @@ def test_posted_calls_and_timers_run_in_order_on_the_io_thread(broker: Broker) -
         assert [i for i, _ in seen] == list(range(200))
         assert {n for _, n in seen} == {"rlbus-io-sess-4"}
         fired: List[str] = []
-        s.post(lambda: s.call_later(0.05, lambda: fired.append("late")))
+        # "never" is due well before "late", and cancelled long before it is due: had the
+        # cancel no effect, it would come second
+        s.post(lambda: s.call_later(0.6, lambda: fired.append("late")))
         s.post(lambda: s.call_later(0.0, lambda: fired.append("soon")))
         cancelled = []
-        s.post(lambda: cancelled.append(s.call_later(0.01, lambda: fired.append("never"))))
+        s.post(lambda: cancelled.append(s.call_later(0.3, lambda: fired.append("never"))))
         assert wait_until(lambda: bool(cancelled), 5)
         s.post(cancelled[0].cancel)
         assert wait_until(lambda: len(fired) == 2, 5)
