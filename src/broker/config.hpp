@@ -48,6 +48,11 @@ struct config {
   /// Longest a task waits in the queue (each time it is queued) before it fails when its
   /// SUBMIT names no queue_timeout_ms; 0 = it waits as long as it takes (SPEC §12.7.6).
   std::uint32_t queue_timeout_ms = 0;
+  /// A worker whose attempts end through it this many times in a row (failed, timed out,
+  /// gone while holding one) gets no task for quarantine_ms, twice that for each further
+  /// quarantine in a row, up to 8 times (SPEC §12.6.9). 0: never.
+  std::uint32_t quarantine_after = 5;
+  std::uint32_t quarantine_ms = 10'000;
   /// What NO_DATA tells a learner to wait before asking again (its SDK backs off from it).
   std::uint32_t no_data_retry_ms = 10;
   /// Task events kept per coordinator for replay, bounded in count and in bytes.

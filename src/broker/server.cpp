@@ -95,6 +95,8 @@ stats server::snapshot() const {
   s.data_duplicates = c.data_duplicates.load();
   s.data_out_of_order = c.data_out_of_order.load();
   s.data_lost = c.data_lost.load();
+  s.workers_quarantined = c.quarantined.load();
+  s.quarantines = c.quarantines.load();
   return s;
 }
 
@@ -117,6 +119,8 @@ void server::store_counters() {
   c.data_duplicates.store(t.data_duplicates, std::memory_order_relaxed);
   c.data_out_of_order.store(t.data_out_of_order, std::memory_order_relaxed);
   c.data_lost.store(t.data_lost, std::memory_order_relaxed);
+  c.quarantined.store(t.quarantined, std::memory_order_relaxed);
+  c.quarantines.store(t.quarantines, std::memory_order_relaxed);
 }
 
 void server::run() {
@@ -495,9 +499,9 @@ void server::shutdown(const std::string& reason) {
   });
   router_.set(zmq::sockopt::linger, static_cast<int>(cfg_.shutdown_linger_ms));
   events_.set_linger(static_cast<int>(cfg_.shutdown_linger_ms));
-  spdlog::info("broker stopped: {} messages in, {} out, {} refused, {} expired",
+  spdlog::info("broker stopped: {} messages in, {} out, {} refused, {} expired, {} quarantines",
                counters_.messages_in.load(), counters_.messages_out.load(), counters_.faults.load(),
-               counters_.expired.load());
+               counters_.expired.load(), counters_.quarantines.load());
 }
 
 server_thread::server_thread(config cfg)

@@ -62,6 +62,9 @@ struct stats {
   std::uint64_t data_duplicates = 0;    // indexed DATA already relayed, dropped (resends)
   std::uint64_t data_out_of_order = 0;  // indexed DATA past relayed + 1, dropped (a gap)
   std::uint64_t data_lost = 0;          // DATA a collector declared lost (DATA_LOST)
+  // quarantine (SPEC §12.6.9)
+  std::uint64_t workers_quarantined = 0;  // workers in quarantine now
+  std::uint64_t quarantines = 0;          // quarantines begun
 };
 
 class server : private task_sink {
@@ -92,7 +95,7 @@ class server : private task_sink {
         refused_hellos{0}, expired{0}, events{0}, tasks_queued{0}, tasks_running{0},
         tasks_finished{0}, tasks_failed{0}, tasks_requeued{0}, stale{0}, collectors{0}, learners{0},
         replays{0}, resent{0}, lost{0}, data_duplicates{0}, data_out_of_order{0}, data_lost{0},
-        events_unheard{0};
+        events_unheard{0}, quarantined{0}, quarantines{0};
     std::atomic<bool> draining{false};
   };
 

@@ -57,13 +57,18 @@ codec::blob reason_body(std::string_view reason, std::uint32_t attempt,
 }  // namespace
 
 task_manager::task_manager(const config& cfg, task_sink& sink)
-    : cfg_(cfg), sink_(sink), policies_(cfg.policy_max_ids, cfg.policy_max_bytes) {}
+    : cfg_(cfg),
+      sink_(sink),
+      policies_(cfg.policy_max_ids, cfg.policy_max_bytes),
+      quarantine_(cfg.quarantine_after, std::chrono::milliseconds(cfg.quarantine_ms),
+                  cfg.max_peers) {}
 
 void task_manager::peer_joined(const std::string& id, rlbus::role role, const rlbus::resources& res,
                                std::uint64_t serial, util::time_point now) {
   if (role == rlbus::role::coordinator) return;
   workers_[id] = worker_info{role, res, serial, ""};
-  free_[slot(role)].emplace(serial, id);
+  // A worker back under an id in quarantine (a restarted process) waits it out.
+  if (!quarantine_.held(id)) free_[slot(role)].emplace(serial, id);
   try_assign(now);
 }
 
@@ -109,10 +114,13 @@ void task_manager::peer_gone(const std::string& id, rlbus::role role, util::time
   const auto it = workers_.find(id);
   if (it == workers_.end()) return;
   const std::string task_id = it->second.task;
-  free_[slot(it->second.role)].erase(it->second.serial);
+  const auto worker_role = it->second.role;
+  free_[slot(worker_role)].erase(it->second.serial);
   workers_.erase(it);
   if (!task_id.empty()) {
-    end_attempt(tasks_.at(task_id), fmt::format("worker {} lost", id), now);
+    const auto reason = fmt::format("worker {} lost", id);
+    end_attempt(tasks_.at(task_id), reason, now);
+    ended_badly(id, worker_role, reason, now);  // a crash-looping worker is caught too
   }
   try_assign(now);
 }
@@ -447,12 +455,16 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
     if (t.st != state::closing) return wrong("RESULT answers TASK_CLOSE");
     emit(t, "finished", std::move(r->result));
     ++counts_.finished;
+    quarantine_.succeeded(from);
     free_worker(from);
     erase_task(t.id);
     try_assign(now);
   } else if (const auto* f = std::get_if<codec::task_failed>(&m)) {
     free_worker(from);
-    end_attempt(t, clip("worker reported: " + f->reason), now, f->result ? &*f->result : nullptr);
+    const auto reason = clip("worker reported: " + f->reason);
+    const auto kind = t.kind;
+    end_attempt(t, reason, now, f->result ? &*f->result : nullptr);
+    ended_badly(from, kind, reason, now);
     try_assign(now);
   }
   return std::nullopt;
@@ -602,7 +614,21 @@ void task_manager::free_worker(const std::string& worker_id) {
   const auto it = workers_.find(worker_id);
   if (it == workers_.end()) return;
   it->second.task.clear();
-  free_[slot(it->second.role)].emplace(it->second.serial, worker_id);
+  if (!quarantine_.held(worker_id))
+    free_[slot(it->second.role)].emplace(it->second.serial, worker_id);
+}
+
+void task_manager::ended_badly(const std::string& worker_id, rlbus::role role,
+                               const std::string& reason, util::time_point now) {
+  const auto q = quarantine_.failed(worker_id, now);
+  if (!q) return;
+  spdlog::warn("worker {} quarantined for {} ms: {} attempts in a row ended badly, the last: {}",
+               worker_id, q->length.count(), q->failures, reason);
+  if (const auto w = workers_.find(worker_id); w != workers_.end())
+    free_[slot(w->second.role)].erase(w->second.serial);  // if it was free: it is not now
+  sink_.publish(codec::topic::worker_quarantined,
+                codec::worker_quarantine{worker_id, role, q->failures,
+                                         static_cast<std::uint64_t>(q->length.count()), reason});
 }
 
 // The attempt is over (its worker, if any, already freed or gone): re-queue or fail. The
@@ -674,12 +700,24 @@ void task_manager::on_timers(util::time_point now) {
     const auto reason = t.deadline == t.attempt_end && t.deadline <= now
                             ? std::string("task timeout")
                             : fmt::format("{} timeout", step);
-    if (!t.worker.empty()) {
-      sink_.send_to(t.worker, codec::task_abort{t.id, t.attempt, reason});
-      free_worker(t.worker);
+    const std::string worker = t.worker;
+    const auto kind = t.kind;
+    if (!worker.empty()) {
+      sink_.send_to(worker, codec::task_abort{t.id, t.attempt, reason});
+      free_worker(worker);
     }
     end_attempt(t, reason, now);
+    if (!worker.empty()) ended_badly(worker, kind, reason, now);
     freed = true;
+  }
+  // Quarantines that have run out: their workers, if free, go back to their pools.
+  for (const auto& id : quarantine_.released(now)) {
+    spdlog::info("worker {}: quarantine over", id);
+    const auto w = workers_.find(id);
+    if (w != workers_.end() && w->second.task.empty()) {
+      free_[slot(w->second.role)].emplace(w->second.serial, id);
+      freed = true;
+    }
   }
   if (freed) try_assign(now);
 }
@@ -713,8 +751,9 @@ void task_manager::cancel(task& t, const std::string& reason) {
 }
 
 std::optional<util::time_point> task_manager::next_deadline() const {
-  if (checks_.empty()) return std::nullopt;
-  return checks_.top().due;
+  auto next = quarantine_.next_release();
+  if (!checks_.empty() && (!next || checks_.top().due < *next)) next = checks_.top().due;
+  return next;
 }
 
 void task_manager::erase_task(const std::string& id) {
@@ -897,6 +936,8 @@ task_counts task_manager::counts() const {
   task_counts c = counts_;
   c.queued = queue_.size();
   c.running = tasks_.size() - queue_.size();
+  c.quarantined = quarantine_.active();
+  c.quarantines = quarantine_.total();
   return c;
 }
 

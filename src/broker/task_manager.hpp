@@ -31,6 +31,7 @@
 
 #include "broker/config.hpp"
 #include "broker/policy_store.hpp"
+#include "broker/quarantine.hpp"
 #include "broker/refusal.hpp"
 #include "codec/messages.hpp"
 #include "util/clock.hpp"
@@ -57,6 +58,8 @@ struct task_counts {
   // reliable data (§12.11): indexed DATA dropped as already relayed, dropped as past the
   // next index, and DATA declared lost by their collectors
   std::uint64_t data_duplicates = 0, data_out_of_order = 0, data_lost = 0;
+  // quarantine (§12.6.9): workers in quarantine now, and quarantines begun in all
+  std::uint64_t quarantined = 0, quarantines = 0;
 };
 
 class task_manager {
@@ -197,7 +200,12 @@ class task_manager {
   void arm_queue_timeout(task& t, util::time_point now);
   /// The credit an attempt of `s` is topped up to: the window shared by twice its attempts.
   [[nodiscard]] std::uint64_t chunk_of(const stream& s) const;
+  /// The worker is free again: back in its pool, unless it is in quarantine.
   void free_worker(const std::string& worker_id);
+  /// An attempt on `worker_id` ended through the worker (§12.6.9): it may begin a quarantine,
+  /// which takes the worker out of its pool and is published.
+  void ended_badly(const std::string& worker_id, rlbus::role role, const std::string& reason,
+                   util::time_point now);
   /// `result`: the TASK_FAILED's own map, passed on in the event when the worker sent one.
   void end_attempt(task& t, const std::string& reason, util::time_point now,
                    const codec::blob* result = nullptr);
@@ -218,6 +226,7 @@ class task_manager {
   std::map<std::uint64_t, std::string> free_[2];  // per kind (collector, learner): serial -> id
   std::unordered_map<std::string, stream> streams_;
   policy_store policies_;
+  class quarantine quarantine_;
   std::priority_queue<check, std::vector<check>, std::greater<>> checks_;
   task_counts counts_;
   std::optional<std::string> closed_;  // the queue is closed (draining), with this reason

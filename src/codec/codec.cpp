@@ -162,6 +162,14 @@ struct event_encoder {
     pack_kv(pk, "code", std::uint64_t{b.code});
     pack_kv(pk, "reason", b.reason);
   }
+  void operator()(const worker_quarantine& b) const {
+    envelope(5);
+    pack_kv(pk, "id", b.id);
+    pack_kv(pk, "role", b.role);
+    pack_kv(pk, "failures", std::uint64_t{b.failures});
+    pack_kv(pk, "quarantine_ms", b.quarantine_ms);
+    pack_kv(pk, "reason", b.reason);
+  }
   void operator()(const broker_status& b) const {
     envelope(2);
     pack_kv(pk, "peers", b.peers);
@@ -254,6 +262,20 @@ result<event> decode_event(std::string_view topic, std::string_view body,
     r.role("role", b.role);
     r.uint("serial", b.serial, 1, u64_max);
     r.uint("code", b.code, 0, u16_max);
+    r.str("reason", b.reason, max_reason_length);
+    e.body = std::move(b);
+  } else if (topic == topic::worker_quarantined) {
+    worker_quarantine b;
+    r.peer_id("id", b.id);
+    r.word(
+        "role", b.role,
+        [](std::string_view text) {
+          const auto r = parse_role(text);  // a worker's: never a coordinator
+          return r == rlbus::role::coordinator ? std::nullopt : r;
+        },
+        "collector or learner");
+    r.uint("failures", b.failures, 1, 1000);
+    r.uint("quarantine_ms", b.quarantine_ms, 1, u64_max);
     r.str("reason", b.reason, max_reason_length);
     e.body = std::move(b);
   } else if (topic == topic::broker_heartbeat) {

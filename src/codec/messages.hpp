@@ -100,6 +100,7 @@ inline constexpr std::string_view worker_lost = "worker.lost";
 inline constexpr std::string_view coordinator_joined = "coordinator.joined";
 inline constexpr std::string_view coordinator_left = "coordinator.left";
 inline constexpr std::string_view coordinator_lost = "coordinator.lost";
+inline constexpr std::string_view worker_quarantined = "worker.quarantined";
 inline constexpr std::string_view broker_heartbeat = "broker.heartbeat";
 inline constexpr std::string_view broker_stopping = "broker.stopping";
 inline constexpr std::string_view capacity_collector = "capacity.collector";
@@ -125,6 +126,17 @@ struct peer_gone {
   std::uint16_t code = 0;
   std::string reason;
   bool operator==(const peer_gone&) const = default;
+};
+
+/// Body of worker.quarantined (SPEC §12.6.9): `id` gets no task for `quarantine_ms`, after
+/// `failures` attempts in a row that it ended badly, the last for `reason`.
+struct worker_quarantine {
+  std::string id;
+  rlbus::role role = rlbus::role::collector;
+  std::uint32_t failures = 0;
+  std::uint64_t quarantine_ms = 0;
+  std::string reason;
+  bool operator==(const worker_quarantine&) const = default;
 };
 
 /// Body of broker.heartbeat.
@@ -181,7 +193,7 @@ struct event {
   std::uint64_t epoch = 0;
   std::uint64_t ts_ms = 0;
   std::variant<std::monostate, peer_joined, peer_gone, broker_status, broker_stopping, task_status,
-               policy_status, capacity_status>
+               policy_status, capacity_status, worker_quarantine>
       body;
   bool operator==(const event&) const = default;
 };

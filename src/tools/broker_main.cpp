@@ -123,6 +123,18 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0U, day_ms))
       ->group(tasks);
+  app.add_option("--quarantine-after", cfg.quarantine_after,
+                 "attempts in a row a worker may end badly (failed, timed out, gone while "
+                 "holding one) before it gets no task for a while (0 = never)")
+      ->capture_default_str()
+      ->check(CLI::Range(0U, 1000U))
+      ->group(tasks);
+  app.add_option("--quarantine-ms", cfg.quarantine_ms,
+                 "ms a quarantined worker gets no task; doubled for each further quarantine in "
+                 "a row, up to 8 times")
+      ->capture_default_str()
+      ->check(CLI::Range(1U, day_ms))
+      ->group(tasks);
   app.add_option("--no-data-retry", cfg.no_data_retry_ms,
                  "ms a learner is told to wait (NO_DATA) before asking its coordinator again")
       ->capture_default_str()

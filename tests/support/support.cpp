@@ -167,6 +167,7 @@ std::string nested_map(std::size_t levels) {
 std::string event_peer_id(const codec::event& e) {
   if (const auto* j = std::get_if<codec::peer_joined>(&e.body)) return j->id;
   if (const auto* g = std::get_if<codec::peer_gone>(&e.body)) return g->id;
+  if (const auto* q = std::get_if<codec::worker_quarantine>(&e.body)) return q->id;
   return "";
 }
 

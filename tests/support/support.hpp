@@ -134,7 +134,7 @@ std::string flag_map(std::string_view key, bool value);
 /// {"x": [[...[]...]]}.
 std::string nested_map(std::size_t levels);
 
-/// The id a peer_joined / peer_gone event is about ("" for other bodies).
+/// The id a peer_joined / peer_gone / worker_quarantine event is about ("" for others).
 std::string event_peer_id(const codec::event& e);
 
 }  // namespace rlbus::test

@@ -66,6 +66,19 @@ TEST_CASE("session settings have upper bounds as well", "[unit][config]") {
   CHECK_NOTHROW(cfg.validate());
 }
 
+TEST_CASE("quarantine settings are bounded, and 0 turns quarantine off", "[unit][config]") {
+  broker::config cfg;
+  cfg.quarantine_after = 0;
+  CHECK_NOTHROW(cfg.validate());
+  cfg.quarantine_after = 1001;
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("quarantine-after"));
+  cfg = {};
+  cfg.quarantine_ms = 0;
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("quarantine"));
+  cfg.quarantine_ms = 86'400'001;
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("quarantine"));
+}
+
 TEST_CASE("port 0 means any free port", "[unit][config]") {
   CHECK(broker::normalize_endpoint("tcp://127.0.0.1:0") == "tcp://127.0.0.1:*");
   CHECK(broker::normalize_endpoint("tcp://127.0.0.1:7235") == "tcp://127.0.0.1:7235");
