@@ -196,6 +196,17 @@ class worker {
   [[nodiscard]] std::string last_error() const;
   [[nodiscard]] const worker_options& options() const;
 
+  /// Tells the broker this worker will go away soon (LEAVING, SPEC §12.6.10): it gets no
+  /// new task for the rest of its session, and the task it runs, if any, may go on for at
+  /// most `deadline` more. Past that the broker aborts it (the handle's stop_requested() and
+  /// aborted()) and gives it to another worker at once; its coordinator sees it re-queued,
+  /// "worker <id> leaving". Said
+  /// again after a reconnect; calling it again can only bring the deadline closer. False
+  /// once stopped. Throws std::invalid_argument for a deadline outside 0..24 h.
+  bool leave(std::chrono::milliseconds deadline = std::chrono::milliseconds{0});
+  /// True once leave() was called.
+  [[nodiscard]] bool leaving() const;
+
   /// Says DISCONNECT to the broker (when connected), closes the socket and joins the I/O
   /// thread. Idempotent; afterwards state() is stopped.
   void stop();

@@ -25,6 +25,7 @@ TYPES = {"HELLO": 0x01, "WELCOME": 0x02, "HEARTBEAT": 0x03, "DISCONNECT": 0x04,
          "TASK_ABORT": 0x24, "POLICY_UPDATE": 0x25,
          "STARTED": 0x30, "DATA": 0x31, "INFO": 0x32, "GET_DATA": 0x33, "LEARN_INFO": 0x34,
          "RESULT": 0x35, "TASK_FAILED": 0x36, "POLICY": 0x37, "TASK_ALIVE": 0x38,
+         "LEAVING": 0x39,
          # stream flow control and replay (SPEC §12.9)
          "REPLAY": 0x40, "ACK": 0x41, "STREAM_GAP": 0x42, "DATA_CREDIT": 0x48,
          # reliable data (SPEC §12.11)
@@ -412,6 +413,10 @@ INVALID = [
     invalid("event_type_on_router", pack({}), 404, "EVENT is never a ROUTER message", "EVENT"),
 ]
 
+VALID.append(valid("leaving_in_30s", "LEAVING", {"deadline_ms": 30000},
+                   "a spot instance's notice: the running task may take 30 s more"))
+VALID.append(valid("leaving_now", "LEAVING", {"deadline_ms": 0},
+                   "SIGTERM with no grace: the running task is handed back at once"))
 VALID.append(valid("data_meta_nests_14", "DATA",
                    {"task_id": COLLECTOR_TASK, "attempt": 1, "data_id": "d", "buffer_id": BUFFER,
                     "meta": {"x": nested(13)}},
@@ -512,6 +517,9 @@ INVALID += [
     invalid_task("data_lost_first_zero", "DATA_LOST",
                  {"task_id": COLLECTOR_TASK, "attempt": 1, "first": 0, "last": 3},
                  "DATA indexes count from 1"),
+    invalid_task("leaving_no_deadline", "LEAVING", {}, "LEAVING without deadline_ms"),
+    invalid_task("leaving_deadline_too_long", "LEAVING", {"deadline_ms": 86400001},
+                 "deadline_ms is at most 86400000 (a day)"),
     # user maps relayed one level deeper nest at most 14 levels (SPEC §12.2.3.1): each body
     # below is 16 levels deep, within §5.1, but its event would be 17
     invalid_task("data_meta_nests_15", "DATA",

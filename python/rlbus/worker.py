@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import logging
 import queue
+import signal
 import threading
 import time
 from typing import Any, Callable, Deque, Dict, Mapping, Optional, Tuple
@@ -86,6 +87,16 @@ def _as_map(value: Any, what: str) -> P.Raw:
 
 
 _DATA_USER_FIELDS = ("data_id", "buffer_id", "meta", "payload")
+
+
+_MAX_LEAVE_MS = 86_400_000
+
+
+def _leave_ms(deadline_s: Any) -> int:
+    if isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float)) \
+            or not 0 <= deadline_s <= _MAX_LEAVE_MS / 1000:
+        raise ValueError(f"deadline_s: expected 0..86400 seconds, got {deadline_s!r}")
+    return int(round(deadline_s * 1000))
 
 
 def _data_body(f: Dict[str, Any]) -> bytes:
@@ -408,6 +419,10 @@ class Worker:
     The constructor validates the options (ValueError naming the bad one), starts the
     threads and returns at once: it never waits for the network. :meth:`close` leaves the
     broker and joins every thread the worker started; the worker is a context manager too.
+
+    ``leave_on_sigterm=S`` (seconds; the constructor must then run on the main thread) makes
+    SIGTERM call :meth:`leave` with ``S``: the usual notice of a preempted machine or of a
+    cluster scheduler. The process then goes on; wait with :meth:`wait_idle` and close.
     """
 
     def __init__(self, endpoint: str, role: str, id: str, run: Callable[[Task], Any],
@@ -416,7 +431,8 @@ class Worker:
                  resources: Optional[Mapping[str, float]] = None, heartbeat_ms: int = 1000,
                  reconnect_min: float = 0.1, reconnect_max: float = 5.0,
                  max_unconfirmed_data: int = 4096,
-                 max_unconfirmed_bytes: int = 16 << 20) -> None:
+                 max_unconfirmed_bytes: int = 16 << 20,
+                 leave_on_sigterm: Optional[float] = None) -> None:
         if role not in ("collector", "learner"):
             raise ValueError(f"role: a worker is a collector or a learner, got {role!r}")
         if not callable(run):
@@ -433,6 +449,11 @@ class Worker:
                 or max_unconfirmed_bytes < 0:
             raise ValueError(f"max_unconfirmed_bytes: expected a non-negative integer, got "
                              f"{max_unconfirmed_bytes!r}")
+        if leave_on_sigterm is not None:
+            _leave_ms(leave_on_sigterm)  # ValueError when out of range
+            if threading.current_thread() is not threading.main_thread():
+                raise ValueError("leave_on_sigterm: signal handlers can only be set from the "
+                                 "main thread; call leave() from your own handler instead")
         self.role = role
         self.id = id
         self._run = run
@@ -451,6 +472,7 @@ class Worker:
         self._handler_task: Optional[Task] = None
         self._credit_waits = 0
         self._closed = threading.Event()
+        self._leave_by: Optional[float] = None  # monotonic time its task must end by
 
         # I/O thread only
         self._cur: Optional[_Attempt] = None
@@ -476,6 +498,12 @@ class Worker:
         self._handler_thread.start()
         if self._policy_thread is not None:
             self._policy_thread.start()
+        if leave_on_sigterm is not None:
+            # the handler only starts a thread: leave() takes locks the interrupted code
+            # may hold
+            signal.signal(signal.SIGTERM, lambda *_: threading.Thread(
+                target=self.leave, args=(leave_on_sigterm,), name=f"rlbus-leave-{id}",
+                daemon=True).start())
         try:
             self._session.start()
         except BaseException:
@@ -524,6 +552,40 @@ class Worker:
     def last_error(self) -> str:
         """The latest error or refusal the broker sent, "" when none."""
         return self._session.last_error
+
+    def leave(self, deadline_s: float = 0.0) -> bool:
+        """Tells the broker this worker will go away soon (LEAVING): it gets no new task for
+        the rest of its session, and the task it runs, if any, may go on for at most
+        ``deadline_s`` more seconds. Past that the broker aborts it (``task.aborted``,
+        reason ``worker <id> leaving``) and gives it to another worker at once, not after the
+        liveness window; the coordinator sees it re-queued with that reason. Calling it
+        again can only bring the deadline closer; it is said again after a reconnect. False
+        once the worker is closing. ValueError for a deadline outside 0..86400 s."""
+        ms = _leave_ms(deadline_s)
+        by = time.monotonic() + ms / 1000.0
+        with self._lock:
+            if self._leave_by is None or by < self._leave_by:
+                self._leave_by = by
+        return self._post(self._io_leave)
+
+    @property
+    def leaving(self) -> bool:
+        """True once :meth:`leave` was called."""
+        with self._lock:
+            return self._leave_by is not None
+
+    def wait_idle(self, timeout_s: Optional[float] = None) -> bool:
+        """Waits until the worker runs no task (after :meth:`leave`: until it may go);
+        False if ``timeout_s`` seconds pass first."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                idle = self._handler_task is None and self._starts.empty()
+            if idle:
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
 
     def close(self) -> None:
         """Leaves the broker: tells a running handler to stop (``task.stop_requested``),
@@ -806,6 +868,13 @@ class Worker:
                 t._abort_reason = reason
             t._cond.notify_all()
 
+    def _io_leave(self) -> None:
+        with self._lock:
+            by = self._leave_by
+        if by is not None:
+            left = max(0, min(_MAX_LEAVE_MS, int((by - time.monotonic()) * 1000)))
+            self._io_queue("LEAVING", {"deadline_ms": left}, None)
+
     def _io_ready(self, welcome: P.Message) -> None:
         a = self._cur
         if welcome["resumed"]:
@@ -826,6 +895,7 @@ class Worker:
             self._next_start = None
             self._credits.clear()
             self._outbox = collections.deque(m for m in self._outbox if m[0] == "POLICY")
+        self._io_leave()  # a new session, or a resumed one that may have missed it
         self._io_flush()
 
     def _io_state(self, state: str, detail: str) -> None:

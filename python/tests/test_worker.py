@@ -3,8 +3,12 @@ coordinator speaking the codec (SUBMIT, TASK_EVENT, FINISH, CANCEL, ACK, DATA_RE
 
 from __future__ import annotations
 
+import os
 import queue
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -12,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional
 import pytest
 import zmq
 
-from conftest import Broker, wait_until
+from conftest import PYTHON_DIR, Broker, wait_until
 from rlbus import protocol as P
 from rlbus._types import Policy, TaskFailure
 from rlbus.worker import Task, Worker
@@ -777,3 +781,81 @@ def test_an_abort_lost_with_the_connection_does_not_keep_the_worker_busy(
         assert coord.names("t-new") == ["assigned", "started", "info", "finished"]
     finally:
         proxy.close()
+
+
+def test_a_leaving_worker_hands_its_task_back_by_its_deadline_and_gets_no_other(
+        broker: Broker, coord_factory, workers) -> None:
+    coord = coord_factory(broker)
+    got: Dict[str, Any] = {}
+
+    def run(task: Task) -> None:
+        got["stopped"] = task.wait_stop(30)
+        got["reason"] = task.abort_reason
+
+    w = workers(broker.router, "collector", "w-leave", run=run, **FAST)
+    assert w.wait_for("ready", 10)
+    coord.submit("t-leave", "collector", max_attempts=2)
+    assert coord.wait(coord.has("t-leave", "started"))
+    with pytest.raises(ValueError, match="deadline_s"):
+        w.leave(-1)
+    assert not w.leaving
+    said = time.monotonic()
+    assert w.leave(0.3) and w.leaving
+    assert coord.wait(coord.has("t-leave", "requeued"))
+    assert time.monotonic() - said >= 0.25  # not before the deadline it gave
+    assert body(coord.of("t-leave", "requeued")[0])["reason"] == "worker w-leave leaving"
+    assert w.wait_idle(10)
+    assert got == {"stopped": True, "reason": "worker w-leave leaving"}
+    # no new task for it: the re-queued one waits for another worker, which gets it
+    other = workers(broker.router, "collector", "w-other", run=lambda t: t.wait_stop(30), **FAST)
+    assert other.wait_for("ready", 10)
+    assert coord.wait(coord.has("t-leave", "started", 2))
+    assert coord.of("t-leave", "assigned")[1]["worker_id"] == "w-other"
+
+
+def test_sigterm_makes_a_worker_leave_when_asked(broker: Broker, coord_factory,
+                                                 tmp_path) -> None:
+    """leave_on_sigterm: the process goes on after SIGTERM, its task handed back by then."""
+    coord = coord_factory(broker)
+    script = tmp_path / "worker.py"
+    script.write_text(
+        "import sys, rlbus\n"
+        "def say(*words):\n"
+        "    print('>', *words, flush=True)\n"
+        "def run(task):\n"
+        "    say('running')\n"
+        "    task.wait_stop(60)\n"
+        "    say('stopped', task.abort_reason)\n"
+        "w = rlbus.Worker(sys.argv[1], role='collector', id='w-term', run=run,\n"
+        "                 heartbeat_ms=200, leave_on_sigterm=0.0)\n"
+        "w.wait_for('ready', 10)\n"
+        "say('ready')\n"
+        "sys.stdin.readline()\n"
+        "say('leaving', w.leaving, w.wait_idle(10))\n"
+        "w.close()\n")
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+    p = subprocess.Popen([sys.executable, str(script), broker.router], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    log: List[str] = []
+
+    def said() -> str:  # the script's next line, past its log lines (stderr joins stdout)
+        for line in p.stdout:
+            log.append(line)
+            if line.startswith("> "):
+                return line[2:].strip()
+        raise AssertionError("the worker script ended:\n" + "".join(log))
+    try:
+        assert said() == "ready"
+        coord.submit("t-term", "collector", max_attempts=2)
+        assert said() == "running"
+        p.send_signal(signal.SIGTERM)
+        assert said() == "stopped worker w-term leaving"
+        assert coord.wait(coord.has("t-term", "requeued"))
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert said() == "leaving True True"
+        assert p.wait(10) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()

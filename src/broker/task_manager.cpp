@@ -115,12 +115,14 @@ void task_manager::peer_gone(const std::string& id, rlbus::role role, util::time
   if (it == workers_.end()) return;
   const std::string task_id = it->second.task;
   const auto worker_role = it->second.role;
+  const bool leaving = it->second.leaving;
   free_[slot(worker_role)].erase(it->second.serial);
   workers_.erase(it);
   if (!task_id.empty()) {
-    const auto reason = fmt::format("worker {} lost", id);
+    const auto reason = fmt::format("worker {} {}", id, leaving ? "left" : "lost");
     end_attempt(tasks_.at(task_id), reason, now);
-    ended_badly(id, worker_role, reason, now);  // a crash-looping worker is caught too
+    // a crash-looping worker is caught too; one that said it was leaving is not failing
+    if (!leaving) ended_badly(id, worker_role, reason, now);
   }
   try_assign(now);
 }
@@ -166,7 +168,29 @@ std::optional<refusal> task_manager::handle(const std::string& from, rlbus::role
                : refuse(codec::error_code::unknown_type, "only learners publish policies");
   if (from_coordinator)
     return refuse(codec::error_code::unknown_type, "a coordinator does not run tasks");
+  if (const auto* l = std::get_if<codec::leaving>(&m)) return on_leaving(from, *l, now);
   return on_worker_message(from, std::move(m), now);
+}
+
+// The worker will go away (§12.6.10): no new task for it, and the attempt it holds ends by
+// the deadline it gave at the latest. Answered with nothing.
+std::optional<refusal> task_manager::on_leaving(const std::string& from, const codec::leaving& l,
+                                                util::time_point now) {
+  const auto w = workers_.find(from);
+  if (w == workers_.end()) return std::nullopt;
+  if (!w->second.leaving) spdlog::info("worker {} is leaving (its task may take {} ms more)", from,
+                                       l.deadline_ms);
+  w->second.leaving = true;
+  free_[slot(w->second.role)].erase(w->second.serial);
+  if (w->second.task.empty()) return std::nullopt;
+  auto& t = tasks_.at(w->second.task);
+  const auto by = now + std::chrono::milliseconds(l.deadline_ms);
+  if (by < t.attempt_end) {
+    t.attempt_end = by;
+    t.leave_end = true;
+    set_deadline(t, t.deadline);  // every deadline is capped by the attempt's end
+  }
+  return std::nullopt;
 }
 
 // ---- learner side ------------------------------------------------------------------------
@@ -564,6 +588,7 @@ void task_manager::start_attempt(task& t, worker_info& w, const std::string& wor
   t.out_of_order = 0;
   w.task = t.id;
   t.attempt_end = now + t.task_timeout;
+  t.leave_end = false;
   ++t.generation;  // the queue timeout, if any, no longer applies
   t.scheduled.reset();
   set_deadline(t, now + t.start_timeout);
@@ -614,7 +639,7 @@ void task_manager::free_worker(const std::string& worker_id) {
   const auto it = workers_.find(worker_id);
   if (it == workers_.end()) return;
   it->second.task.clear();
-  if (!quarantine_.held(worker_id))
+  if (!quarantine_.held(worker_id) && !it->second.leaving)
     free_[slot(it->second.role)].emplace(it->second.serial, worker_id);
 }
 
@@ -697,9 +722,11 @@ void task_manager::on_timers(util::time_point now) {
     const char* step = t.st == state::starting  ? "start"
                        : t.st == state::closing ? "close"
                                                 : "step";
-    const auto reason = t.deadline == t.attempt_end && t.deadline <= now
-                            ? std::string("task timeout")
-                            : fmt::format("{} timeout", step);
+    const bool at_end = t.deadline == t.attempt_end && t.deadline <= now;
+    const bool left = at_end && t.leave_end;  // its worker's LEAVING deadline (§12.6.10)
+    const auto reason = left     ? fmt::format("worker {} leaving", t.worker)
+                        : at_end ? std::string("task timeout")
+                                 : fmt::format("{} timeout", step);
     const std::string worker = t.worker;
     const auto kind = t.kind;
     if (!worker.empty()) {
@@ -707,7 +734,7 @@ void task_manager::on_timers(util::time_point now) {
       free_worker(worker);
     }
     end_attempt(t, reason, now);
-    if (!worker.empty()) ended_badly(worker, kind, reason, now);
+    if (!worker.empty() && !left) ended_badly(worker, kind, reason, now);
     freed = true;
   }
   // Quarantines that have run out: their workers, if free, go back to their pools.

@@ -118,6 +118,7 @@ class task_manager {
     std::optional<std::uint64_t> request_id;  // a learner's request awaiting DATA_REPLY
     util::time_point deadline{};              // of the current step, bounded by attempt_end
     util::time_point attempt_end{};
+    bool leave_end = false;  // attempt_end is its worker's LEAVING deadline (§12.6.10)
     // The heap holds one check per task at most: progress only moves `deadline` later, and
     // a check that comes due early is re-pushed at the real deadline (as peer expiry does).
     std::optional<util::time_point> scheduled;
@@ -139,7 +140,8 @@ class task_manager {
     rlbus::role role;
     rlbus::resources resources;
     std::uint64_t serial = 0;
-    std::string task;  // "" = free
+    std::string task;      // "" = free
+    bool leaving = false;  // it sent LEAVING: no new task for this session (§12.6.10)
   };
   struct stream {
     std::uint64_t seq = 0;  // the last event made: the head
@@ -186,6 +188,8 @@ class task_manager {
   std::optional<refusal> on_worker_message(const std::string& from, codec::message&& m,
                                            util::time_point now);
   std::optional<refusal> on_data_lost(task& t, const codec::data_lost& l, util::time_point now);
+  std::optional<refusal> on_leaving(const std::string& from, const codec::leaving& l,
+                                    util::time_point now);
   /// Whether `index` lies past the attempt's next DATA index (a gap): counted, and a resend
   /// asked for now and then.
   bool past_next(task& t, std::uint64_t index);

@@ -121,6 +121,15 @@ struct task_handle::owner {
   std::deque<codec::data_ready> kept;
   std::size_t kept_bytes = 0;
   std::uint64_t max_message = 0;  // the broker's, from its last WELCOME (0: not known yet)
+  // leave(): when the held task must end by (said again after each WELCOME, §12.6.10)
+  std::optional<util::time_point> leave_by;
+  void post_leaving_locked() {
+    if (!leave_by) return;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*leave_by -
+                                                                            util::clock::now());
+    outbox.push_back(codec::leaving{
+        static_cast<std::uint32_t>(std::clamp<std::int64_t>(left.count(), 0, 86'400'000))});
+  }
   std::size_t max_items = 4096;
   std::size_t max_bytes = std::size_t{16} << 20;
   std::uint64_t data_dropped = 0;
@@ -408,6 +417,7 @@ struct worker::impl {
     };
     if (const auto* w = std::get_if<codec::welcome>(&m)) {
       tasks.max_message = w->max_message;
+      tasks.post_leaving_locked();  // a new session, or a resumed one that may have missed it
       // A resumed session: whatever the old connection still held is gone, so everything not
       // confirmed goes again. A new session: the broker ended our attempt, nothing to resend.
       if (w->resumed && tasks.data_attempt != 0) {
@@ -654,6 +664,25 @@ std::string worker::last_error() const {
 
 const worker_options& worker::options() const {
   return impl_->opts;
+}
+
+bool worker::leave(std::chrono::milliseconds deadline) {
+  if (deadline.count() < 0 || deadline > std::chrono::hours(24))
+    throw std::invalid_argument("leave: the deadline must be 0..24 h");
+  {
+    std::lock_guard lock(impl_->tasks.mu);
+    if (impl_->tasks.stopping) return false;
+    const auto by = util::clock::now() + deadline;
+    if (!impl_->tasks.leave_by || by < *impl_->tasks.leave_by) impl_->tasks.leave_by = by;
+    impl_->tasks.post_leaving_locked();
+  }
+  impl_->tasks.wake.notify();
+  return true;
+}
+
+bool worker::leaving() const {
+  std::lock_guard lock(impl_->tasks.mu);
+  return impl_->tasks.leave_by.has_value();
 }
 
 void worker::stop() {

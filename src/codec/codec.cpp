@@ -403,6 +403,8 @@ std::optional<std::string_view> type_name(std::uint8_t id) noexcept {
       return "TASK_FAILED";
     case msg_type::task_alive:
       return "TASK_ALIVE";
+    case msg_type::leaving:
+      return "LEAVING";
     case msg_type::policy:
       return "POLICY";
     case msg_type::replay:

@@ -65,6 +65,7 @@ using message =
                  replay, ack, stream_gap, data_credit,  // stream flow control (§12.9)
                  data_ack, data_lost,                   // reliable data (§12.11)
                  task_alive,                            // keep-alive of an attempt
+                 leaving,                               // the worker will go away (§12.3.20)
                  policy_update>;                        // a newer policy version (§13.4.6)
 
 /// The type id each message struct travels under.

@@ -49,6 +49,7 @@ enum class msg_type : std::uint8_t {
   result = 0x35,
   task_failed = 0x36,
   task_alive = 0x38,  // the worker still works on its attempt: push its deadline (§12.3.19)
+  leaving = 0x39,     // the worker will go away: no new task, a bound on its attempt (§12.3.20)
   // learner -> broker (§13)
   policy = 0x37,
   // stream flow control and replay (§12.9): coordinator <-> broker, then broker -> collector

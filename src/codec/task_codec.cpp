@@ -172,6 +172,8 @@ result<message> read_task(std::uint8_t type, field_reader& r) {
       return read_as<task_failed>(r);
     case msg_type::task_alive:
       return read_as<task_alive>(r);
+    case msg_type::leaving:
+      return read_as<leaving>(r);
     case msg_type::policy:
       return read_as<policy>(r);
     case msg_type::replay:
@@ -222,6 +224,7 @@ RLBUS_INSTANTIATE(learn_info)
 RLBUS_INSTANTIATE(task_result)
 RLBUS_INSTANTIATE(task_failed)
 RLBUS_INSTANTIATE(task_alive)
+RLBUS_INSTANTIATE(leaving)
 RLBUS_INSTANTIATE(policy)
 RLBUS_INSTANTIATE(replay)
 RLBUS_INSTANTIATE(ack)
@@ -277,6 +280,7 @@ bool is_task_type(std::uint8_t type) noexcept {
     case msg_type::result:
     case msg_type::task_failed:
     case msg_type::task_alive:
+    case msg_type::leaving:
     case msg_type::policy:
     case msg_type::replay:
     case msg_type::ack:

@@ -435,6 +435,17 @@ struct task_alive {
   }
 };
 
+/// LEAVING (worker -> broker): the worker will go away soon; it takes no new task, and the
+/// attempt it holds may run for at most `deadline_ms` more (§12.3.20, §12.6.10).
+struct leaving {
+  std::uint32_t deadline_ms = 0;
+  RLBUS_TASK_MESSAGE(leaving, leaving)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("deadline_ms", s.deadline_ms, rule::range{0, 86'400'000});
+  }
+};
+
 /// POLICY (learner -> broker): version `version` of policy `policy_id`, as a reference the
 /// workers resolve themselves (a path, a URL) or as inline parameters (§13).
 struct policy {

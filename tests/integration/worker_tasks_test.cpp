@@ -341,3 +341,31 @@ TEST_CASE("user data the broker would refuse throws in the handler and costs not
   CHECK(failed.body.find("the close handler's result cannot travel") != std::string::npos);
   CHECK(b.get().snapshot().faults == 0);  // the broker refused nothing
 }
+
+TEST_CASE("a leaving worker's task is handed back by its deadline", "[worker-tasks]") {
+  broker::server_thread b(test_config());
+  zmq::context_t ctx;
+  raw_peer coord(ctx, b.get().router_endpoint());
+  coord.introduce("coordinator", role::coordinator, 5000);
+  std::atomic<bool> aborted{false};
+  task_handlers h;
+  h.run = [&](task_handle& t) {
+    wait_for_stop(t);
+    aborted = t.aborted();
+  };
+  worker w(opts(b.get().router_endpoint(), "collector-0", role::collector), h);
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+  coord.send(codec::submit{"ct", role::collector, codec::empty_map_blob, {}, {}, {}, {}, {}, 2});
+  until_event(coord, "assigned");
+  CHECK_THROWS_AS(w.leave(std::chrono::hours(25)), std::invalid_argument);
+  CHECK_FALSE(w.leaving());
+  REQUIRE(w.leave(200ms));
+  CHECK(w.leaving());
+  const auto requeued = until_event(coord, "requeued");
+  CHECK(requeued.body.find("worker collector-0 leaving") != std::string::npos);
+  CHECK(wait_until([&] { return aborted.load(); }));
+  // the task waits for another worker: this one is leaving
+  worker other(opts(b.get().router_endpoint(), "collector-1", role::collector), h);
+  const auto again = until_event(coord, "assigned");
+  CHECK(again.worker_id == "collector-1");
+}

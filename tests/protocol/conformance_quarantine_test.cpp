@@ -143,3 +143,45 @@ TEST_CASE("SPEC 12.6.9: a worker that dies with its task, again and again, is qu
   CHECK(start.attempt == 3);
   CHECK(util::wall_ms() >= q->ts_ms + quarantine_for.count());  // not before it ran out
 }
+
+// §12.6.10 "A worker that sent LEAVING ... the broker SHALL NOT assign it a task again ...
+// When that end passes the broker SHALL send the worker TASK_ABORT and end the attempt with
+// the reason `worker <id> leaving`, at once rather than after the liveness window ... does
+// not count toward quarantine". §12.3.20 "From a coordinator it SHALL be refused with 404".
+TEST_CASE("SPEC 12.6.10: a leaving worker gets no new task, and its task comes back in time",
+          "[spec]") {
+  auto cfg = quarantining();
+  cfg.quarantine_after = 1;  // any bad end would quarantine: leaving is none
+  broker_with b(cfg);
+  raw_peer coord(b.ctx, b.router), w(b.ctx, b.router), spare(b.ctx, b.router);
+  join(coord, "coord", role::coordinator);
+  coord.send(codec::leaving{0});
+  next_error(coord, codec::error_code::unknown_type, ref(0x39));
+  join(w, "w", role::collector);
+  start_task(coord, w, attempts("t", 3));
+  w.send(codec::leaving{300});
+  expect_quiet(w);  // answered with nothing
+  const auto said = std::chrono::steady_clock::now();
+  join(spare, "spare", role::collector);  // joins after: the task goes to it, not back to w
+  const auto abort = next_a<codec::task_abort>(w, 3000ms);
+  CHECK(since(said) >= 250ms);  // not before the deadline it gave (less the timer's slack)
+  CHECK(abort.reason == "worker w leaving");
+  const auto requeued = next_event(coord, "t", "requeued");
+  CHECK(requeued.body.find("worker w leaving") != std::string::npos);
+  next_event(coord, "t", "assigned");
+  const auto start = next_a<codec::task_start>(spare);
+  CHECK(start.attempt == 2);
+  // w is never given a task again in this session, and was not quarantined
+  spare.send(codec::task_failed{"t", 2, "no", std::nullopt});
+  next_event(coord, "t", "requeued");  // spare's bad end: spare is quarantined (after 1) ...
+  expect_quiet(w);                      // ... and w, free and not quarantined, still gets none
+  CHECK(b.broker.get().snapshot().quarantines == 1);
+  // a LEAVING of 0 hands the task back at once; a leaving worker's session end is no failure
+  raw_peer w2(b.ctx, b.router);
+  join(w2, "w2", role::collector);
+  next_a<codec::task_start>(w2);
+  next_event(coord, "t", "assigned");
+  w2.send(codec::leaving{0});
+  CHECK(next_a<codec::task_abort>(w2).reason == "worker w2 leaving");
+  CHECK(b.broker.get().snapshot().quarantines == 1);
+}
