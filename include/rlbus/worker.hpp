@@ -54,6 +54,10 @@ struct worker_options {
   /// missing in silence. DATA not sent yet wait in the outbox and are never dropped.
   std::size_t max_unconfirmed_data = 4096;
   std::size_t max_unconfirmed_bytes = std::size_t{16} << 20;
+  /// When set, SIGTERM makes the worker leave() with this deadline (the notice of a
+  /// preempted machine or a cluster scheduler): the process installs a SIGTERM handler that
+  /// only notes the signal, so the process goes on; wait for the task to end and stop().
+  std::optional<std::chrono::milliseconds> leave_on_sigterm;
 };
 
 class worker;

@@ -12,6 +12,8 @@
 #include <map>
 #include <mutex>
 #include <stdexcept>
+
+#include <signal.h>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -42,6 +44,28 @@ namespace {
 constexpr std::size_t max_outbox = 100'000;                  // messages waiting for the I/O thread
 constexpr std::chrono::milliseconds max_no_data_wait{2000};  // the longest NO_DATA hint obeyed
 constexpr std::size_t max_credit_entries = 16;               // attempts whose DATA_CREDIT is kept
+
+// SIGTERM for workers with leave_on_sigterm: the handler only notes it and wakes their I/O
+// loops through one pipe that is never drained, so every loop that still watches it wakes.
+std::atomic<bool> g_sigterm{false};
+std::once_flag g_sigterm_once;
+util::wake_pipe* g_sigterm_pipe = nullptr;  // made once, kept for the life of the process
+
+void on_sigterm(int /*sig*/) {
+  g_sigterm.store(true);
+  g_sigterm_pipe->notify();  // async-signal-safe: one write()
+}
+
+void watch_sigterm() {
+  std::call_once(g_sigterm_once, [] {
+    g_sigterm_pipe = new util::wake_pipe();  // NOLINT(cppcoreguidelines-owning-memory)
+    struct sigaction sa {};
+    sa.sa_handler = on_sigterm;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    ::sigaction(SIGTERM, &sa, nullptr);
+  });
+}
 
 // Why the broker would refuse `m` (its body does not decode under the limits, a field breaks
 // its rule, the body is past max-message, which would also cost the connection), or
@@ -123,6 +147,12 @@ struct task_handle::owner {
   std::uint64_t max_message = 0;  // the broker's, from its last WELCOME (0: not known yet)
   // leave(): when the held task must end by (said again after each WELCOME, §12.6.10)
   std::optional<util::time_point> leave_by;
+  // leave(): the sooner deadline wins (mu held)
+  void leave_locked(std::chrono::milliseconds deadline) {
+    const auto by = util::clock::now() + deadline;
+    if (!leave_by || by < *leave_by) leave_by = by;
+    post_leaving_locked();
+  }
   void post_leaving_locked() {
     if (!leave_by) return;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*leave_by -
@@ -345,6 +375,11 @@ struct worker::impl {
       throw std::invalid_argument("max_unconfirmed_data must be at least 1");
     tasks.max_items = opts.max_unconfirmed_data;
     tasks.max_bytes = opts.max_unconfirmed_bytes;
+    if (opts.leave_on_sigterm) {
+      if (opts.leave_on_sigterm->count() < 0 || *opts.leave_on_sigterm > std::chrono::hours(24))
+        throw std::invalid_argument("leave_on_sigterm: the deadline must be 0..24 h");
+      watch_sigterm();  // before the I/O thread polls its pipe
+    }
     io_thread = std::thread([this] { io_loop(); });
     handler_thread = std::thread([this] { handler_loop(); });
   }
@@ -369,12 +404,22 @@ struct worker::impl {
         },
         [this](codec::message&& m) { on_task_message(std::move(m)); });
     s.start(util::clock::now());
+    bool watching = opts.leave_on_sigterm.has_value();  // until SIGTERM made it leave
     while (!stopping.load(std::memory_order_relaxed)) {
-      std::array<zmq::pollitem_t, 2> items{s.pollitem(),
-                                           {nullptr, tasks.wake.read_fd(), ZMQ_POLLIN, 0}};
+      std::array<zmq::pollitem_t, 3> items{
+          s.pollitem(),
+          {nullptr, tasks.wake.read_fd(), ZMQ_POLLIN, 0},
+          {nullptr, watching ? g_sigterm_pipe->read_fd() : -1, ZMQ_POLLIN, 0}};
       const auto now = util::clock::now();
-      util::poll(items.data(), items.size(), util::poll_timeout_ms(now, s.next_timer()));
+      util::poll(items.data(), watching ? 3 : 2, util::poll_timeout_ms(now, s.next_timer()));
       if ((items[1].revents & ZMQ_POLLIN) != 0) tasks.wake.drain();
+      if (watching && g_sigterm.load()) {
+        watching = false;
+        spdlog::info("{}: SIGTERM: leaving (the task may take {} ms more)", opts.id,
+                     opts.leave_on_sigterm->count());
+        std::lock_guard lock(tasks.mu);
+        tasks.leave_locked(*opts.leave_on_sigterm);
+      }
       if ((items[0].revents & ZMQ_POLLIN) != 0) s.on_readable(util::clock::now());
       s.on_timers(util::clock::now());
       flush_outbox(s);
@@ -672,9 +717,7 @@ bool worker::leave(std::chrono::milliseconds deadline) {
   {
     std::lock_guard lock(impl_->tasks.mu);
     if (impl_->tasks.stopping) return false;
-    const auto by = util::clock::now() + deadline;
-    if (!impl_->tasks.leave_by || by < *impl_->tasks.leave_by) impl_->tasks.leave_by = by;
-    impl_->tasks.post_leaving_locked();
+    impl_->tasks.leave_locked(deadline);
   }
   impl_->tasks.wake.notify();
   return true;

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <csignal>
 #include <atomic>
 #include <mutex>
 #include <stdexcept>
@@ -368,4 +369,33 @@ TEST_CASE("a leaving worker's task is handed back by its deadline", "[worker-tas
   worker other(opts(b.get().router_endpoint(), "collector-1", role::collector), h);
   const auto again = until_event(coord, "assigned");
   CHECK(again.worker_id == "collector-1");
+}
+
+// The SIGTERM it handles is this test process's own: the handler only notes the signal, and
+// no other test makes a worker with leave_on_sigterm.
+TEST_CASE("leave_on_sigterm: SIGTERM makes the worker leave, and the process goes on",
+          "[worker-tasks]") {
+  broker::server_thread b(test_config());
+  zmq::context_t ctx;
+  raw_peer coord(ctx, b.get().router_endpoint());
+  coord.introduce("coordinator", role::coordinator, 5000);
+  std::atomic<bool> aborted{false};
+  task_handlers h;
+  h.run = [&](task_handle& t) {
+    wait_for_stop(t);
+    aborted = t.aborted();
+  };
+  auto o = opts(b.get().router_endpoint(), "collector-0", role::collector);
+  o.leave_on_sigterm = 100ms;
+  worker w(o, h);
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+  coord.send(codec::submit{"ct", role::collector, codec::empty_map_blob, {}, {}, {}, {}, {}, 2});
+  until_event(coord, "started");
+  CHECK_FALSE(w.leaving());
+  REQUIRE(::raise(SIGTERM) == 0);
+  CHECK(wait_until([&] { return w.leaving(); }));
+  const auto requeued = until_event(coord, "requeued");
+  CHECK(requeued.body.find("worker collector-0 leaving") != std::string::npos);
+  CHECK(wait_until([&] { return aborted.load(); }));
+  CHECK(w.state() == connection_state::ready);  // still connected: it stops when its owner says
 }
