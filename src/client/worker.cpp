@@ -12,9 +12,9 @@
 #include <map>
 #include <mutex>
 #include <stdexcept>
-
-#include <signal.h>
 #include <thread>
+
+#include <signal.h>  // sigaction
 
 #include <spdlog/spdlog.h>
 #include <zmq.hpp>
