@@ -772,6 +772,13 @@ class Worker:
             return a
         return None
 
+    def _waiting(self, msg: P.Message) -> Optional[Task]:
+        """The task waiting for the handler when the message is about it."""
+        nxt = self._next_start
+        if nxt is not None and nxt.id == msg.get("task_id") and nxt.attempt == msg.get("attempt"):
+            return nxt
+        return None
+
     def _io_queue(self, name: str, fields: Dict[str, Any], task: Optional[Task]) -> None:
         a = self._cur
         if task is not None and (a is None or a.task is not task or task._aborted):
@@ -916,9 +923,8 @@ class Worker:
                     a.task._cond.notify_all()
         elif name == "TASK_ABORT":
             a = self._current(msg)
-            nxt = self._next_start
-            if a is None and nxt is not None and nxt.id == msg["task_id"] \
-                    and nxt.attempt == msg["attempt"]:
+            nxt = self._waiting(msg) if a is None else None
+            if nxt is not None:
                 # the task waiting for the handler ended before it began (e.g. its start
                 # timeout while an aborted handler was slow to return)
                 log.warning("worker %s: task %s attempt %d aborted before it started: %s",
@@ -939,9 +945,8 @@ class Worker:
         elif name == "POLICY_UPDATE":
             a = self._current(msg)
             p = _policy_of(msg)
-            nxt = self._next_start
-            if a is None and p is not None and nxt is not None and nxt.id == msg["task_id"] \
-                    and nxt.attempt == msg["attempt"]:
+            nxt = self._waiting(msg) if a is None else None
+            if p is not None and nxt is not None:
                 with nxt._cond:  # not begun yet: it starts with this version
                     if nxt._policy is None or nxt._policy.version < p.version:
                         nxt._policy = p

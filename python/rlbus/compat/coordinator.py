@@ -30,18 +30,6 @@ from ._util import (cfg_get, clean_id, plain, resolve_endpoint, sdk, seconds_to_
                     valid_id)
 from .operator import OperatorClient, pod_name
 
-_KEYS = (
-    "deal_with_collector_send_data",
-    "deal_with_collector_judge_finish",
-    "deal_with_collector_finish_task",
-    "deal_with_learner_get_data",
-    "deal_with_learner_judge_finish",
-    "deal_with_learner_send_info",
-    "deal_with_learner_finish_task",
-    "deal_with_increase_collector",
-    "deal_with_decrease_collector",
-)
-
 
 class _Task:
     """What this coordinator remembers of one submitted task."""
