@@ -375,7 +375,40 @@ class _Pairs(list):
 
 def _too_deep(v: Any, depth: int) -> bool:
     """True when the containers in ``v`` (itself at nesting ``depth``) pass max_depth."""
-    return depth - 1 + nesting(v) > _MAX_DEPTH
+    stack = [(v, depth)]
+    while stack:
+        x, d = stack.pop()
+        t = type(x)
+        if t is dict:
+            if d > _MAX_DEPTH:
+                return True
+            for k, y in x.items():
+                tk, ty = type(k), type(y)
+                if tk is tuple or tk is list or tk is dict:
+                    stack.append((k, d + 1))
+                if ty is dict or ty is list or ty is _Pairs:
+                    stack.append((y, d + 1))
+        elif t is list:
+            if d > _MAX_DEPTH:
+                return True
+            for y in x:
+                ty = type(y)
+                if ty is dict or ty is list or ty is _Pairs:
+                    stack.append((y, d + 1))
+        elif t is tuple:  # an array used as a map key
+            if d > _MAX_DEPTH:
+                return True
+            for y in x:
+                if type(y) in (tuple, list, dict, _Pairs):
+                    stack.append((y, d + 1))
+        elif t is _Pairs:
+            if d > _MAX_DEPTH:
+                return True
+            for k, y in x:
+                for z in (k, y):
+                    if type(z) in (tuple, list, dict, _Pairs):
+                        stack.append((z, d + 1))
+    return False
 
 
 _SCALARS = frozenset((int, float, bool, type(None), str, bytes))
@@ -389,40 +422,28 @@ def _flat(d: Mapping[Any, Any]) -> bool:
 def nesting(v: Any) -> int:
     """The levels of maps and arrays in a decoded value, its own included (a scalar is 0,
     an empty map 1)."""
-    t = type(v)
-    if t is not dict and t is not list and t is not tuple and t is not _Pairs:
-        return 0
-    if t is dict and _flat(v):
+    if type(v) is dict and _flat(v):
         return 1
     deepest = 0
     stack = [(v, 1)]
-    push = stack.append
     while stack:
         x, d = stack.pop()
-        if d > deepest:
-            deepest = d
         t = type(x)
         if t is dict:
-            for k, y in x.items():
-                tk, ty = type(k), type(y)
-                if tk is tuple:  # an array used as a map key
-                    push((k, d + 1))
-                if ty is dict or ty is list or ty is tuple or ty is _Pairs:
-                    push((y, d + 1))
+            items: Any = x.items()
         elif t is _Pairs:
-            for k, y in x:
-                if type(k) in _CONTAINERS:
-                    push((k, d + 1))
-                if type(y) in _CONTAINERS:
-                    push((y, d + 1))
-        else:  # an array (a tuple when it is a map key)
-            for y in x:
-                if type(y) in _CONTAINERS:
-                    push((y, d + 1))
+            items = x
+        elif t is list or t is tuple:
+            items = ((y, None) for y in x)
+        else:
+            continue
+        deepest = max(deepest, d)
+        for k, y in items:
+            for z in (k, y):
+                tz = type(z)
+                if tz is dict or tz is list or tz is tuple or tz is _Pairs:
+                    stack.append((z, d + 1))
     return deepest
-
-
-_CONTAINERS = frozenset((dict, list, tuple, _Pairs))
 
 
 def user_map(value: Mapping[Any, Any]) -> Raw:
