@@ -807,12 +807,9 @@ class Encoded(dict):
 
     __slots__ = ("name", "body")
 
-    def __init__(self, name: str, fields: Mapping[str, Any], check: bool = True,
-                 body: Optional[bytes] = None) -> None:
-        """``body``, when given, must be the canonical body of ``fields`` (a caller that
-        wrote it in one go, see :func:`pack_value`); otherwise it is encoded here."""
+    def __init__(self, name: str, fields: Mapping[str, Any], check: bool = True) -> None:
         super().__init__(fields)
-        self.body = encode_body(name, fields, check) if body is None else body
+        self.body = encode_body(name, fields, check)
         self.name = name
 
 
@@ -823,26 +820,34 @@ def encode_body(name: str, fields: Mapping[str, Any], check: bool = True) -> byt
     first (ProtocolError 402 naming the field)."""
     if type(fields) is Encoded and fields.name == name:
         return fields.body
-    spec, present = _present(name, fields)
     if check:
+        spec, present = _present(name, fields)
         _check_present(spec, present)
-    packer = _packer()
-    pack = packer.pack
-    parts = [b""]  # the map header goes here
+    else:
+        spec = MESSAGES.get(name)
+        if spec is None:
+            raise ProtocolError(404, f"no message named {name}")
+    # the fields to write, in table order; plain: nothing written verbatim or specially (a
+    # Raw, resources, a bin that is not bytes), so one msgpack call writes the whole map
+    ordered: Dict[str, Any] = {}
+    plain = True
     for f in spec.fields:
-        v = present.get(f.name, _MISSING)
-        if v is _MISSING:
-            continue
+        v = fields.get(f.name, _MISSING)
+        if v is _MISSING or (v is None and f.type != "msgpack-any"):
+            if not (f.is_resources and f.always_encoded):
+                continue
+            v = {}
+        ordered[f.name] = v
+        if plain and (isinstance(v, Raw) or f.is_resources or (f.is_bin and type(v) is not bytes)):
+            plain = False
+    packer = _packer()
+    if plain:
+        return packer.pack(ordered)
+    parts = [_map_header(len(ordered))]
+    for k, v in ordered.items():
+        f = spec.by_name[k]
         parts.append(f.key)
-        if isinstance(v, Raw):
-            parts.append(v)
-        elif f.is_resources:
-            parts.append(_pack_resources(v, packer))
-        elif f.is_bin and type(v) is not bytes:
-            parts.append(pack(bytes(v)))
-        else:
-            parts.append(pack(v))
-    parts[0] = _map_header(len(parts) // 2)
+        parts.append(_encode_value(f, v, packer))
     return b"".join(parts)
 
 

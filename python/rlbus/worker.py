@@ -99,22 +99,6 @@ def _leave_ms(deadline_s: Any) -> int:
     return int(round(deadline_s * 1000))
 
 
-def _data_body(f: Dict[str, Any]) -> bytes:
-    """The canonical body of a DATA in one msgpack call: the fields in SPEC order as one
-    dict, `meta` as the value its Raw was written from (user_map wrote those bytes with the
-    same packer a moment ago, so they come out the same). Not for a meta the caller gave
-    as a Raw: its bytes travel as they are."""
-    d: Dict[str, Any] = {"task_id": f["task_id"], "attempt": f["attempt"],
-                         "data_id": f["data_id"], "buffer_id": f["buffer_id"],
-                         "meta": f["meta"].value()}
-    if f.get("payload") is not None:
-        d["payload"] = f["payload"]
-    if f.get("policy_version") is not None:
-        d["policy_version"] = f["policy_version"]
-    d["index"] = f["index"]
-    return P.pack_value(d)
-
-
 def _policy_of(msg: P.Message) -> Optional[Policy]:
     """The policy a TASK_START or POLICY_UPDATE carries, if any."""
     pid = msg.get("policy_id")
@@ -222,9 +206,13 @@ class Task:
         or on a learner task.
         """
         self._need("collector", "emit_data")
+        checked = _as_map(meta, "meta")
         fields: Dict[str, Any] = {
             "task_id": self.id, "attempt": self.attempt, "data_id": data_id,
-            "buffer_id": buffer_id, "meta": _as_map(meta, "meta"),
+            "buffer_id": buffer_id,
+            # a dict travels as the value it was checked as (one msgpack call writes the
+            # whole body); bytes the caller gave as a Raw travel as they are
+            "meta": checked if isinstance(meta, P.Raw) else checked.value(),
             "payload": bytes(payload) if payload is not None else None, "index": 1}
         # the caller's fields are checked here, not on the I/O thread (the task's own are
         # the broker's, and the index and version are ours)
@@ -242,8 +230,7 @@ class Task:
                 fields["policy_version"] = self._policy.version
             fields["index"] = self._emitted + 1
             # encoded once, here: the I/O thread and any resend after a resume send this body
-            data = P.Encoded("DATA", fields, check=False,
-                             body=None if isinstance(meta, P.Raw) else _data_body(fields))
+            data = P.Encoded("DATA", fields, check=False)
             w._check_size("DATA", data.body)
             self._emitted += 1
             # posted under the lock, so that DATA from several threads leave in index order
@@ -817,9 +804,7 @@ class Worker:
 
     def _keep(self, a: _Attempt, fields: Dict[str, Any]) -> None:
         """A DATA just sent is kept until confirmed, within the bounds."""
-        payload = fields.get("payload")
-        size = (len(fields["data_id"]) + len(fields["buffer_id"]) + len(fields["meta"])
-                + (len(payload) if payload is not None else 0))
+        size = len(P.encode_body("DATA", fields))  # the body it was sent as
         a.kept.append((fields["index"], fields, size))
         a.kept_bytes += size
         while len(a.kept) > self._max_items or (a.kept_bytes > self._max_bytes
