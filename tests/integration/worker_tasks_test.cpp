@@ -343,31 +343,50 @@ TEST_CASE("user data the broker would refuse throws in the handler and costs not
   CHECK(b.get().snapshot().faults == 0);  // the broker refused nothing
 }
 
-TEST_CASE("a leaving worker's task is handed back by its deadline", "[worker-tasks]") {
-  broker::server_thread b(test_config());
+namespace {
+
+/// A broker, a raw coordinator and a collector handler that runs until stopped and notes
+/// whether it was aborted: the setting of the leaving tests.
+struct leaving_setup {
+  broker::server_thread b{test_config()};
   zmq::context_t ctx;
-  raw_peer coord(ctx, b.get().router_endpoint());
-  coord.introduce("coordinator", role::coordinator, 5000);
+  raw_peer coord{ctx, b.get().router_endpoint()};
   std::atomic<bool> aborted{false};
   task_handlers h;
-  h.run = [&](task_handle& t) {
-    wait_for_stop(t);
-    aborted = t.aborted();
-  };
-  worker w(opts(b.get().router_endpoint(), "collector-0", role::collector), h);
+  leaving_setup() {
+    coord.introduce("coordinator", role::coordinator, 5000);
+    h.run = [this](task_handle& t) {
+      wait_for_stop(t);
+      aborted = t.aborted();
+    };
+  }
+  void submit() {
+    coord.send(codec::submit{"ct", role::collector, codec::empty_map_blob, {}, {}, {}, {}, {}, 2});
+  }
+  /// The task comes back to the queue, saying its worker is leaving; its handler was aborted.
+  void expect_handed_back() {
+    const auto requeued = until_event(coord, "requeued");
+    CHECK(requeued.body.find("worker collector-0 leaving") != std::string::npos);
+    CHECK(wait_until([&] { return aborted.load(); }));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a leaving worker's task is handed back by its deadline", "[worker-tasks]") {
+  leaving_setup s;
+  worker w(opts(s.b.get().router_endpoint(), "collector-0", role::collector), s.h);
   REQUIRE(w.wait_for(connection_state::ready, 5s));
-  coord.send(codec::submit{"ct", role::collector, codec::empty_map_blob, {}, {}, {}, {}, {}, 2});
-  until_event(coord, "assigned");
+  s.submit();
+  until_event(s.coord, "assigned");
   CHECK_THROWS_AS(w.leave(std::chrono::hours(25)), std::invalid_argument);
   CHECK_FALSE(w.leaving());
   REQUIRE(w.leave(200ms));
   CHECK(w.leaving());
-  const auto requeued = until_event(coord, "requeued");
-  CHECK(requeued.body.find("worker collector-0 leaving") != std::string::npos);
-  CHECK(wait_until([&] { return aborted.load(); }));
+  s.expect_handed_back();
   // the task waits for another worker: this one is leaving
-  worker other(opts(b.get().router_endpoint(), "collector-1", role::collector), h);
-  const auto again = until_event(coord, "assigned");
+  worker other(opts(s.b.get().router_endpoint(), "collector-1", role::collector), s.h);
+  const auto again = until_event(s.coord, "assigned");
   CHECK(again.worker_id == "collector-1");
 }
 
@@ -375,27 +394,16 @@ TEST_CASE("a leaving worker's task is handed back by its deadline", "[worker-tas
 // no other test makes a worker with leave_on_sigterm.
 TEST_CASE("leave_on_sigterm: SIGTERM makes the worker leave, and the process goes on",
           "[worker-tasks]") {
-  broker::server_thread b(test_config());
-  zmq::context_t ctx;
-  raw_peer coord(ctx, b.get().router_endpoint());
-  coord.introduce("coordinator", role::coordinator, 5000);
-  std::atomic<bool> aborted{false};
-  task_handlers h;
-  h.run = [&](task_handle& t) {
-    wait_for_stop(t);
-    aborted = t.aborted();
-  };
-  auto o = opts(b.get().router_endpoint(), "collector-0", role::collector);
+  leaving_setup s;
+  auto o = opts(s.b.get().router_endpoint(), "collector-0", role::collector);
   o.leave_on_sigterm = 100ms;
-  worker w(o, h);
+  worker w(o, s.h);
   REQUIRE(w.wait_for(connection_state::ready, 5s));
-  coord.send(codec::submit{"ct", role::collector, codec::empty_map_blob, {}, {}, {}, {}, {}, 2});
-  until_event(coord, "started");
+  s.submit();
+  until_event(s.coord, "started");
   CHECK_FALSE(w.leaving());
   REQUIRE(::raise(SIGTERM) == 0);
   CHECK(wait_until([&] { return w.leaving(); }));
-  const auto requeued = until_event(coord, "requeued");
-  CHECK(requeued.body.find("worker collector-0 leaving") != std::string::npos);
-  CHECK(wait_until([&] { return aborted.load(); }));
+  s.expect_handed_back();
   CHECK(w.state() == connection_state::ready);  // still connected: it stops when its owner says
 }
