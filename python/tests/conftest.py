@@ -4,7 +4,7 @@ a broker process started on free ports for the integration tests."""
 from __future__ import annotations
 
 import os
-import socket
+import re
 import subprocess
 import sys
 import threading
@@ -37,22 +37,23 @@ def wait_until(cond: Callable[[], bool], timeout: float = 10.0, step: float = 0.
         time.sleep(step)
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on right now (the kernel's pick)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+_LISTENING = re.compile(r"listening router=tcp://[^:]+:(\d+) events=tcp://[^:]+:(\d+)")
 
 
 class Broker:
-    """A running rlbus-broker on its own ports, its output collected for diagnostics."""
+    """A running rlbus-broker on its own ports, its output collected for diagnostics.
+
+    The first start binds port 0 and reads the ports the kernel gave from the broker's
+    "listening" line: a port picked here and bound later could be taken in between by any
+    other process's connection (the suite runs in parallel with other tests). A restart binds
+    the same ports again."""
 
     def __init__(self, args: Optional[List[str]] = None) -> None:
         if not os.path.exists(BROKER):
             pytest.skip(f"broker binary not built: {BROKER}")
         self.extra = list(args or [])
-        self.router_port = free_port()
-        self.events_port = free_port()
+        self.router_port = 0
+        self.events_port = 0
         self.proc: Optional[subprocess.Popen] = None
         self.lines: List[str] = []
         self.start()
@@ -75,8 +76,13 @@ class Broker:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
         self.lines = []
-        threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
-        assert wait_until(self._serving, 10.0), "broker did not start: " + "".join(self.lines)
+        reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True)
+        reader.start()
+        proc = self.proc
+        wait_until(lambda: self._serving() or proc.poll() is not None, 10.0)
+        if not self._serving():
+            reader.join(2.0)  # the broker's last words, if it exited
+            raise AssertionError("broker did not start: " + "".join(self.lines))
 
     def _read(self, proc: subprocess.Popen) -> None:
         assert proc.stdout is not None
@@ -84,13 +90,13 @@ class Broker:
             self.lines.append(line)
 
     def _serving(self) -> bool:
-        if any("listening" in line for line in self.lines):
-            return True
-        try:
-            with socket.create_connection(("127.0.0.1", self.router_port), timeout=0.2):
+        """True once the broker has printed the endpoints it bound (SPEC §1.4.1)."""
+        for line in list(self.lines):
+            m = _LISTENING.search(line)
+            if m:
+                self.router_port, self.events_port = int(m.group(1)), int(m.group(2))
                 return True
-        except OSError:
-            return False
+        return False
 
     def kill(self) -> None:
         """SIGKILLs the broker (no DISCONNECT to anyone)."""

@@ -392,8 +392,9 @@ def test_emit_data_waits_for_credit_while_the_coordinator_lags(
     w = workers(broker.router, "collector", "w-credit", run=run, **FAST)
     assert w.wait_for("ready", 10)
     coord.submit("t-credit", "collector")
-    # without ACKs the collector runs out of credit and waits
-    assert coord.wait(lambda: w.credit_waits >= 1)
+    # without ACKs the collector runs out of credit and waits (a first wait can come before
+    # the broker's first credit reaches the worker: data must have flowed as well)
+    assert coord.wait(lambda: w.credit_waits >= 1 and coord.has("t-credit", "data")())
     coord.pump(0.2)
     held_back = len(coord.of("t-credit", "data"))
     assert 0 < held_back < n
