@@ -492,14 +492,24 @@ class Coordinator:
         for task_id in list(self._waits):
             for w in self._waits.pop(task_id):
                 w.done.set()
-        if not welcome["resumed"]:
-            if self._generation > 0:
+        generation, seq = self._cb_progress  # ahead of what the last batch reported
+        if generation == self._generation and seq > self._processed:
+            self._processed = seq
+        acked = welcome.get("stream_acked")
+        # a new session that adopted our own stream (it expired while we were cut off,
+        # SPEC §12.5.8) goes on like a resumption
+        ours_again = acked is not None and self._next_seq > 1 and acked <= self._processed
+        if not welcome["resumed"] and not ours_again:
+            if acked is not None:
+                log.info("coordinator %s: adopted the tasks of an earlier session of this id; "
+                         "the stream goes on after %d", self._id, acked)
+            elif self._generation > 0:
                 log.warning("coordinator %s: the broker began a new session; the tasks of the "
                             "old one were cancelled by the broker, the stream starts at 1",
                             self._id)
             self._generation += 1
-            self._next_seq = 1
-            self._processed = 0
+            self._processed = acked or 0
+            self._next_seq = self._processed + 1
             self._since_ack = 0
             self._early.clear()
             self._outbox = collections.deque(
@@ -507,9 +517,6 @@ class Coordinator:
             if self._generation > 1:
                 self._enqueue(_RESET, self._generation, None)
         else:
-            generation, seq = self._cb_progress  # ahead of what the last batch reported
-            if generation == self._generation and seq > self._processed:
-                self._processed = seq
             log.info("coordinator %s: session resumed; asking the stream again from %d",
                      self._id, self._processed + 1)
         # First on every connection: make the stream windowed and fetch what we have not

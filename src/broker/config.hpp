@@ -61,6 +61,10 @@ struct config {
   /// Most unacknowledged TASK_EVENTs in flight to a coordinator that acknowledges (SPEC
   /// §12.9.7); also what its collectors' data credit is cut from (§12.9.9).
   std::size_t stream_window = 1024;
+  /// A coordinator whose session ends without its DISCONNECT (expiry, too many faults) leaves
+  /// its tasks and stream for this long, to be adopted by a new session with its id: a
+  /// restarted coordinator process takes them over (SPEC §12.5.8). 0: they end at once.
+  std::uint32_t coordinator_grace_ms = 60'000;
 
   // ---- policies (SPEC §13) ----
   /// Most policy ids the broker keeps a latest version of.

@@ -97,6 +97,8 @@ stats server::snapshot() const {
   s.data_lost = c.data_lost.load();
   s.workers_quarantined = c.quarantined.load();
   s.quarantines = c.quarantines.load();
+  s.coordinators_orphaned = c.orphaned.load();
+  s.coordinator_adoptions = c.adoptions.load();
   return s;
 }
 
@@ -121,6 +123,8 @@ void server::store_counters() {
   c.data_lost.store(t.data_lost, std::memory_order_relaxed);
   c.quarantined.store(t.quarantined, std::memory_order_relaxed);
   c.quarantines.store(t.quarantines, std::memory_order_relaxed);
+  c.orphaned.store(t.orphaned, std::memory_order_relaxed);
+  c.adoptions.store(t.adoptions, std::memory_order_relaxed);
 }
 
 void server::run() {
@@ -262,9 +266,10 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
     return refuse_hello(routing_id, codec::error_code::busy,
                         "broker is shutting down: it accepts no new sessions");
   const auto hb = std::clamp(h.heartbeat_ms, cfg_.heartbeat_min_ms, cfg_.heartbeat_max_ms);
-  const auto welcome_for = [&](const peer& p, bool resumed) {
-    return codec::welcome{p.session,     epoch_,           p.heartbeat_ms,
-                          cfg_.liveness, cfg_.max_message, resumed};
+  const auto welcome_for = [&](const peer& p, bool resumed,
+                               std::optional<std::uint64_t> stream_acked = std::nullopt) {
+    return codec::welcome{p.session,     epoch_,           p.heartbeat_ms, cfg_.liveness,
+                          cfg_.max_message, resumed,       stream_acked};
   };
   // What a HELLO may change in a session that goes on: timings and resources.
   const auto renew = [&](peer& p) {
@@ -338,7 +343,10 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
   spdlog::info("peer {} ({}) joined: session #{}, heartbeat {} ms, resources {}", added.id,
                to_string(added.role), added.serial, added.heartbeat_ms,
                resources_text(added.resources));
-  (void)send(routing_id, welcome_for(added, false));
+  // A coordinator's new session takes over what an earlier one of its id left (§12.5.8).
+  const auto adopted =
+      added.role == rlbus::role::coordinator ? tasks_.adopt(added.id) : std::nullopt;
+  (void)send(routing_id, welcome_for(added, false, adopted));
   publish(topic_for(added.role, "joined"),
           codec::peer_joined{added.id, added.role, added.serial, added.resources, false});
   if (added.role == rlbus::role::coordinator) {
@@ -354,7 +362,7 @@ void server::on_disconnect(const peer& p, const codec::disconnect& d) {
   spdlog::info("peer {} ({}) left: {} {}", p.id, to_string(p.role), d.code,
                d.reason.empty() ? "(no reason given)" : d.reason);
   publish(topic_for(p.role, "left"), codec::peer_gone{p.id, p.role, p.serial, d.code, d.reason});
-  session_over(p, util::clock::now());
+  session_over(p, util::clock::now(), true);
   peers_.erase(p);
   counters_.peers.store(peers_.size(), std::memory_order_relaxed);
 }
@@ -422,8 +430,8 @@ bool server::send(std::string_view routing_id, const codec::message& m) {
 
 // Whatever the session held (a worker's task, a coordinator's tasks) is settled before the
 // session is forgotten. The caller erases the peer afterwards.
-void server::session_over(const peer& p, util::time_point now) {
-  tasks_.peer_gone(p.id, p.role, now);
+void server::session_over(const peer& p, util::time_point now, bool orderly) {
+  tasks_.peer_gone(p.id, p.role, now, orderly);
   if (p.role == rlbus::role::coordinator) {
     coordinators_.erase(p.id);
   } else {

@@ -65,6 +65,9 @@ struct stats {
   // quarantine (SPEC §12.6.9)
   std::uint64_t workers_quarantined = 0;  // workers in quarantine now
   std::uint64_t quarantines = 0;          // quarantines begun
+  // coordinator grace (SPEC §12.5.8)
+  std::uint64_t coordinators_orphaned = 0;  // vanished coordinators whose tasks are kept now
+  std::uint64_t coordinator_adoptions = 0;  // new sessions that took such tasks over
 };
 
 class server : private task_sink {
@@ -95,7 +98,7 @@ class server : private task_sink {
         refused_hellos{0}, expired{0}, events{0}, tasks_queued{0}, tasks_running{0},
         tasks_finished{0}, tasks_failed{0}, tasks_requeued{0}, stale{0}, collectors{0}, learners{0},
         replays{0}, resent{0}, lost{0}, data_duplicates{0}, data_out_of_order{0}, data_lost{0},
-        events_unheard{0}, quarantined{0}, quarantines{0};
+        events_unheard{0}, quarantined{0}, quarantines{0}, orphaned{0}, adoptions{0};
     std::atomic<bool> draining{false};
   };
 
@@ -103,7 +106,8 @@ class server : private task_sink {
   bool send_to(std::string_view peer_id, const codec::message& m) override;
   void publish(std::string_view topic, decltype(codec::event::body) body) override;
   bool wanted(std::string_view topic) override { return events_.wanted(topic); }
-  void session_over(const peer& p, util::time_point now);
+  /// `orderly`: the peer said DISCONNECT itself (a coordinator's tasks end at once, §12.5.8).
+  void session_over(const peer& p, util::time_point now, bool orderly = false);
   void store_counters();
 
   void drain_router(util::time_point now);

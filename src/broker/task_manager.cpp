@@ -90,25 +90,22 @@ void task_manager::peer_resumed(const std::string& id) {
     send_data_ack(t, false);
 }
 
-void task_manager::peer_gone(const std::string& id, rlbus::role role, util::time_point now) {
+void task_manager::peer_gone(const std::string& id, rlbus::role role, util::time_point now,
+                             bool orderly) {
   if (role == rlbus::role::coordinator) {
-    streams_.erase(id);  // first: the tasks below go without handing out credit
-    std::vector<std::string> owned;
-    for (const auto& [task_id, t] : tasks_)
-      if (t.owner == id) owned.push_back(task_id);
-    for (const auto& task_id : owned) {
-      auto& t = tasks_.at(task_id);
-      if (!t.worker.empty()) {
-        sink_.send_to(t.worker, codec::task_abort{t.id, t.attempt, "its coordinator is gone"});
-        free_worker(t.worker);
-      }
-      ++counts_.cancelled;
-      erase_task(task_id);
+    const auto owned = static_cast<std::size_t>(std::count_if(
+        tasks_.begin(), tasks_.end(), [&](const auto& kv) { return kv.second.owner == id; }));
+    const auto s = streams_.find(id);
+    const bool unacked = s != streams_.end() && s->second.windowed && s->second.seq > s->second.acked;
+    if (!orderly && cfg_.coordinator_grace_ms > 0 && (owned > 0 || unacked)) {
+      // It may only have crashed: a new process with its id may take its work over.
+      orphans_[id] = now + std::chrono::milliseconds(cfg_.coordinator_grace_ms);
+      spdlog::warn("coordinator {} vanished: its {} tasks and its stream are kept {} ms for a "
+                   "new session of {} to adopt",
+                   id, owned, cfg_.coordinator_grace_ms, id);
+      return;
     }
-    if (!owned.empty()) {
-      spdlog::warn("coordinator {} gone: cancelled its {} tasks", id, owned.size());
-      try_assign(now);
-    }
+    drop_coordinator(id, now);
     return;
   }
   const auto it = workers_.find(id);
@@ -125,6 +122,38 @@ void task_manager::peer_gone(const std::string& id, rlbus::role role, util::time
     if (!leaving) ended_badly(id, worker_role, reason, now);
   }
   try_assign(now);
+}
+
+std::optional<std::uint64_t> task_manager::adopt(const std::string& id) {
+  const auto o = orphans_.find(id);
+  if (o == orphans_.end()) return std::nullopt;
+  orphans_.erase(o);
+  ++counts_.adoptions;
+  const auto& s = streams_[id];
+  spdlog::info("coordinator {}: the new session adopts its tasks; the stream goes on after {}",
+               id, s.acked);
+  return s.acked;
+}
+
+void task_manager::drop_coordinator(const std::string& id, util::time_point now) {
+  orphans_.erase(id);
+  streams_.erase(id);  // first: the tasks below go without handing out credit
+  std::vector<std::string> owned;
+  for (const auto& [task_id, t] : tasks_)
+    if (t.owner == id) owned.push_back(task_id);
+  for (const auto& task_id : owned) {
+    auto& t = tasks_.at(task_id);
+    if (!t.worker.empty()) {
+      sink_.send_to(t.worker, codec::task_abort{t.id, t.attempt, "its coordinator is gone"});
+      free_worker(t.worker);
+    }
+    ++counts_.cancelled;
+    erase_task(task_id);
+  }
+  if (!owned.empty()) {
+    spdlog::warn("coordinator {} gone: cancelled its {} tasks", id, owned.size());
+    try_assign(now);
+  }
 }
 
 std::optional<refusal> task_manager::handle(const std::string& from, rlbus::role role,
@@ -737,6 +766,16 @@ void task_manager::on_timers(util::time_point now) {
     if (!worker.empty() && !left) ended_badly(worker, kind, reason, now);
     freed = true;
   }
+  // Orphans no new session adopted within the grace: their tasks end (§12.5.8).
+  while (!orphans_.empty()) {
+    const auto due = std::min_element(orphans_.begin(), orphans_.end(),
+                                      [](const auto& a, const auto& b) { return a.second < b.second; });
+    if (due->second > now) break;
+    const std::string id = due->first;
+    spdlog::warn("coordinator {}: no new session adopted its tasks within {} ms", id,
+                 cfg_.coordinator_grace_ms);
+    drop_coordinator(id, now);
+  }
   // Quarantines that have run out: their workers, if free, go back to their pools.
   for (const auto& id : quarantine_.released(now)) {
     spdlog::info("worker {}: quarantine over", id);
@@ -780,6 +819,8 @@ void task_manager::cancel(task& t, const std::string& reason) {
 std::optional<util::time_point> task_manager::next_deadline() const {
   auto next = quarantine_.next_release();
   if (!checks_.empty() && (!next || checks_.top().due < *next)) next = checks_.top().due;
+  for (const auto& [id, due] : orphans_)
+    if (!next || due < *next) next = due;
   return next;
 }
 
@@ -965,6 +1006,7 @@ task_counts task_manager::counts() const {
   c.running = tasks_.size() - queue_.size();
   c.quarantined = quarantine_.active();
   c.quarantines = quarantine_.total();
+  c.orphaned = orphans_.size();
   return c;
 }
 

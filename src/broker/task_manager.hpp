@@ -60,6 +60,8 @@ struct task_counts {
   std::uint64_t data_duplicates = 0, data_out_of_order = 0, data_lost = 0;
   // quarantine (§12.6.9): workers in quarantine now, and quarantines begun in all
   std::uint64_t quarantined = 0, quarantines = 0;
+  // coordinator grace (§12.5.8): coordinators whose tasks await adoption now, adoptions made
+  std::uint64_t orphaned = 0, adoptions = 0;
 };
 
 class task_manager {
@@ -74,9 +76,14 @@ class task_manager {
   /// A worker's session went on on a new connection (after its WELCOME): a collector is told
   /// how far its running task's indexed DATA got (DATA_ACK, §12.11).
   void peer_resumed(const std::string& id);
-  /// A session ended: a worker's task is re-queued or failed; a coordinator's tasks are
-  /// cancelled and its stream dropped.
-  void peer_gone(const std::string& id, rlbus::role role, util::time_point now);
+  /// A session ended: a worker's task is re-queued or failed. A coordinator's tasks are
+  /// cancelled and its stream dropped when it said DISCONNECT (`orderly`); otherwise they are
+  /// orphaned for the coordinator grace, to be adopted by a new session of its id (§12.5.8).
+  void peer_gone(const std::string& id, rlbus::role role, util::time_point now,
+                 bool orderly = true);
+  /// A new coordinator session of `id` takes over what an earlier one left orphaned: the seq
+  /// its stream was acknowledged up to, or nullopt when nothing awaited it (a new stream).
+  std::optional<std::uint64_t> adopt(const std::string& id);
 
   /// Handles a task message from peer `from`; nullopt when accepted.
   std::optional<refusal> handle(const std::string& from, rlbus::role role, codec::message&& m,
@@ -214,6 +221,8 @@ class task_manager {
   void end_attempt(task& t, const std::string& reason, util::time_point now,
                    const codec::blob* result = nullptr);
   void erase_task(const std::string& id);
+  /// Cancels a coordinator's tasks without events and drops its stream (§12.5.8).
+  void drop_coordinator(const std::string& id, util::time_point now);
   void cancel(task& t, const std::string& reason);
   void emit(task& t, std::string_view event, codec::blob body, std::string_view detail = {});
   // flow control (§12.9)
@@ -229,6 +238,7 @@ class task_manager {
   std::unordered_map<std::string, worker_info> workers_;
   std::map<std::uint64_t, std::string> free_[2];  // per kind (collector, learner): serial -> id
   std::unordered_map<std::string, stream> streams_;
+  std::map<std::string, util::time_point> orphans_;  // coordinator id -> end of its grace
   policy_store policies_;
   class quarantine quarantine_;
   std::priority_queue<check, std::vector<check>, std::greater<>> checks_;

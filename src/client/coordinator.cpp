@@ -157,14 +157,23 @@ struct coordinator::impl {
   // REPLAY fetches what is missing, and what the broker no longer holds is reported lost.
 
   void on_welcome(const codec::welcome& w) {
-    if (!w.resumed) {
-      // A new session has a new stream, from 1; what the old one still owed us is gone
-      // with it (the broker cancelled that session's tasks).
-      if (next_seq > 1)
+    // A new session that adopted our own stream (it expired while we were cut off, §12.5.8)
+    // goes on like a resumption.
+    const bool ours_again = w.stream_acked && next_seq > 1 && *w.stream_acked <= processed;
+    if (!w.resumed && !ours_again) {
+      // A new session begins a new stream at 1, and what the old one still owed us went
+      // with it (the broker cancelled its tasks); unless it adopted the stream an earlier
+      // process of our id left, which goes on after stream_acked.
+      if (w.stream_acked) {
+        spdlog::info("coordinator {}: adopted the tasks of an earlier session; the stream goes "
+                     "on after {}",
+                     opts.id, *w.stream_acked);
+      } else if (next_seq > 1) {
         spdlog::warn("coordinator {}: new session, the stream starts again at 1", opts.id);
+      }
       ++generation;
-      next_seq = 1;
-      processed = 0;
+      processed = w.stream_acked.value_or(0);
+      next_seq = processed + 1;
       since_ack = 0;
       early.clear();
       // ACKs and REPLAYs still queued name seqs of the old stream.

@@ -52,6 +52,7 @@ result<message> read_message(std::uint8_t type, field_reader& r) {
       r.uint("liveness", m.liveness, 1, 1000);
       r.uint("max_message", m.max_message, 0, u64_max);
       r.boolean("resumed", m.resumed);
+      r.opt_uint("stream_acked", m.stream_acked, 0, u64_max);
       return done(r, m);
     }
     case msg_type::heartbeat:
@@ -112,13 +113,14 @@ struct body_encoder {
     if (m.session) pack_kv(pk, "session", *m.session);
   }
   void operator()(const welcome& m) const {
-    pk.pack_map(6);
+    pk.pack_map(m.stream_acked ? 7 : 6);
     pack_kv(pk, "session", m.session);
     pack_kv(pk, "epoch", m.epoch);
     pack_kv(pk, "heartbeat_ms", std::uint64_t{m.heartbeat_ms});
     pack_kv(pk, "liveness", std::uint64_t{m.liveness});
     pack_kv(pk, "max_message", m.max_message);
     pack_kv(pk, "resumed", m.resumed);
+    if (m.stream_acked) pack_kv(pk, "stream_acked", *m.stream_acked);
   }
   void operator()(const heartbeat& /*m*/) const { pk.pack_map(0); }
   void operator()(const disconnect& m) const {

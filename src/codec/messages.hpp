@@ -31,6 +31,9 @@ struct welcome {
   std::uint32_t liveness = 0;
   std::uint64_t max_message = 0;
   bool resumed = false;
+  /// A coordinator's new session adopted an earlier one's tasks and stream (SPEC §12.5.8):
+  /// the stream goes on after this acknowledged seq.
+  std::optional<std::uint64_t> stream_acked;
   bool operator==(const welcome&) const = default;
 };
 

@@ -157,6 +157,13 @@ int main(int argc, char** argv) {
                      "when that is smaller)")
           ->check(CLI::Range(std::size_t{1}, std::size_t{50'000'000}))
           ->group(tasks);
+  app.add_option("--coordinator-grace", cfg.coordinator_grace_ms,
+                 "ms the tasks and stream of a coordinator that vanished (expired, not said "
+                 "DISCONNECT) are kept for a new process with its id to adopt (0 = cancel them "
+                 "at once)")
+      ->capture_default_str()
+      ->check(CLI::Range(0U, day_ms))
+      ->group(tasks);
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));

@@ -79,6 +79,15 @@ TEST_CASE("quarantine settings are bounded, and 0 turns quarantine off", "[unit]
   CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("quarantine"));
 }
 
+TEST_CASE("the coordinator grace is bounded, and 0 turns it off", "[unit][config]") {
+  broker::config cfg;
+  CHECK(cfg.coordinator_grace_ms > 0);  // a restarted coordinator can adopt by default
+  cfg.coordinator_grace_ms = 0;
+  CHECK_NOTHROW(cfg.validate());
+  cfg.coordinator_grace_ms = 86'400'001;
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("coordinator grace"));
+}
+
 TEST_CASE("port 0 means any free port", "[unit][config]") {
   CHECK(broker::normalize_endpoint("tcp://127.0.0.1:0") == "tcp://127.0.0.1:*");
   CHECK(broker::normalize_endpoint("tcp://127.0.0.1:7235") == "tcp://127.0.0.1:7235");
