@@ -16,13 +16,23 @@ while it asks REPLAY for what is missing, and reports events the broker could no
 with ``on_stream_lost`` (``stream_gaps``). So each callback runs exactly once per event, in
 order, across reconnects of the same session.
 
-A new session (the broker restarted, or it expired this coordinator's session): the broker
-cancelled every task of the old session without telling anyone (SPEC §12.5.8), and the old
-stream is gone. The coordinator reconnects by itself, starts the new stream at 1, and reports
-each task it still had open with ``on_task_cancelled(task_id, reason)`` (the reason says the
-session was lost) once the events of the old stream it had received have been handled; such
-tasks may be submitted again. A FINISH, CANCEL or DATA_REPLY that could not be sent before the
-old session ended is dropped: its task is gone.
+Adoption (SPEC §12.5.8). A coordinator that vanishes without saying DISCONNECT (a crash, a
+SIGKILL, a link cut longer than its liveness) leaves its tasks and stream on the broker for the
+broker's coordinator grace (60 s by default). They run on meanwhile. A new session under the
+same id adopts them: a new process (the same program restarted) picks the stream up after the
+last event its predecessor acknowledged and gets every later event of those tasks through the
+callbacks, although it never submitted them. The events its predecessor handled but had not
+acknowledged yet (at most 32) come again. The same process, back after its session expired,
+goes on as after a resumption. :meth:`close` says DISCONNECT: the broker cancels the tasks at
+once.
+
+A new session that adopts nothing (the grace ran out, or the broker restarted): the broker
+cancelled every task of the old session without telling anyone, and the old stream is gone.
+The coordinator reconnects by itself, starts the new stream at 1, and reports each task it
+still had open with ``on_task_cancelled(task_id, reason)`` (the reason says the session was
+lost) once the events of the old stream it had received have been handled; such tasks may be
+submitted again. A FINISH, CANCEL or DATA_REPLY that could not be sent before the old session
+ended is dropped: its task is gone.
 """
 
 from __future__ import annotations

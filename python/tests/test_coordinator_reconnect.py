@@ -1,15 +1,21 @@
 """The Coordinator across connection losses: a broker restart (a new session: the broker
-cancelled the old session's tasks) and a network partition short enough for the session to
-be resumed (the stream goes on, every event handled exactly once)."""
+cancelled the old session's tasks), a network partition short enough for the session to
+be resumed (the stream goes on, every event handled exactly once), one long enough for the
+broker to expire the session (the same process adopts its own tasks back), and a coordinator
+process SIGKILLed and started again (the new process adopts the tasks, SPEC §12.5.8)."""
 
 from __future__ import annotations
 
+import os
 import selectors
+import signal
 import socket
+import subprocess
+import sys
 import threading
 from typing import Any, List
 
-from conftest import Broker, wait_until
+from conftest import PYTHON_DIR, Broker, wait_until
 from rlbus.coordinator import SESSION_LOST_REASON, Coordinator
 from test_coordinator import Recorder, RawWorker, closing, uid  # noqa: F401 (fixture)
 
@@ -26,14 +32,20 @@ class FreezeProxy:
         self.listener.listen(16)
         self.endpoint = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
         self.pairs: List[dict] = []
+        self.hold_new = False
         self.sel = selectors.DefaultSelector()
         self.stop_r, self.stop_w = socket.socketpair()
         self.thread = threading.Thread(target=self._run, name="test-freeze-proxy")
         self.thread.start()
 
-    def freeze(self) -> None:
+    def freeze(self, new_ones_too: bool = False) -> None:
+        self.hold_new = new_ones_too
         for p in list(self.pairs):
             p["frozen"] = True
+
+    def thaw(self) -> None:
+        """Connections made from now on are relayed (the frozen ones stay silent)."""
+        self.hold_new = False
 
     def _run(self) -> None:
         self.sel.register(self.listener, selectors.EVENT_READ, "accept")
@@ -45,7 +57,7 @@ class FreezeProxy:
                 if key.data == "accept":
                     client, _ = self.listener.accept()
                     upstream = socket.create_connection(("127.0.0.1", self.port))
-                    pair = {"frozen": False, "socks": (client, upstream)}
+                    pair = {"frozen": self.hold_new, "socks": (client, upstream)}
                     self.pairs.append(pair)
                     self.sel.register(client, selectors.EVENT_READ, (pair, upstream))
                     self.sel.register(upstream, selectors.EVENT_READ, (pair, client))
@@ -158,3 +170,98 @@ def test_a_resumed_session_hands_on_every_event_exactly_once(broker: Broker,
     w.send("RESULT", task_id=task, attempt=attempt, result={"n": 40})
     assert wait_until(lambda: rec.of("collector_finish") == [("col-r", {"n": 40})])
     assert len([a for a in rec.of("data")]) == 40
+
+
+def test_a_session_expired_in_a_partition_adopts_its_own_tasks_back(broker: Broker,
+                                                                     closing: Any) -> None:
+    proxy = FreezeProxy(broker.router_port)
+    closing(proxy)
+    rec = Recorder()
+    cid = uid("coord")
+    # a 300 ms window: the partition below outlasts it, and the broker expires the session
+    c = Coordinator(proxy.endpoint, id=cid, callbacks=rec, heartbeat_ms=100,
+                    reconnect_min=0.05, reconnect_max=0.1)
+    closing(c)
+    assert c.wait_for("ready", 10)
+    token = c._session.token
+    w = RawWorker(broker.router, "collector")
+    closing(w)
+    assert c.submit("col-x", "collector").accepted
+    task, attempt = w.take()
+    for i in range(1, 11):
+        w.send("DATA", task_id=task, attempt=attempt, data_id=f"d{i}", buffer_id="", meta={"i": i})
+    assert wait_until(lambda: len(rec.of("data")) == 10)
+    proxy.freeze(new_ones_too=True)
+    for i in range(11, 21):  # made while nobody can be told
+        w.send("DATA", task_id=task, attempt=attempt, data_id=f"d{i}", buffer_id="", meta={"i": i})
+    assert wait_until(lambda: any("vanished" in line and cid in line for line in broker.lines),
+                      10), "".join(broker.lines)
+    proxy.thaw()
+    assert wait_until(lambda: c.state == "ready" and c._session.token not in (0, token), 15), \
+        c.last_error
+    # a new session, but the stream and the task go on: nothing cancelled, lost or twice
+    assert wait_until(lambda: len(rec.of("data")) >= 20)
+    assert [a[2] for a in rec.of("data")] == [f"d{i}" for i in range(1, 21)]
+    assert rec.of("cancelled") == [] and c.open_tasks == 1 and c.stream_gaps == 0
+    w.send("INFO", task_id=task, attempt=attempt, info={"collector_done": True})
+    w.expect("TASK_CLOSE")  # the FINISH came from the adopting session
+    w.send("RESULT", task_id=task, attempt=attempt, result={"n": 20})
+    assert wait_until(lambda: rec.of("collector_finish") == [("col-x", {"n": 20})])
+
+
+OLD_COORDINATOR = """
+import sys, rlbus
+c = rlbus.Coordinator(sys.argv[1], id=sys.argv[2], callbacks={}, heartbeat_ms=100,
+                      reconnect_min=0.05, reconnect_max=0.2)
+assert c.wait_for("ready", 10), c.last_error
+for task_id in sys.argv[3:]:
+    r = c.submit(task_id, "collector")
+    assert r is not None and r.accepted, r
+print("submitted", flush=True)
+sys.stdin.read()  # until killed
+"""
+
+
+def test_a_restarted_coordinator_process_adopts_the_tasks_of_the_killed_one(
+        broker: Broker, closing: Any) -> None:
+    cid = uid("coord")
+    workers = [RawWorker(broker.router, "collector") for _ in range(2)]
+    for w in workers:
+        closing(w)
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+    old = subprocess.Popen([sys.executable, "-c", OLD_COORDINATOR, broker.router, cid,
+                            "job-1", "job-2"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           text=True, env=env)
+    try:
+        assert old.stdout is not None
+        assert old.stdout.readline().strip() == "submitted"
+        taken = dict(w.take() for w in workers)  # both running, attempt 1
+        assert sorted(taken) == ["job-1", "job-2"] and set(taken.values()) == {1}
+        for w, (task, attempt) in zip(workers, taken.items()):
+            w.send("DATA", task_id=task, attempt=attempt, data_id="before", buffer_id="",
+                   meta={})
+    finally:
+        old.send_signal(signal.SIGKILL)
+        old.wait(10)
+    rec = Recorder()
+    # refused (409) while the killed process's session lives, admitted once it expired
+    c = Coordinator(broker.router, id=cid, callbacks=rec, reconnect_min=0.05, reconnect_max=0.2)
+    closing(c)
+    assert c.wait_for("ready", 15), c.last_error
+    for w, (task, attempt) in zip(workers, sorted(taken.items())):
+        w.send("INFO", task_id=task, attempt=attempt, info={"collector_done": True})
+    for w, (task, attempt) in zip(workers, sorted(taken.items())):
+        w.expect("TASK_CLOSE")  # the new process judged and closed a task it never submitted
+        w.send("RESULT", task_id=task, attempt=attempt, result={"by": w.id})
+    assert wait_until(lambda: len(rec.of("collector_finish")) == 2)
+    # one more task through the same stream: every event before it has been handled
+    assert c.submit("job-3", "collector").accepted
+    task, attempt = workers[0].take()
+    workers[0].send("INFO", task_id=task, attempt=attempt, info={"collector_done": True})
+    workers[0].expect("TASK_CLOSE")
+    workers[0].send("RESULT", task_id=task, attempt=attempt, result={})
+    assert wait_until(lambda: len(rec.of("collector_finish")) == 3)
+    assert sorted(a[0] for a in rec.of("collector_finish")) == ["job-1", "job-2", "job-3"]
+    assert rec.of("cancelled") == [] and rec.of("requeued") == [] and c.stream_gaps == 0
+    for w in workers:  # never aborted, never run again
+        assert not [m for m in w.backlog if m.name in ("TASK_ABORT", "TASK_START")]

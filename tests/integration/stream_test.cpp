@@ -142,6 +142,71 @@ TEST_CASE("a coordinator cut off while events keep coming gets every one exactly
   CHECK(s.tasks_finished == 1);
 }
 
+TEST_CASE("a coordinator process that vanished is succeeded by a new one that adopts its task",
+          "[stream]") {
+  broker::server_thread b(test_config());  // the default coordinator grace
+  zmq::context_t ctx;
+  cuttable_link link(ctx, b.get().router_endpoint());
+  constexpr int items = 200;
+  std::atomic<int> phase{1};
+  task_handlers h;
+  h.run = [&](task_handle& t) {
+    for (int i = 0; i < items; ++i) {
+      if (i == 100) wait_until([&] { return phase >= 2; }, 20s);
+      t.emit_data("d-" + std::to_string(i), "buffer-0", flag_map("eval_flag", false));
+    }
+    t.emit_info(flag_map("collector_done", true));
+    while (!t.stop_requested()) std::this_thread::sleep_for(1ms);
+  };
+  worker w(collector_at(b.get().router_endpoint(), "collector-0"), h);
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+
+  data_log first_log, second_log;
+  std::atomic<std::uint64_t> lost{0};
+  coordinator_options co;
+  co.id = "trainer";
+  co.heartbeat = 200ms;  // its session expires 600 ms after it went silent
+  co.reconnect_min = 10ms;
+  co.reconnect_max = 50ms;
+  {
+    co.endpoint = link.endpoint();
+    coordinator first(co, logging(first_log, lost));
+    REQUIRE(first.wait_for(connection_state::ready, 5s));
+    REQUIRE(first.submit(collector_task("collect"))->accepted);
+    REQUIRE(wait_until([&] { return first_log.size() == 100; }, 10s));
+    link.cut_existing();  // its goodbye below never arrives: to the broker it just vanished
+  }
+  std::atomic<int> cancelled{0};
+  auto callbacks = logging(second_log, lost);
+  callbacks.on_task_cancelled = [&](const std::string&, const std::string&) { ++cancelled; };
+  co.endpoint = b.get().router_endpoint();
+  coordinator second(co, std::move(callbacks));  // refused (409) until the old session expired
+  REQUIRE(second.wait_for(connection_state::ready, 10s));
+  phase = 2;
+  REQUIRE(wait_until([&] { return second_log.done(1); }, 20s));
+
+  // The new process went on after what the old one acknowledged: no gap, and no more again
+  // than one ACK's worth (32) of what the old one had handled.
+  std::vector<int> got;
+  {
+    std::lock_guard lock(second_log.mu);
+    got = second_log.by_task["collect"];
+  }
+  REQUIRE_FALSE(got.empty());
+  CHECK(got.front() <= 100);
+  CHECK(got.front() >= 100 - 32);
+  std::vector<int> want;
+  for (int i = got.front(); i < items; ++i) want.push_back(i);
+  CHECK(got == want);
+  CHECK(lost == 0);
+  CHECK(cancelled == 0);
+  CHECK(second.stream_gaps() == 0);
+  const auto s = b.get().snapshot();
+  CHECK(s.coordinator_adoptions == 1);
+  CHECK(s.tasks_finished == 1);
+  CHECK(s.tasks_requeued == 0);
+}
+
 TEST_CASE("a slow coordinator holds its collectors back and loses nothing", "[stream]") {
   auto cfg = test_config();
   cfg.stream_window = 16;
