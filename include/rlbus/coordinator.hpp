@@ -9,6 +9,11 @@
 // makes it ask for a replay; duplicates are dropped; events the broker could not keep are
 // reported (on_stream_lost), never skipped in silence (SPEC §12.9).
 //
+// A coordinator that vanishes without its DISCONNECT (a crash, a long partition) leaves its
+// tasks running on the broker for the broker's coordinator grace; a new coordinator under
+// the same id adopts them and its callbacks go on after the last event the old one
+// acknowledged (SPEC §12.5.8). The destructor says DISCONNECT: the tasks end at once.
+//
 // Threads: one I/O thread owns the socket; one callback thread runs every callback, in
 // stream order, one at a time. Public members are safe from any thread, but submit()
 // must not be called from inside a callback (it waits for the broker's answer).
