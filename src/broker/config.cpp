@@ -59,6 +59,25 @@ void config::validate() const {
                       stream_window, stream_ring / 2, stream_ring));
 }
 
+std::optional<fsync_policy> parse_fsync_policy(std::string_view s) {
+  if (s == "always") return fsync_policy::always;
+  if (s == "batch") return fsync_policy::batch;
+  if (s == "none") return fsync_policy::none;
+  return std::nullopt;
+}
+
+std::string_view to_string(fsync_policy p) {
+  switch (p) {
+    case fsync_policy::always:
+      return "always";
+    case fsync_policy::batch:
+      return "batch";
+    case fsync_policy::none:
+      return "none";
+  }
+  return "?";
+}
+
 std::string normalize_endpoint(std::string endpoint) {
   if (endpoint.rfind("tcp://", 0) == 0 && endpoint.size() > 2 &&
       endpoint.compare(endpoint.size() - 2, 2, ":0") == 0)

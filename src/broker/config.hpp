@@ -4,11 +4,22 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "codec/protocol.hpp"
 
 namespace rlbus::broker {
+
+/// When the journal's writes are forced to the disk (SPEC §14): after every write, every
+/// 100 ms, or never (the kernel's page cache: safe against a crash of the broker, not of the
+/// machine).
+enum class fsync_policy { always, batch, none };
+
+/// "always", "batch" or "none"; nullopt for anything else.
+std::optional<fsync_policy> parse_fsync_policy(std::string_view s);
+std::string_view to_string(fsync_policy p);
 
 struct config {
   /// Where workers and coordinators connect (DEALER -> ROUTER). Port 0 or * picks a free one.
@@ -65,6 +76,14 @@ struct config {
   /// its tasks and stream for this long, to be adopted by a new session with its id: a
   /// restarted coordinator process takes them over (SPEC §12.5.8). 0: they end at once.
   std::uint32_t coordinator_grace_ms = 60'000;
+
+  // ---- durability (SPEC §14) ----
+  /// The journal file: what the broker accepted, so that it starts again from there after a
+  /// crash. Empty: no journal (everything is lost with the process).
+  std::string journal_path;
+  fsync_policy journal_fsync = fsync_policy::batch;
+  /// The journal is compacted when it grows past this (or twice its last compacted size).
+  std::size_t journal_compact_bytes = std::size_t{64} * 1024 * 1024;
 
   // ---- policies (SPEC §13) ----
   /// Most policy ids the broker keeps a latest version of.

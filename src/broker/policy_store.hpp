@@ -34,6 +34,10 @@ class policy_store {
 
   /// The latest version of `policy_id`, or nullptr before the first.
   [[nodiscard]] const stored_policy* latest(const std::string& policy_id) const;
+  /// Every policy id with its latest version.
+  [[nodiscard]] const std::unordered_map<std::string, stored_policy>& all() const noexcept {
+    return policies_;
+  }
 
  private:
   std::size_t max_ids_;

@@ -51,6 +51,7 @@ server::server(zmq::context_t& ctx, config cfg)
       router_(ctx, zmq::socket_type::router),
       events_(ctx, normalize_endpoint(cfg_.events_endpoint), epoch_),
       tasks_(cfg_, *this) {
+  if (!cfg_.journal_path.empty()) open_journal();  // before anyone can connect
   router_.set(zmq::sockopt::router_mandatory, 1);
   router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(cfg_.max_message));
   router_.set(zmq::sockopt::linger, 0);
@@ -62,6 +63,28 @@ server::server(zmq::context_t& ctx, config cfg)
 }
 
 server::~server() = default;
+
+// Takes up what the journal holds, then starts it afresh with just that (a compaction), so a
+// torn tail is gone and the file starts small.
+void server::open_journal() {
+  journal_ = std::make_unique<journal>(cfg_.journal_path, cfg_.journal_fsync, cfg_.limits,
+                                       cfg_.journal_compact_bytes);
+  const auto& js = journal_->loaded();
+  if (!js.torn.empty())
+    spdlog::warn("journal {}: {}; it was skipped (a write the crash cut short)", journal_->path(),
+                 js.torn);
+  spdlog::info("journal {} (fsync {}): {} records, {} bytes", journal_->path(),
+               to_string(cfg_.journal_fsync), js.records, js.bytes);
+  if (cfg_.coordinator_grace_ms == 0 && !js.tasks.empty())
+    spdlog::warn("coordinator grace is 0: the {} journaled tasks are cancelled, as nobody can "
+                 "adopt them",
+                 js.tasks.size());
+  tasks_.restore(js, util::clock::now());
+  counters_.restored.store(js.tasks.size(), std::memory_order_relaxed);
+  counters_.journal_torn.store(js.torn.empty() ? 0 : 1, std::memory_order_relaxed);
+  journal_->compact([this](journal& j) { tasks_.write_snapshot(j); });
+  tasks_.attach(journal_.get());
+}
 
 void server::request_stop() noexcept {
   stop_requests_.fetch_add(1, std::memory_order_relaxed);
@@ -99,6 +122,12 @@ stats server::snapshot() const {
   s.quarantines = c.quarantines.load();
   s.coordinators_orphaned = c.orphaned.load();
   s.coordinator_adoptions = c.adoptions.load();
+  s.journal_records = c.journal_records.load();
+  s.journal_bytes = c.journal_bytes.load();
+  s.journal_fsyncs = c.journal_fsyncs.load();
+  s.journal_compactions = c.journal_compactions.load();
+  s.journal_torn = c.journal_torn.load();
+  s.tasks_restored = c.restored.load();
   return s;
 }
 
@@ -125,6 +154,13 @@ void server::store_counters() {
   c.quarantines.store(t.quarantines, std::memory_order_relaxed);
   c.orphaned.store(t.orphaned, std::memory_order_relaxed);
   c.adoptions.store(t.adoptions, std::memory_order_relaxed);
+  if (journal_) {
+    const auto j = journal_->stats();
+    c.journal_records.store(j.records, std::memory_order_relaxed);
+    c.journal_bytes.store(j.bytes, std::memory_order_relaxed);
+    c.journal_fsyncs.store(j.fsyncs, std::memory_order_relaxed);
+    c.journal_compactions.store(j.compactions, std::memory_order_relaxed);
+  }
 }
 
 void server::run() {
@@ -152,6 +188,8 @@ void server::run() {
     auto deadline = next_status_;
     if (auto check = peers_.next_check()) deadline = std::min(deadline, *check);
     if (auto due = tasks_.next_deadline()) deadline = std::min(deadline, *due);
+    if (journal_)
+      if (auto due = journal_->next_due()) deadline = std::min(deadline, *due);
     if (draining_) deadline = std::min(deadline, drain_end_);
     util::poll(items.data(), items.size(), util::poll_timeout_ms(now, deadline));
     if ((items[1].revents & ZMQ_POLLIN) != 0) wake_.drain();
@@ -166,6 +204,11 @@ void server::run() {
       end_session(p, codec::error_code::expired, "no message within the liveness window", true);
     });
     tasks_.on_timers(now);
+    if (journal_) {
+      journal_->on_timer(now);
+      if (journal_->wants_compaction())
+        journal_->compact([this](journal& j) { tasks_.write_snapshot(j); });
+    }
     store_counters();
     if (now >= next_status_) publish_status(now);
   }

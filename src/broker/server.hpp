@@ -27,6 +27,7 @@
 
 #include "broker/config.hpp"
 #include "broker/event_bus.hpp"
+#include "broker/journal.hpp"
 #include "broker/peer_table.hpp"
 #include "broker/task_manager.hpp"
 #include "codec/messages.hpp"
@@ -68,6 +69,13 @@ struct stats {
   // coordinator grace (SPEC §12.5.8)
   std::uint64_t coordinators_orphaned = 0;  // vanished coordinators whose tasks are kept now
   std::uint64_t coordinator_adoptions = 0;  // new sessions that took such tasks over
+  // journal (SPEC §14)
+  std::uint64_t tasks_restored = 0;       // live tasks the journal held at start
+  std::uint64_t journal_torn = 0;         // 1 when its last record was cut short (skipped)
+  std::uint64_t journal_records = 0;      // records written since start (compactions too)
+  std::uint64_t journal_bytes = 0;        // bytes handed to the kernel since start
+  std::uint64_t journal_fsyncs = 0;
+  std::uint64_t journal_compactions = 0;  // the one at start included
 };
 
 class server : private task_sink {
@@ -98,7 +106,9 @@ class server : private task_sink {
         refused_hellos{0}, expired{0}, events{0}, tasks_queued{0}, tasks_running{0},
         tasks_finished{0}, tasks_failed{0}, tasks_requeued{0}, stale{0}, collectors{0}, learners{0},
         replays{0}, resent{0}, lost{0}, data_duplicates{0}, data_out_of_order{0}, data_lost{0},
-        events_unheard{0}, quarantined{0}, quarantines{0}, orphaned{0}, adoptions{0};
+        events_unheard{0}, quarantined{0}, quarantines{0}, orphaned{0}, adoptions{0}, restored{0},
+        journal_torn{0}, journal_records{0}, journal_bytes{0}, journal_fsyncs{0},
+        journal_compactions{0};
     std::atomic<bool> draining{false};
   };
 
@@ -109,6 +119,7 @@ class server : private task_sink {
   /// `orderly`: the peer said DISCONNECT itself (a coordinator's tasks end at once, §12.5.8).
   void session_over(const peer& p, util::time_point now, bool orderly = false);
   void store_counters();
+  void open_journal();
 
   void drain_router(util::time_point now);
   void on_frames(zmq::message_t* frames, std::size_t count, bool overflow, util::time_point now);
@@ -139,6 +150,7 @@ class server : private task_sink {
   bool draining_ = false;
   util::time_point drain_end_{};
   peer_table peers_;
+  std::unique_ptr<journal> journal_;  // outlives tasks_, which writes to it
   task_manager tasks_;
   counters counters_;
   util::time_point started_;

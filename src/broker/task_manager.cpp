@@ -17,6 +17,16 @@ namespace {
 // whichever comes first: what a worker keeps for a resend stays well within its bound.
 constexpr std::uint64_t data_ack_every = 32;
 constexpr std::size_t data_ack_bytes = std::size_t{1} << 20;
+// A journal record allows this many more seqs of a stream at a time (§14): at most that many
+// seqs that were never used are reported lost after a crash.
+constexpr std::uint64_t seq_reserve = 64;
+
+bool ends_task(std::string_view event) {
+  return event == "finished" || event == "failed" || event == "cancelled";
+}
+
+// A seq of a stream the broker restarted without: it was an event nobody kept (§14).
+bool placeholder(const codec::task_event& e) { return e.event.empty(); }
 
 std::size_t slot(rlbus::role kind) {
   return kind == rlbus::role::learner ? 1 : 0;
@@ -138,6 +148,7 @@ std::optional<std::uint64_t> task_manager::adopt(const std::string& id) {
 void task_manager::drop_coordinator(const std::string& id, util::time_point now) {
   orphans_.erase(id);
   streams_.erase(id);  // first: the tasks below go without handing out credit
+  if (journal_ != nullptr) journal_->stream_dropped(id);
   std::vector<std::string> owned;
   for (const auto& [task_id, t] : tasks_)
     if (t.owner == id) owned.push_back(task_id);
@@ -227,6 +238,10 @@ std::optional<refusal> task_manager::on_leaving(const std::string& from, const c
 std::optional<refusal> task_manager::on_policy(const std::string& from, codec::policy&& p) {
   codec::policy_status status{p.policy_id, p.version, from, p.params ? p.params->size() : 0};
   if (auto refused = policies_.publish(from, std::move(p))) return refused;
+  if (journal_ != nullptr) {
+    const auto* held = policies_.latest(status.policy_id);
+    journal_->policy(from, codec::policy{status.policy_id, held->version, held->ref, held->params});
+  }
   spdlog::debug("policy {} version {} from {}", status.policy_id, status.version, from);
   const auto topic = "policy." + status.policy_id;
   // Attempts that run this policy hear of the new version now, not only at their next start.
@@ -285,6 +300,7 @@ std::optional<refusal> task_manager::on_submit(const std::string& from, codec::s
   t.queue_timeout = ms(s.queue_timeout_ms, cfg_.queue_timeout_ms);
   t.order = ++next_order_;
   queue_.emplace(t.order, t.id);
+  if (journal_ != nullptr) journal_->submitted(journal_task_of(t));  // before SUBMITTED says so
   const auto id = t.id;
   arm_queue_timeout(tasks_.emplace(id, std::move(t)).first->second, now);
   ++counts_.queued;
@@ -608,6 +624,7 @@ void task_manager::try_assign(util::time_point now) {
 void task_manager::start_attempt(task& t, worker_info& w, const std::string& worker_id,
                                  util::time_point now) {
   ++t.attempt;
+  if (journal_ != nullptr) journal_->started(t.id, t.attempt, worker_id);
   t.worker = worker_id;
   t.st = state::starting;
   t.request_id.reset();
@@ -695,6 +712,7 @@ void task_manager::end_attempt(task& t, const std::string& reason, util::time_po
   t.scheduled.reset();
   if (t.attempt < t.max_attempts) {
     spdlog::warn("task {} attempt {} ended ({}): re-queued", t.id, t.attempt, reason);
+    if (journal_ != nullptr) journal_->requeued(t.id, t.attempt);
     emit(t, "requeued", reason_body(reason, t.attempt, result), reason);
     t.last_worker = std::move(t.worker);
     t.worker.clear();
@@ -830,6 +848,7 @@ void task_manager::erase_task(const std::string& id) {
   uncredit(it->second);
   queue_.erase(it->second.order);
   tasks_.erase(it);
+  if (journal_ != nullptr) journal_->ended(id);
 }
 
 void task_manager::emit(task& t, std::string_view event, codec::blob body,
@@ -838,6 +857,13 @@ void task_manager::emit(task& t, std::string_view event, codec::blob body,
   const auto size = body.size();
   s.ring.emplace_back(
       codec::task_event{++s.seq, t.id, t.attempt, std::string(event), t.worker, std::move(body)});
+  if (journal_ != nullptr) {  // written before the event can leave (§14)
+    if (s.seq > s.reserved) {
+      s.reserved = s.seq + seq_reserve;
+      journal_->reserved(t.owner, s.reserved);
+    }
+    if (ends_task(event)) journal_->end_event(t.owner, stream::event(s.ring.back()));
+  }
   if (!s.windowed) {  // v1: sent as made; an undeliverable one leaves a gap (§12.8.2)
     sink_.send_to(t.owner, s.ring.back());
     s.next = s.seq + 1;
@@ -891,6 +917,7 @@ std::optional<refusal> task_manager::on_replay(const std::string& from, const co
   s.windowed = true;
   s.set_acked(r.from_seq - 1);
   s.next = r.from_seq;
+  if (journal_ != nullptr) journal_->acked(from, s.acked);
   pump(from, s);
   grant(s, nullptr);
   return std::nullopt;
@@ -902,7 +929,10 @@ std::optional<refusal> task_manager::on_ack(const std::string& from, const codec
     return refuse(codec::error_code::bad_seq,
                   fmt::format("ACK of {}: your stream's last event is {}", a.seq, s.seq));
   s.windowed = true;
-  if (a.seq > s.acked) s.set_acked(a.seq);  // an older ACK tells nothing new
+  if (a.seq > s.acked) {  // an older ACK tells nothing new
+    s.set_acked(a.seq);
+    if (journal_ != nullptr) journal_->acked(from, s.acked);
+  }
   if (s.next <= s.acked) s.next = s.acked + 1;
   pump(from, s);
   grant(s, nullptr);
@@ -928,6 +958,16 @@ void task_manager::pump(const std::string& owner, stream& s) {
       s.next = front;
       // Nothing to process in them: they count as acknowledged, out of the window's way.
       if (s.acked < front - 1) s.set_acked(front - 1);
+      continue;
+    }
+    if (placeholder(stream::event(s.ring[s.next - front]))) {
+      // Seqs the broker restarted without (§14): reported lost, as the ring's own losses.
+      auto last = s.next;
+      while (last < s.seq && placeholder(stream::event(s.ring[last + 1 - front]))) ++last;
+      if (!sink_.send_to(owner, codec::stream_gap{s.next, last})) return;
+      counts_.lost += last - s.next + 1;
+      s.next = last + 1;
+      if (s.acked < last) s.set_acked(last);
       continue;
     }
     // Not sent (the connection is gone or full): held, sent again on the next ACK or REPLAY.
@@ -1008,6 +1048,135 @@ task_counts task_manager::counts() const {
   c.quarantines = quarantine_.total();
   c.orphaned = orphans_.size();
   return c;
+}
+
+// ---- durability (§14) --------------------------------------------------------------------
+
+journal_task task_manager::journal_task_of(const task& t) {
+  journal_task j;
+  j.owner = t.owner;
+  j.order = t.order;
+  j.submit.task_id = t.id;
+  j.submit.kind = t.kind;
+  j.submit.task_info = t.task_info;
+  j.submit.requirements = t.requirements;
+  j.submit.policy_id = t.policy_id;
+  const auto ms = [](std::chrono::milliseconds d) { return static_cast<std::uint32_t>(d.count()); };
+  j.start_timeout_ms = ms(t.start_timeout);
+  j.step_timeout_ms = ms(t.step_timeout);
+  j.close_timeout_ms = ms(t.close_timeout);
+  j.task_timeout_ms = ms(t.task_timeout);
+  j.queue_timeout_ms = ms(t.queue_timeout);
+  j.max_attempts = t.max_attempts;
+  j.attempt = t.attempt;
+  j.running = t.st != state::queued;
+  j.worker = t.worker.empty() ? t.last_worker : t.worker;
+  return j;
+}
+
+void task_manager::write_snapshot(journal& j) const {
+  for (const auto& [id, p] : policies_.all())
+    j.policy(p.publisher, codec::policy{id, p.version, p.ref, p.params});
+  for (const auto& [owner, s] : streams_) {
+    j.reserved(owner, std::max(s.reserved, s.seq));
+    if (s.windowed) j.acked(owner, s.acked);
+    for (const auto& m : s.ring) {
+      const auto& e = stream::event(m);
+      if (e.seq > s.acked && ends_task(e.event)) j.end_event(owner, e);
+    }
+  }
+  std::map<std::uint64_t, const task*> in_order;
+  for (const auto& [id, t] : tasks_) in_order.emplace(t.order, &t);
+  for (const auto& [order, t] : in_order) {
+    const auto jt = journal_task_of(*t);
+    j.submitted(jt);
+    if (jt.attempt > 0) j.started(jt.submit.task_id, jt.attempt, jt.worker);
+    if (jt.attempt > 0 && !jt.running) j.requeued(jt.submit.task_id, jt.attempt);
+  }
+}
+
+void task_manager::restore(const journal_state& js, util::time_point now) {
+  for (const auto& p : js.policies) (void)policies_.publish(p.publisher, codec::policy(p.latest));
+  // Streams first: the restart's own events below are numbered after what came before.
+  for (const auto& [owner, st] : js.streams) {
+    auto& s = streams_[owner];
+    s.seq = st.head;
+    s.reserved = st.head;
+    s.sent_max = st.head;  // any of them may have reached the coordinator
+    s.windowed = st.windowed;
+    s.acked = std::min(st.acked, st.head);
+    s.next = s.acked + 1;
+    // The ring holds the kept ends at their seqs and, between them, placeholders for the
+    // events nobody kept: a replay reports those lost. Before the first kept end, the ring's
+    // front does the same (STREAM_GAP), without placeholders.
+    std::uint64_t first = st.head + 1;
+    for (const auto& e : st.ends)
+      if (e.seq > s.acked) first = std::min(first, e.seq);
+    first = std::max(first, st.head >= cfg_.stream_ring ? st.head - cfg_.stream_ring + 1 : 1);
+    auto end = st.ends.begin();
+    for (auto seq = first; seq <= st.head; ++seq) {
+      while (end != st.ends.end() && end->seq < seq) ++end;
+      if (end != st.ends.end() && end->seq == seq) {
+        s.ring.emplace_back(*end);
+        s.ring_bytes += end->body.size();
+      } else {
+        s.ring.emplace_back(codec::task_event{seq, "", 0, "", "", ""});
+      }
+    }
+  }
+  for (const auto& jt : js.tasks) {
+    task t;
+    t.id = jt.submit.task_id;
+    t.owner = jt.owner;
+    t.kind = jt.submit.kind;
+    t.task_info = jt.submit.task_info;
+    t.requirements = jt.submit.requirements;
+    t.policy_id = jt.submit.policy_id;
+    t.start_timeout = std::chrono::milliseconds(jt.start_timeout_ms);
+    t.step_timeout = std::chrono::milliseconds(jt.step_timeout_ms);
+    t.close_timeout = std::chrono::milliseconds(jt.close_timeout_ms);
+    t.task_timeout = std::chrono::milliseconds(jt.task_timeout_ms);
+    t.queue_timeout = std::chrono::milliseconds(jt.queue_timeout_ms);
+    t.max_attempts = jt.max_attempts;
+    t.attempt = jt.attempt;
+    t.last_worker = jt.worker;
+    t.order = jt.order;
+    next_order_ = std::max(next_order_, t.order);
+    auto& held = tasks_.emplace(t.id, std::move(t)).first->second;
+    if (jt.running) {
+      // The attempt ended with the broker that ran it. The restart is not the task's fault:
+      // it does not use up an attempt (within the protocol's 1000).
+      const std::string reason = "broker restarted";
+      if (held.attempt >= 1000) {
+        ++counts_.failed;
+        emit(held, "failed", reason_body(reason, held.attempt), reason);
+        erase_task(held.id);
+        continue;
+      }
+      held.max_attempts = std::max(held.max_attempts, held.attempt + 1);
+      held.worker = jt.worker;  // the event names the worker it ran on
+      emit(held, "requeued", reason_body(reason, held.attempt), reason);
+      held.worker.clear();
+      ++counts_.requeued;
+    }
+    queue_.emplace(held.order, held.id);
+    arm_queue_timeout(held, now);
+  }
+  // Nobody is connected yet: every coordinator's work waits for a new session of its id.
+  std::set<std::string> owners;
+  for (const auto& [owner, s] : streams_) owners.insert(owner);
+  for (const auto& [id, t] : tasks_) owners.insert(t.owner);
+  for (const auto& owner : owners) {
+    if (cfg_.coordinator_grace_ms == 0) {
+      drop_coordinator(owner, now);
+    } else {
+      orphans_[owner] = now + std::chrono::milliseconds(cfg_.coordinator_grace_ms);
+    }
+  }
+  spdlog::info("restored {} tasks ({} queued, {} re-queued after the restart), {} policies, {} "
+               "coordinator streams",
+               tasks_.size(), tasks_.size() - counts_.requeued, counts_.requeued,
+               js.policies.size(), streams_.size());
 }
 
 }  // namespace rlbus::broker

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "broker/config.hpp"
+#include "broker/journal.hpp"
 #include "broker/policy_store.hpp"
 #include "broker/quarantine.hpp"
 #include "broker/refusal.hpp"
@@ -105,6 +106,18 @@ class task_manager {
 
   [[nodiscard]] task_counts counts() const;
 
+  // ---- durability (SPEC §14) ----
+  /// Takes up what a journal held when the broker started: tasks queued again in their
+  /// order, each attempt that was running ended (`requeued`, "broker restarted"; the next
+  /// attempt gets the next number, so the old one's worker is refused), policies held,
+  /// streams numbered on from where they were, with the events that ended a task kept for
+  /// replay; every coordinator's tasks wait the grace for a new session to adopt them.
+  void restore(const journal_state& js, util::time_point now);
+  /// Records what it accepts in `j` from now on (nullptr: nothing).
+  void attach(journal* j) noexcept { journal_ = j; }
+  /// Writes the live state as journal records: the content of a compacted journal.
+  void write_snapshot(journal& j) const;
+
  private:
   enum class state { queued, starting, running, closing };
   struct task {
@@ -168,6 +181,7 @@ class task_manager {
     std::size_t max_data_bytes =
         0;  // the largest `data` body so far: what a unit of credit may cost
     std::set<std::string> credited;  // tasks whose current attempt holds data credit
+    std::uint64_t reserved = 0;      // the journal allows seqs up to here (§14)
 
     void set_acked(std::uint64_t seq);
     [[nodiscard]] std::size_t unacked_bytes() const { return ring_bytes - acked_bytes; }
@@ -221,6 +235,7 @@ class task_manager {
   void end_attempt(task& t, const std::string& reason, util::time_point now,
                    const codec::blob* result = nullptr);
   void erase_task(const std::string& id);
+  [[nodiscard]] static journal_task journal_task_of(const task& t);
   /// Cancels a coordinator's tasks without events and drops its stream (§12.5.8).
   void drop_coordinator(const std::string& id, util::time_point now);
   void cancel(task& t, const std::string& reason);
@@ -244,6 +259,7 @@ class task_manager {
   std::priority_queue<check, std::vector<check>, std::greater<>> checks_;
   task_counts counts_;
   std::optional<std::string> closed_;  // the queue is closed (draining), with this reason
+  journal* journal_ = nullptr;
 };
 
 }  // namespace rlbus::broker

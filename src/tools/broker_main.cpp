@@ -164,6 +164,19 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0U, day_ms))
       ->group(tasks);
+  const auto* durability = "Durability";
+  app.add_option("--journal", cfg.journal_path,
+                 "file where the broker records the tasks, policies and stream positions it "
+                 "accepted; started on the same file after a crash, it takes them up again "
+                 "(default: none, everything is lost with the process)")
+      ->group(durability);
+  std::string fsync = std::string(to_string(cfg.journal_fsync));
+  app.add_option("--journal-fsync", fsync,
+                 "when journal writes are forced to disk: always (each one), batch (every 100 "
+                 "ms) or none (a broker crash loses nothing, a machine crash may)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"always", "batch", "none"}))
+      ->group(durability);
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
@@ -178,6 +191,7 @@ int main(int argc, char** argv) {
   // The window's default follows a small ring, so every ring size the flag allows works
   // without naming a window as well.
   if (window->count() == 0) cfg.stream_window = std::min<std::size_t>(1024, cfg.stream_ring / 2);
+  cfg.journal_fsync = *rlbus::broker::parse_fsync_policy(fsync);  // checked by the flag
 
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
@@ -199,6 +213,9 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const zmq::error_t& e) {
     spdlog::critical("cannot start: {} (is another broker using the endpoint?)", e.what());
+    return 1;
+  } catch (const rlbus::broker::journal_error& e) {
+    spdlog::critical("{}", e.what());
     return 1;
   }
 }

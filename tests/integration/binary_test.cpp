@@ -53,7 +53,8 @@ TEST_CASE("--help documents every flag", "[binary]") {
                            "--max-queue",       "--start-timeout",   "--step-timeout",
                            "--close-timeout",   "--task-timeout",    "--max-attempts",
                            "--no-data-retry",   "--stream-ring",     "--stream-ring-bytes",
-                           "--stream-window",   "--queue-timeout-ms"})
+                           "--stream-window",   "--queue-timeout-ms", "--coordinator-grace",
+                           "--journal",         "--journal-fsync"})
     CHECK_THAT(out, Catch::Contains(flag));
   // Each task default is documented with its value.
   for (const char* value : {"10000", "60000", "30000", "3600000", "65536", "67108864"})

@@ -10,60 +10,16 @@
 #include <set>
 
 #include "broker/task_manager.hpp"
+#include "support/fake_sink.hpp"
 #include "codec/codec.hpp"
 #include "codec/map_writer.hpp"
 
 using namespace rlbus;
 using namespace std::chrono_literals;
 using broker::task_manager;
+using test::fake_sink;
 
 namespace {
-
-struct fake_sink : broker::task_sink {
-  std::map<std::string, std::deque<codec::message>> inbox;  // per peer id
-  std::vector<std::string> topics;
-  std::set<std::string> unreachable;  // peers whose connection is gone: sends fail
-  bool send_to(std::string_view peer_id, const codec::message& m) override {
-    if (unreachable.count(std::string(peer_id)) != 0) return false;
-    inbox[std::string(peer_id)].push_back(m);
-    return true;
-  }
-  void publish(std::string_view topic, decltype(codec::event::body) /*body*/) override {
-    topics.emplace_back(topic);
-  }
-  bool wanted(std::string_view /*topic*/) override { return true; }
-  template <class T>
-  T take(const std::string& peer) {
-    auto& q = inbox[peer];
-    INFO("peer " << peer);
-    REQUIRE_FALSE(q.empty());
-    auto m = std::move(q.front());
-    q.pop_front();
-    INFO("got type " << static_cast<int>(codec::type_of(m)));
-    REQUIRE(std::holds_alternative<T>(m));
-    return std::get<T>(std::move(m));
-  }
-  /// The first message of type T for `peer`, skipping (and keeping) the others.
-  template <class T>
-  T take_first(const std::string& peer) {
-    auto& q = inbox[peer];
-    for (auto it = q.begin(); it != q.end(); ++it) {
-      if (std::holds_alternative<T>(*it)) {
-        T m = std::get<T>(std::move(*it));
-        q.erase(it);
-        return m;
-      }
-    }
-    FAIL("no message of the wanted type for " << peer);
-    return T{};
-  }
-  codec::task_event event(const std::string& coordinator, const std::string& name) {
-    auto e = take<codec::task_event>(coordinator);
-    CHECK(e.event == name);
-    return e;
-  }
-  bool empty(const std::string& peer) { return inbox[peer].empty(); }
-};
 
 struct fixture {
   broker::config cfg;
