@@ -845,10 +845,10 @@ std::optional<util::time_point> task_manager::next_deadline() const {
 void task_manager::erase_task(const std::string& id) {
   const auto it = tasks_.find(id);
   if (it == tasks_.end()) return;
+  if (journal_ != nullptr) journal_->ended(id);  // first: `id` may be the task's own
   uncredit(it->second);
   queue_.erase(it->second.order);
   tasks_.erase(it);
-  if (journal_ != nullptr) journal_->ended(id);
 }
 
 void task_manager::emit(task& t, std::string_view event, codec::blob body,

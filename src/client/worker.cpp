@@ -468,6 +468,13 @@ struct worker::impl {
       if (w->resumed && tasks.data_attempt != 0) {
         tasks.resend();
       } else if (!w->resumed) {
+        // The broker (restarted, or it expired us) holds no attempt of ours: the handler of
+        // the one we ran is told to stop, and the next TASK_START waits for it.
+        if (tasks.task && !tasks.aborted) {
+          spdlog::warn("{}: task {} attempt {} ended: the broker began a new session", opts.id,
+                       tasks.task->task_id, tasks.task->attempt);
+          tasks.aborted = true;
+        }
         tasks.track("", 0);
       }
     } else if (const auto* ack = std::get_if<codec::data_ack>(&m)) {

@@ -136,6 +136,41 @@ class broker_log {
   std::thread thread_;  // last: starts once everything above exists
 };
 
+// The broker and the reader of its log; the log's thread ends once the process is gone.
+struct broker_child {
+  std::unique_ptr<process> proc;
+  std::unique_ptr<broker_log> log;
+};
+
+broker_child spawn_broker(const std::string& path, const std::vector<std::string>& args,
+                          console& out, clock::time_point started) {
+  broker_child b;
+  b.proc = std::make_unique<process>("broker", path, args, /*capture_output=*/true);
+  b.log = std::make_unique<broker_log>(b.proc->output_fd(), out, started);
+  return b;
+}
+
+// A journal of the broker's own, in a directory of its own, gone with the demo.
+class scratch_dir {
+ public:
+  scratch_dir() {
+    std::string tmpl = "/tmp/rlbus-demo-XXXXXX";
+    if (::mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
+  }
+  ~scratch_dir() {
+    if (path_.empty()) return;
+    for (const char* name : {"/broker.journal", "/broker.journal.tmp"})
+      ::unlink((path_ + name).c_str());
+    ::rmdir(path_.c_str());
+  }
+  scratch_dir(const scratch_dir&) = delete;
+  scratch_dir& operator=(const scratch_dir&) = delete;
+  [[nodiscard]] const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 struct worker_child {
   std::string id;
   rlbus::role role;
@@ -170,34 +205,48 @@ int run_demo(launch_options o) {
     return exit_start_failed;
   }
 
-  // ---- the broker ----
-  const std::string router = fmt::format("tcp://127.0.0.1:{}", o.port);
-  process broker("broker", broker_path,
-                 {"--router", router, "--events", "tcp://127.0.0.1:0", "--liveness",
-                  std::to_string(o.liveness), "--heartbeat-min", "50", "--log-level", "info"},
-                 /*capture_output=*/true);
-  broker_log log(broker.output_fd(), out, started);
-  if (!log.wait_ready(10s)) {
-    const auto st = broker.wait_exit(2s);
-    err.line(fmt::format("rlbus-demo: the broker did not start on {}: {}", router,
-                         log.last_line().empty() ? "no output" : log.last_line()));
+  // ---- the broker, with a journal: killed, it starts again where it was ----
+  const scratch_dir scratch;
+  if (scratch.path().empty()) {
+    err.line("rlbus-demo: cannot make a directory for the broker's journal under /tmp");
+    return exit_start_failed;
+  }
+  const std::string journal = scratch.path() + "/broker.journal";
+  std::vector<std::string> broker_args{"--router",
+                                       fmt::format("tcp://127.0.0.1:{}", o.port),
+                                       "--events",
+                                       "tcp://127.0.0.1:0",
+                                       "--liveness",
+                                       std::to_string(o.liveness),
+                                       "--heartbeat-min",
+                                       "50",
+                                       "--journal",
+                                       journal,
+                                       "--log-level",
+                                       "info"};
+  auto b = spawn_broker(broker_path, broker_args, out, started);
+  if (!b.log->wait_ready(10s)) {
+    const auto st = b.proc->wait_exit(2s);
+    err.line(fmt::format("rlbus-demo: the broker did not start on {}: {}", broker_args[1],
+                         b.log->last_line().empty() ? "no output" : b.log->last_line()));
     if (st) err.line(fmt::format("rlbus-demo: the broker {}", describe_exit(*st)));
     if (o.port != 0)
       err.line(
           fmt::format("rlbus-demo: is port {} in use? Choose another with --port (0: any "
                       "free port).",
                       o.port));
-    broker.stop(2s);
+    b.proc->stop(2s);
     return exit_start_failed;
   }
-  o.training.endpoint = log.router();
-  log.forward(true);
+  o.training.endpoint = b.log->router();
+  broker_args[1] = o.training.endpoint;  // a restart binds the port the first start got
+  b.log->forward(true);
   out.line(fmt::format(
       "rlbus demo: a learner and {} collectors train a linear policy on cart-pole (CartPole-v1, "
       "solved at mean return >= 475 over 100 episodes), all through the broker",
       o.collectors));
-  out.line(fmt::format("  broker       pid {:<7} router {}  events {}", broker.pid(),
-                       o.training.endpoint, log.events()));
+  out.line(fmt::format("  broker       pid {:<7} router {}  events {}", b.proc->pid(),
+                       o.training.endpoint, b.log->events()));
 
   // ---- the workers: this binary again, as separate processes ----
   std::vector<worker_child> workers;
@@ -230,6 +279,7 @@ int run_demo(launch_options o) {
       start_failed = true;
     }
     bool killed = false;
+    bool broker_killed = false;
     while (t && fatal.empty()) {
       result = t->poll(50ms);
       if (result != training_state::running) break;
@@ -237,9 +287,26 @@ int run_demo(launch_options o) {
         interrupted = true;
         break;
       }
-      if (const auto st = broker.poll_exit()) {
+      if (const auto st = b.proc->poll_exit()) {
         fatal = "the broker " + describe_exit(*st);
         break;
+      }
+      if (o.kill_broker_at && !broker_killed && t->iteration() >= *o.kill_broker_at) {
+        broker_killed = true;
+        const auto old_pid = b.proc->pid();
+        b.proc->signal(SIGKILL);
+        (void)b.proc->wait_exit(5s);
+        b.log.reset();  // its pipe is at its end
+        b = spawn_broker(broker_path, broker_args, out, started);
+        if (!b.log->wait_ready(10s)) {
+          fatal = "the broker did not start again on its journal: " + b.log->last_line();
+          break;
+        }
+        b.log->forward(true);
+        out.line(fmt::format(
+            "{} chaos: SIGKILL the broker (pid {}) at iteration {}; started again as pid {} on "
+            "its journal: expect its tasks back and the running ones re-queued",
+            stamp(started), old_pid, t->iteration(), b.proc->pid()));
       }
       for (auto& w : workers) {
         if (!w.proc) {
@@ -287,13 +354,16 @@ int run_demo(launch_options o) {
     if (o.kill_collector_at && !killed && result == training_state::solved)
       out.line(fmt::format("{} chaos: solved before iteration {}; nothing was killed",
                            stamp(started), *o.kill_collector_at));
+    if (o.kill_broker_at && !broker_killed && result == training_state::solved)
+      out.line(fmt::format("{} chaos: solved before iteration {}; the broker was not killed",
+                           stamp(started), *o.kill_broker_at));
 
     // ---- stop, in order: coordinator, workers, broker ----
-    log.forward(false);
+    b.log->forward(false);
     if (t) t->stop();
     for (auto& w : workers)
       if (w.proc) w.proc->stop(3s);
-    broker.stop(5s);
+    b.proc->stop(5s);
     if (t) t->print_summary(interrupted ? training_state::running : result);
   }
 

@@ -1,7 +1,8 @@
 // `rlbus-demo run`: the launcher. It starts the real broker binary, then this binary again
 // as a learner and N collectors (separate processes, over tcp), and is itself the
-// coordinator (a trainer). It supervises the children, reports them, can kill a collector on
-// purpose (chaos) and restart it, and stops everything in order at the end or on Ctrl-C.
+// coordinator (a trainer). It supervises the children, reports them, can kill a collector or
+// the broker on purpose (chaos) and restart it (the broker on its journal), and stops
+// everything in order at the end or on Ctrl-C.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,8 @@ struct launch_options {
   std::uint32_t collectors = 3;
   std::string broker_path;  // "": rlbus-broker next to this executable
   std::optional<std::uint64_t> kill_collector_at;
+  /// SIGKILL the broker at this iteration and start it again on its journal.
+  std::optional<std::uint64_t> kill_broker_at;
   bool respawn = false;
   /// Broker liveness: a worker silent for liveness x heartbeat (training.heartbeat) is lost.
   std::uint32_t liveness = 4;

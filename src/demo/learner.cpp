@@ -31,6 +31,7 @@ learner::learner(learner_config cfg) : config_(std::move(cfg)) {
   config_.validate();
   params_ = config_.initial_params.empty() ? std::vector<float>(policy::parameter_count, 0.0F)
                                            : config_.initial_params;
+  version_ = config_.initial_version;
   begin_version();
 }
 

@@ -23,6 +23,7 @@ struct learner_config {
   float step_size = 0.03F;           // ARS's alpha, in units of the return-normalised step
   std::uint32_t max_steps = cartpole::max_episode_steps;
   std::vector<float> initial_params;  // empty: all zeros
+  std::uint64_t initial_version = 0;  // the version initial_params are (a run taken over)
 
   /// Throws std::invalid_argument naming the first bad setting.
   void validate() const;

@@ -39,6 +39,10 @@ std::optional<std::uint64_t> collected_with(const std::string& data_event) {
 
 std::optional<policy_release> task_policy(const rlbus::task_handle& t,
                                           const collector_task& /*task*/) {
+  return latest_policy(t);
+}
+
+std::optional<policy_release> latest_policy(const rlbus::task_handle& t) {
   const auto& p = t.policy();
   if (!p || !p->params || p->version == 0) return std::nullopt;
   return policy_release{p->version - 1, *p->params};

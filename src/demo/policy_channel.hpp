@@ -35,4 +35,8 @@ std::optional<std::uint64_t> collected_with(const std::string& data_event);
 /// Collector: the policy its task runs (nullopt: the task carries none, a coordinator bug).
 std::optional<policy_release> task_policy(const rlbus::task_handle& t, const collector_task& task);
 
+/// Learner: the latest version published before its task started (nullopt: none yet), to go
+/// on from when the task runs again (another attempt, after a restart of the broker).
+std::optional<policy_release> latest_policy(const rlbus::task_handle& t);
+
 }  // namespace rlbus::demo

@@ -79,6 +79,17 @@ void run_learner_task(learner_state& st, rlbus::task_handle& t) {
   cfg.sigma = spec->sigma;
   cfg.step_size = spec->step_size;
   cfg.max_steps = spec->max_steps;
+  // Another attempt (the last one's worker died, the broker restarted) goes on from the last
+  // version published, not from scratch.
+  const auto resumed = latest_policy(t);
+  if (resumed) {
+    auto params = params_from_bytes(resumed->params);
+    if (!params || params->size() != policy::parameter_count)
+      throw std::runtime_error(
+          fmt::format("policy v{} has malformed parameters", resumed->version));
+    cfg.initial_params = std::move(*params);
+    cfg.initial_version = resumed->version;
+  }
   learner l(cfg);  // bad settings throw: the task fails with the setting's name
   const std::uint64_t eval_seed = derive_seed(spec->seed, eval_stream);
   std::uint64_t eval_total = 0;
@@ -102,12 +113,16 @@ void run_learner_task(learner_state& st, rlbus::task_handle& t) {
     report.episodes = l.total_episodes();
     report.eval_total = eval_total;
     report.learner_done = solved(e);
+    if (resumed && l.version() == resumed->version) {
+      report.policy_version = l.version();  // out already: the broker holds it
+    } else {
+      announce_policy(t, report, {l.version(), params_to_bytes(l.params())});
+    }
     st.last_report = encode(report);
-    announce_policy(t, report, {l.version(), params_to_bytes(l.params())});
     t.emit_learn_info(results_buffer, encode(report));
   };
 
-  publish();  // version 0, so the coordinator has a policy to hand out
+  publish();  // the version it starts from, so the coordinator has a policy to hand out
   while (!t.stop_requested()) {
     const auto data = t.get_data(results_buffer, 2 * cfg.directions, l.version(), 100ms);
     // The SDK's own retries back off to 200 ms; asking afresh every 100 ms keeps the pause

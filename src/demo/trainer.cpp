@@ -198,10 +198,12 @@ void trainer::start(std::chrono::milliseconds timeout) {
   spec.task_id = learner_task_id;
   spec.kind = rlbus::role::learner;
   spec.task_info = encode(lt);
-  // One attempt for the whole run (it asks for data every ~100 ms, which keeps it alive). A
-  // second attempt would start again from version 0, so a lost learner ends the run.
+  // One attempt for the whole run, as long as it lives (it asks for data every ~100 ms, which
+  // keeps it alive). Another attempt (its worker was lost, the broker restarted) is handed the
+  // latest policy version and goes on from there.
   spec.step_timeout_ms = 30'000;
-  spec.max_attempts = 1;
+  spec.max_attempts = 3;
+  spec.policy_id = std::string(policy_id);
   spec.task_timeout_ms = static_cast<std::uint32_t>(
       std::chrono::duration_cast<std::chrono::milliseconds>(opts_.time_limit).count() + 60'000);
   const auto r = coord_->submit(spec, timeout);

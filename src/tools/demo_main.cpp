@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   launch_options o;
   auto& t = o.training;
   std::uint64_t kill_at = 0;
+  std::uint64_t kill_broker_at = 0;
   std::uint32_t time_limit_s = 120;
   std::uint32_t heartbeat_ms = 250;
 
@@ -49,6 +50,9 @@ int main(int argc, char** argv) {
   auto* kill = app.add_option("--kill-collector-at", kill_at,
                               "chaos: SIGKILL a collector that is running a task at this "
                               "iteration; its task is re-queued and training goes on");
+  auto* kill_broker = app.add_option("--kill-broker-at", kill_broker_at,
+                                     "chaos: SIGKILL the broker at this iteration and start it "
+                                     "again on its journal; training goes on");
   app.add_flag("--respawn", o.respawn, "restart a collector that died (same id)");
   app.add_option("--broker", o.broker_path, "rlbus-broker binary (default: next to rlbus-demo)");
   app.add_option("--episode-cost-ms", t.episode_cost_ms,
@@ -116,6 +120,7 @@ int main(int argc, char** argv) {
       return exit_usage;
     }
     if (kill->count() > 0) o.kill_collector_at = kill_at;
+    if (kill_broker->count() > 0) o.kill_broker_at = kill_broker_at;
     t.time_limit = std::chrono::seconds(time_limit_s);
     t.heartbeat = std::chrono::milliseconds(heartbeat_ms);
     return run_demo(o);

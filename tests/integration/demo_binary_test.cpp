@@ -84,6 +84,27 @@ TEST_CASE("the demo solves cart-pole through the bus although a collector is kil
   for (const int pid : child_pids(out)) CHECK(wait_until([&] { return gone(pid); }, 5s));
 }
 
+TEST_CASE("the demo solves cart-pole although the broker is SIGKILLed and restarted mid-run",
+          "[demo-binary]") {
+  child demo(demo_bin(), {"run", "--port", "0", "--kill-broker-at", "2", "--episode-cost-ms", "40",
+                          "--broker", env_path("RLBUS_BROKER_BIN"), "--time-limit", "60"});
+  const auto status = demo.wait(40s);
+  const auto& out = demo.output();
+  INFO(out);
+  REQUIRE(status);
+  CHECK(*status == 0);
+  CHECK_THAT(out, Catch::Contains("result:          solved"));
+  const auto kill = out.find("chaos: SIGKILL the broker");
+  REQUIRE(kill != std::string::npos);
+  // The running attempts came back from the journal, named; nothing failed; and the learner
+  // went on from the version it had published instead of starting over.
+  CHECK(out.find("broker restarted", kill) != std::string::npos);
+  CHECK(summary_number(out, "failed tasks") == 0);
+  CHECK(out.find("policy v0", kill) == std::string::npos);
+  CHECK(summary_number(out, "iterations") >= 2);
+  for (const int pid : child_pids(out)) CHECK(wait_until([&] { return gone(pid); }, 5s));
+}
+
 TEST_CASE("Ctrl-C stops the demo and every process it started", "[demo-binary]") {
   // Slow collectors, so the run is surely still going when the signal comes.
   child demo(demo_bin(),
@@ -119,7 +140,7 @@ TEST_CASE("the demo's flags are documented and bad ones refused", "[demo-binary]
   auto [status, out] = run_to_end(demo_bin(), {"--help"});
   CHECK(status == 0);
   for (const char* flag : {"--port", "--collectors", "--seed", "--max-iterations", "--time-limit",
-                           "--kill-collector-at", "--respawn", "--broker"})
+                           "--kill-collector-at", "--kill-broker-at", "--respawn", "--broker"})
     CHECK_THAT(out, Catch::Contains(flag));
   std::tie(status, out) = run_to_end(demo_bin(), {"run", "--no-such-flag"});
   CHECK(status == 2);
