@@ -110,8 +110,9 @@ int main(int argc, char** argv) {
       "and prints medians and rlbus/baseline ratios.\n"
       "Scenarios: latency (a learner's data request through the broker and back) and\n"
       "throughput (collectors streaming data events to one coordinator); on their own,\n"
-      "scale (idle heartbeating workers; a worker's death to its task's re-assignment) and\n"
-      "cost (instructions per message under valgrind's callgrind)."};
+      "scale (idle heartbeating workers; a worker's death to its task's re-assignment),\n"
+      "cost (instructions per message under valgrind's callgrind) and journal (task\n"
+      "lifecycles per second with the journal under each fsync policy)."};
   app.get_formatter()->column_width(30);
   app.fallthrough();
   app.require_subcommand(0, 1);
@@ -227,6 +228,13 @@ int main(int argc, char** argv) {
   auto* echo_cmd = app.add_subcommand("echo", "baseline: ROUTER echo server");
   echo_cmd->group("");
   echo_cmd->add_option("--bind", echo_bind);
+  auto* journal = app.add_subcommand(
+      "journal",
+      "scenario 5: task lifecycles per second with the journal under each fsync policy, beside "
+      "the broker without one");
+  journal->add_option("--trial-ms", s.journal_trial_ms, "how long each trial runs tasks")
+      ->capture_default_str()
+      ->check(CLI::Range(50U, 600'000U));
   auto* python_cmd = app.add_subcommand(
       "python",
       "the Python SDK's rows (latency, data items/s) beside a bare pyzmq loop, the C++ SDK and "
@@ -260,7 +268,8 @@ int main(int argc, char** argv) {
 
   const bool run_scale_rows = scale->parsed();
   const bool run_cost_rows = cost->parsed();
-  const bool on_its_own = run_scale_rows || run_cost_rows;
+  const bool run_journal_rows = journal->parsed();
+  const bool on_its_own = run_scale_rows || run_cost_rows || run_journal_rows;
   const bool run_latency_rows = !throughput->parsed() && !on_its_own;
   const bool run_throughput_rows = !latency->parsed() && !on_its_own;
   try {
@@ -305,6 +314,7 @@ int main(int argc, char** argv) {
     if (app.count("--http-rounds") == 0) s.http_rounds = 10;
     if (app.count("--http-steps") == 0) s.http_steps = 32;
     if (scale->count("--idle-s") == 0) s.idle_s = 1;
+    if (journal->count("--trial-ms") == 0) s.journal_trial_ms = 300;
   } else if (run_scale_rows && app.count("--trials") == 0) {
     // A scale trial starts a broker and N workers from nothing: fewer trials by default.
     s.trials = 3;
@@ -367,6 +377,7 @@ int main(int argc, char** argv) {
                     {"idle_s", s.idle_s},
                     {"death_heartbeat_ms", s.death_heartbeat_ms},
                     {"cost_base", s.cost_base},
+                    {"journal_trial_ms", s.journal_trial_ms},
                     {"broker", s.broker_bin}};
 
   std::vector<row> rows;
@@ -385,6 +396,10 @@ int main(int argc, char** argv) {
     }
     if (run_cost_rows) {
       auto r = run_cost(s);
+      rows.insert(rows.end(), r.begin(), r.end());
+    }
+    if (run_journal_rows) {
+      auto r = run_journal(s);
       rows.insert(rows.end(), r.begin(), r.end());
     }
   } catch (const std::exception& e) {

@@ -45,13 +45,17 @@ struct settings {
   std::string log_dir;
   bool keep_logs = false;          // the log folder outlives the run (--keep-logs)
   std::uint64_t cost_base = 3000;  // cost: messages (and task steps) of the short run, N1
+  // scenario 5 (journal)
+  std::uint32_t journal_trial_ms = 2000;  // task lifecycles run for this long per trial
 };
 
 /// The middle of each path, as child processes: the real broker, and (optionally) the
 /// zmq_proxy and echo baselines. Stopped on destruction.
 class middle_boxes {
  public:
-  middle_boxes(const settings& s, bool proxy, bool echo);
+  /// `broker_args` are added to the broker's command line.
+  middle_boxes(const settings& s, bool proxy, bool echo,
+               const std::vector<std::string>& broker_args = {});
   std::string router;       // the broker's ROUTER endpoint
   std::string proxy_front;  // where the proxy's clients connect
   std::string proxy_back;   // where the proxy's far end connects
@@ -121,5 +125,9 @@ std::string cost_tools_missing();
 /// ROUTER answering the same heartbeats), and the time from a worker's death to its task's
 /// re-assignment.
 std::vector<row> run_scale(const settings& s);
+
+/// Scenario 5: task lifecycles per second with the journal under each fsync policy, beside
+/// the same broker without a journal.
+std::vector<row> run_journal(const settings& s);
 
 }  // namespace rlbus::bench

@@ -147,6 +147,28 @@ TEST_CASE("rlbus-bench scale --quick runs and reports the scale rows", "[bench-s
   CHECK(seen == expected);
 }
 
+TEST_CASE("rlbus-bench journal --quick reports each fsync policy beside no journal",
+          "[bench-smoke]") {
+  const auto json_path = "/tmp/rlbus-bench-journal-smoke-" + std::to_string(::getpid()) + ".json";
+  const auto [status, out] = run_to_end(env("RLBUS_BENCH_BIN"),
+                                        {"journal", "--quick", "--trials", "1", "--trial-ms", "100",
+                                         "--broker", env("RLBUS_BROKER_BIN"), "--json", json_path},
+                                        std::chrono::seconds(60));
+  INFO(out);
+  REQUIRE(status == 0);
+  const auto report = take_report(json_path);
+  std::set<std::string> policies;
+  for (const auto& row : report.at("rows")) {
+    REQUIRE(row.at("scenario") == "journal");
+    CHECK(row.at("metric") == "tasks/s");
+    CHECK(row.at("rlbus").at("median").get<double>() > 0);
+    CHECK(row.at("direct").at("median").get<double>() > 0);
+    CHECK(row.at("lost").get<int>() == 0);
+    policies.insert(row.at("params").at("fsync").get<std::string>());
+  }
+  CHECK(policies == std::set<std::string>{"none", "batch", "always"});
+}
+
 #ifndef RLBUS_SANITIZED_BUILD  // valgrind cannot run a sanitizer build of the broker
 // Scenario 4 (`cost`) runs each middle process under valgrind: its quick form (a thousand
 // messages, ~10-30 s) checks that every middle runs, exits and leaves a callgrind count the
