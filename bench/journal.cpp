@@ -146,8 +146,11 @@ std::vector<row> run_journal(const settings& s) {
     r.rlbus = results[fmt::format("fsync {}", policy)];
     r.direct = results["none"];
     r.lost = unfinished;
-    r.params = {{"fsync", policy}, {"filesystem", where}, {"collectors", collectors},
-                {"in_flight", in_flight}, {"trial_ms", s.journal_trial_ms}};
+    r.params = {{"fsync", policy},
+                {"filesystem", where},
+                {"collectors", collectors},
+                {"in_flight", in_flight},
+                {"trial_ms", s.journal_trial_ms}};
     rows.push_back(std::move(r));
   }
   return rows;

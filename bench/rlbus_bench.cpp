@@ -76,7 +76,8 @@ std::string shell_quoted(const std::string& s) {
 // ARGS go to it unchanged; it is told where this build is.
 int run_python_rows(const std::string& python, const std::vector<std::string>& args) {
   const auto build = std::filesystem::path(self_path()).parent_path().parent_path();
-  std::vector<std::string> words = {python, std::string(RLBUS_SOURCE_DIR) + "/bench/python_bench.py",
+  std::vector<std::string> words = {python,
+                                    std::string(RLBUS_SOURCE_DIR) + "/bench/python_bench.py",
                                     "--build", build.lexically_normal().string()};
   words.insert(words.end(), args.begin(), args.end());
   std::vector<char*> argv;

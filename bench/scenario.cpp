@@ -25,9 +25,17 @@ middle_boxes::middle_boxes(const settings& s, bool proxy, bool echo,
                            const std::vector<std::string>& broker_args) {
   // A heartbeat bound of 10 minutes lets the bench's raw peers stay silent between trials;
   // the broker logs at info so its start-up line names the port it bound.
-  std::vector<std::string> argv{s.broker_bin, "--router", "tcp://127.0.0.1:0", "--events",
-                                "tcp://127.0.0.1:0", "--heartbeat-max", "600000",
-                                "--shutdown-linger", "100", "--log-level", "info"};
+  std::vector<std::string> argv{s.broker_bin,
+                                "--router",
+                                "tcp://127.0.0.1:0",
+                                "--events",
+                                "tcp://127.0.0.1:0",
+                                "--heartbeat-max",
+                                "600000",
+                                "--shutdown-linger",
+                                "100",
+                                "--log-level",
+                                "info"};
   argv.insert(argv.end(), broker_args.begin(), broker_args.end());
   broker_ = std::make_unique<child_process>(argv, log_file(s, "broker"), s.cpus);
   router = word_after(broker_->wait_for_line("rlbus broker", start_timeout), "router");

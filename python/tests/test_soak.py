@@ -1,30 +1,37 @@
-"""Soak: worker processes SIGKILLed at random under a steady flow of tasks from a Python
-coordinator. Every submitted task must end exactly once, finished or failed after its
-attempts, and the broker's memory must come back to where it was.
+"""Soak: faults at random under a steady flow of tasks from a Python coordinator. First
+worker processes SIGKILLed; then, with the broker on a journal, workers SIGKILLed, their
+links cut and the broker itself SIGKILLed and started again. Every submitted task must end
+exactly once, finished or failed after its attempts, and the broker's memory must come back
+to where it was.
 
-The default run is bounded (30 kills in two rounds, well under a minute). A long one:
+The default run is bounded (30 worker kills in two rounds, then 30 mixed faults; about a
+minute in all). A long one:
 
-    RLBUS_SOAK_KILLS=300 /usr/bin/python3 -m pytest -q -s python/tests/test_soak.py
+    RLBUS_SOAK_KILLS=300 RLBUS_SOAK_FAULTS=300 /usr/bin/python3 -m pytest -q -s \
+        python/tests/test_soak.py
 
-(from the repository root, after the build; tasks keep coming until the last kill, then the
-run waits for every one of them to end).
+(from the repository root, after the build; tasks keep coming until the last fault, then
+the run waits for every one of them to end).
 """
 
 from __future__ import annotations
 
 import os
 import random
+import selectors
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 from conftest import PYTHON_DIR, wait_until
 from rlbus import Coordinator
 
 KILLS = int(os.environ.get("RLBUS_SOAK_KILLS", "30"))
+FAULTS = int(os.environ.get("RLBUS_SOAK_FAULTS", "30"))
 WORKERS = 4
 IN_FLIGHT = 6
 ATTEMPTS = 8
@@ -91,9 +98,94 @@ class Fleet:
                 p.wait()
 
 
-def soak_round(endpoint: str, fleet: Fleet, kills: int, tag: str) -> None:
-    """One round: a coordinator keeps IN_FLIGHT tasks going while `kills` workers are
-    SIGKILLed at random, then waits for every task; checks each ended exactly once."""
+class LinkCutter:
+    """A TCP relay in front of the broker's ROUTER: cut() closes one of the connections it
+    relays, at random, on both sides at once (a link that broke; the peers reconnect)."""
+
+    def __init__(self, port: int, rng: random.Random) -> None:
+        self.port, self.rng = port, rng
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.endpoint = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.pairs: List[tuple] = []
+        self.lock = threading.Lock()
+        self.sel = selectors.DefaultSelector()
+        self.stop_r, self.stop_w = socket.socketpair()
+        self.cuts = 0
+        self.thread = threading.Thread(target=self._run, name="soak-link-cutter")
+        self.thread.start()
+
+    def cut(self) -> None:
+        with self.lock:
+            if not self.pairs:
+                return
+            pair = self.pairs[self.rng.randrange(len(self.pairs))]
+        for s in pair:
+            try:
+                s.shutdown(socket.SHUT_RDWR)  # the relay thread sees the end and closes both
+            except OSError:
+                pass
+        self.cuts += 1
+
+    def _drop(self, pair: tuple) -> None:
+        with self.lock:
+            if pair in self.pairs:
+                self.pairs.remove(pair)
+        for s in pair:
+            try:
+                self.sel.unregister(s)
+            except (KeyError, ValueError):
+                pass
+            s.close()
+
+    def _run(self) -> None:
+        self.sel.register(self.listener, selectors.EVENT_READ, None)
+        self.sel.register(self.stop_r, selectors.EVENT_READ, "stop")
+        while True:
+            for key, _ in self.sel.select():
+                if key.data == "stop":
+                    return
+                if key.data is None:
+                    client, _ = self.listener.accept()
+                    try:
+                        upstream = socket.create_connection(("127.0.0.1", self.port), timeout=1)
+                    except OSError:  # the broker is down: the peer retries
+                        client.close()
+                        continue
+                    upstream.settimeout(None)
+                    pair = (client, upstream)
+                    with self.lock:
+                        self.pairs.append(pair)
+                    self.sel.register(client, selectors.EVENT_READ, (pair, upstream))
+                    self.sel.register(upstream, selectors.EVENT_READ, (pair, client))
+                    continue
+                pair, other = key.data
+                try:
+                    data = key.fileobj.recv(65536)
+                    if data:
+                        other.sendall(data)
+                except OSError:
+                    data = b""
+                if not data:
+                    self._drop(pair)
+
+    def close(self) -> None:
+        self.stop_w.send(b"x")
+        self.thread.join(5)
+        for pair in list(self.pairs):
+            for s in pair:
+                s.close()
+        for s in (self.listener, self.stop_r, self.stop_w):
+            s.close()
+        self.sel.close()
+
+
+def soak_round(endpoint: str, faults: int, fault: Callable[[], None], rng: random.Random,
+               tag: str) -> None:
+    """One round: a coordinator keeps IN_FLIGHT tasks going while `faults` faults are made
+    at random moments (`fault()` makes one), then waits for every task; checks each ended
+    exactly once."""
     lock = threading.Lock()
     ended: Dict[str, List[str]] = {}
     requeued: List[str] = []
@@ -108,44 +200,49 @@ def soak_round(endpoint: str, fleet: Fleet, kills: int, tag: str) -> None:
         "on_task_cancelled": lambda t, reason: record(t, "cancelled: " + reason),
         "on_task_requeued": lambda t, attempt, reason, result=None: requeued.append(t),
     }
-    coord = Coordinator(endpoint, id="soak-coord", callbacks=callbacks)
+    coord = Coordinator(endpoint, id="soak-coord", callbacks=callbacks, heartbeat_ms=200,
+                        reconnect_min=0.05, reconnect_max=0.3)
     try:
         assert coord.wait_for("ready", 10)
         assert wait_until(lambda: coord.collectors >= WORKERS, 30)
         submitted = 0
-        goal = fleet.kills + kills
-        next_kill = time.monotonic() + 0.5
-        deadline = time.monotonic() + 240 + kills
+        made = 0
+        next_fault = time.monotonic() + 0.5
+        deadline = time.monotonic() + 240 + 2 * faults
         while True:
             with lock:
                 done = len(ended)
-            killing = fleet.kills < goal
-            if not killing and done >= submitted:
+            faulting = made < faults
+            if not faulting and done >= submitted:
                 break
             assert time.monotonic() < deadline, f"only {done} of {submitted} tasks ended"
-            if killing and submitted - done < IN_FLIGHT:
-                r = coord.submit(f"{tag}-{submitted}", "collector", {}, max_attempts=ATTEMPTS,
-                                 step_timeout_ms=5000, start_timeout_ms=5000)
-                assert r is not None and r.accepted, r
+            if faulting and submitted - done < IN_FLIGHT:
+                task_id = f"{tag}-{submitted}"
+                r = None
+                while r is None:  # no answer: the broker went away; ask again
+                    r = coord.submit(task_id, "collector", {}, max_attempts=ATTEMPTS,
+                                     step_timeout_ms=5000, start_timeout_ms=5000)
+                # 411: the first SUBMIT was accepted (and journaled) before the answer was lost
+                assert r.accepted or r.code == 411, r
                 submitted += 1
                 continue
-            if killing and time.monotonic() >= next_kill:
-                fleet.kill()
-                next_kill = time.monotonic() + 0.3 + fleet.rng.random() * 0.4
+            if faulting and time.monotonic() >= next_fault:
+                fault()
+                made += 1
+                next_fault = time.monotonic() + 0.3 + rng.random() * 0.4
             time.sleep(0.01)
         with lock:
             outcomes = {t: list(v) for t, v in ended.items()}
         finished = sum(1 for v in outcomes.values() if v == ["finished"])
         failed = sum(1 for v in outcomes.values() if len(v) == 1 and v[0].startswith("failed"))
         print(f"soak {tag}: {submitted} tasks, {finished} finished, {failed} failed after "
-              f"{ATTEMPTS} attempts, {kills} workers SIGKILLed, {len(requeued)} attempts "
-              f"re-queued")
+              f"{ATTEMPTS} attempts, {faults} faults, {len(requeued)} attempts re-queued")
         assert sorted(outcomes) == sorted(f"{tag}-{i}" for i in range(submitted))
         twice = {t: v for t, v in outcomes.items() if len(v) != 1}
         assert not twice, f"tasks that ended more than once: {twice}"
         assert finished + failed == submitted, outcomes  # none cancelled, none lost
-        assert submitted > kills
-        assert requeued  # the kills did land on running tasks
+        assert submitted > faults
+        assert requeued  # the faults did land on running tasks
     finally:
         coord.close()
 
@@ -171,7 +268,7 @@ def test_random_sigkills_of_workers_lose_no_task_and_finish_none_twice(broker_fa
         # two rounds of half the kills: memory after the second is what the first left
         rss = [rss_kib(b.proc.pid)]
         for n, tag in ((KILLS // 2, "soak1"), (KILLS - KILLS // 2, "soak2")):
-            soak_round(b.router, fleet, n, tag)
+            soak_round(b.router, n, fleet.kill, fleet.rng, tag)
             coordinator_gone(b.router)
             rss.append(rss_kib(b.proc.pid))
     finally:
@@ -181,3 +278,33 @@ def test_random_sigkills_of_workers_lose_no_task_and_finish_none_twice(broker_fa
     # what stays is the allocator's and the broker's bounded tables, not what the load left
     assert rss[2] <= rss[1] + 1024, f"the broker grew by {rss[2] - rss[1]} KiB in round 2"
     assert rss[2] <= rss[0] + 16 * 1024, f"broker RSS {rss[0]} -> {rss[2]} KiB"
+
+
+def test_worker_kills_link_cuts_and_broker_restarts_lose_no_task(broker_factory,
+                                                                 tmp_path) -> None:
+    journal = str(tmp_path / "broker.journal")
+    b = broker_factory("--heartbeat-min", "50", "--quarantine-after", "0", "--journal", journal)
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER_SCRIPT)
+    rng = random.Random(11)
+    links = LinkCutter(b.router_port, rng)
+    fleet = Fleet(links.endpoint, str(script))  # the workers' links go through the cutter
+    made = {"worker killed": 0, "link cut": 0, "broker restarted": 0}
+
+    def fault() -> None:
+        kind = rng.choices(list(made), weights=(4, 4, 2))[0]
+        if kind == "worker killed":
+            fleet.kill()
+        elif kind == "link cut":
+            links.cut()
+        else:
+            b.kill()
+            b.start()  # the same ports and journal
+        made[kind] += 1
+
+    try:
+        soak_round(b.router, FAULTS, fault, rng, "faults")
+    finally:
+        fleet.stop()
+        links.close()
+    print("soak faults: " + ", ".join(f"{n} {kind}" for kind, n in made.items()))

@@ -46,12 +46,10 @@ void config::validate() const {
   require(no_data_retry_ms <= 86'400'000, "no-data retry must be at most 86400000 ms");
   require(drain_ms <= 86'400'000, "drain must be at most 86400000 ms");
   require(quarantine_after <= 1000, "quarantine-after must be 0 (never) or 1..1000 failures");
-  require(quarantine_ms >= 1 && quarantine_ms <= 86'400'000,
-          "quarantine must be 1..86400000 ms");
+  require(quarantine_ms >= 1 && quarantine_ms <= 86'400'000, "quarantine must be 1..86400000 ms");
   require(coordinator_grace_ms <= 86'400'000,
           "coordinator grace must be 0 (none) or 1..86400000 ms");
-  require(queue_timeout_ms <= 86'400'000,
-          "queue timeout must be 0 (none) or 1..86400000 ms");
+  require(queue_timeout_ms <= 86'400'000, "queue timeout must be 0 (none) or 1..86400000 ms");
   // The held events of a full window must fit the ring with room to spare.
   require(stream_window >= 1 && stream_window <= stream_ring / 2,
           fmt::format("stream window (--stream-window) is {} but must be 1..{}, half the stream "

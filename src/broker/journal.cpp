@@ -92,7 +92,9 @@ std::optional<T> decode_as(std::string_view body, const codec::decode_limits& li
   return std::get<T>(std::move(m).value());
 }
 
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_text() {
+  return std::strerror(errno);
+}
 
 }  // namespace
 
@@ -316,8 +318,8 @@ void journal::submitted(const journal_task& t) {
   put_str(b, t.owner);
   put_u64(b, t.order);
   put_str(b, codec::encode_body(codec::message{t.submit}));
-  for (const auto v : {t.start_timeout_ms, t.step_timeout_ms, t.close_timeout_ms,
-                       t.task_timeout_ms, t.queue_timeout_ms, t.max_attempts})
+  for (const auto v : {t.start_timeout_ms, t.step_timeout_ms, t.close_timeout_ms, t.task_timeout_ms,
+                       t.queue_timeout_ms, t.max_attempts})
     put_u64(b, v);
   append(submitted_rec, b, true);
 }
@@ -382,7 +384,8 @@ void journal::write_all(const char* data, std::size_t n) {
   while (n > 0) {
     const auto w = ::write(fd_, data, n);
     if (w < 0 && errno == EINTR) continue;
-    if (w < 0) throw journal_error(fmt::format("journal {}: cannot write: {}", path_, errno_text()));
+    if (w < 0)
+      throw journal_error(fmt::format("journal {}: cannot write: {}", path_, errno_text()));
     data += w;
     n -= static_cast<std::size_t>(w);
   }
@@ -414,7 +417,9 @@ void journal::on_timer(util::time_point now) {
   if (sync_due_ && *sync_due_ <= now) sync();
 }
 
-std::optional<util::time_point> journal::next_due() const { return sync_due_; }
+std::optional<util::time_point> journal::next_due() const {
+  return sync_due_;
+}
 
 void journal::compact(const std::function<void(journal&)>& fill) {
   flush();

@@ -72,9 +72,9 @@ struct journal_state {
     codec::policy latest;
   };
   std::vector<policy> policies;
-  std::size_t records = 0;    // records read
-  std::size_t bytes = 0;      // of the file
-  std::string torn;           // empty, or what was wrong with the last record (skipped)
+  std::size_t records = 0;  // records read
+  std::size_t bytes = 0;    // of the file
+  std::string torn;         // empty, or what was wrong with the last record (skipped)
 };
 
 class journal {

@@ -76,9 +76,10 @@ void server::open_journal() {
   spdlog::info("journal {} (fsync {}): {} records, {} bytes", journal_->path(),
                to_string(cfg_.journal_fsync), js.records, js.bytes);
   if (cfg_.coordinator_grace_ms == 0 && !js.tasks.empty())
-    spdlog::warn("coordinator grace is 0: the {} journaled tasks are cancelled, as nobody can "
-                 "adopt them",
-                 js.tasks.size());
+    spdlog::warn(
+        "coordinator grace is 0: the {} journaled tasks are cancelled, as nobody can "
+        "adopt them",
+        js.tasks.size());
   tasks_.restore(js, util::clock::now());
   counters_.restored.store(js.tasks.size(), std::memory_order_relaxed);
   counters_.journal_torn.store(js.torn.empty() ? 0 : 1, std::memory_order_relaxed);
@@ -311,8 +312,8 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
   const auto hb = std::clamp(h.heartbeat_ms, cfg_.heartbeat_min_ms, cfg_.heartbeat_max_ms);
   const auto welcome_for = [&](const peer& p, bool resumed,
                                std::optional<std::uint64_t> stream_acked = std::nullopt) {
-    return codec::welcome{p.session,     epoch_,           p.heartbeat_ms, cfg_.liveness,
-                          cfg_.max_message, resumed,       stream_acked};
+    return codec::welcome{p.session,        epoch_,  p.heartbeat_ms, cfg_.liveness,
+                          cfg_.max_message, resumed, stream_acked};
   };
   // What a HELLO may change in a session that goes on: timings and resources.
   const auto renew = [&](peer& p) {

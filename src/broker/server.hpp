@@ -70,10 +70,10 @@ struct stats {
   std::uint64_t coordinators_orphaned = 0;  // vanished coordinators whose tasks are kept now
   std::uint64_t coordinator_adoptions = 0;  // new sessions that took such tasks over
   // journal (SPEC §14)
-  std::uint64_t tasks_restored = 0;       // live tasks the journal held at start
-  std::uint64_t journal_torn = 0;         // 1 when its last record was cut short (skipped)
-  std::uint64_t journal_records = 0;      // records written since start (compactions too)
-  std::uint64_t journal_bytes = 0;        // bytes handed to the kernel since start
+  std::uint64_t tasks_restored = 0;   // live tasks the journal held at start
+  std::uint64_t journal_torn = 0;     // 1 when its last record was cut short (skipped)
+  std::uint64_t journal_records = 0;  // records written since start (compactions too)
+  std::uint64_t journal_bytes = 0;    // bytes handed to the kernel since start
   std::uint64_t journal_fsyncs = 0;
   std::uint64_t journal_compactions = 0;  // the one at start included
 };

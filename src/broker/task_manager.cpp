@@ -26,7 +26,9 @@ bool ends_task(std::string_view event) {
 }
 
 // A seq of a stream the broker restarted without: it was an event nobody kept (§14).
-bool placeholder(const codec::task_event& e) { return e.event.empty(); }
+bool placeholder(const codec::task_event& e) {
+  return e.event.empty();
+}
 
 std::size_t slot(rlbus::role kind) {
   return kind == rlbus::role::learner ? 1 : 0;
@@ -106,13 +108,15 @@ void task_manager::peer_gone(const std::string& id, rlbus::role role, util::time
     const auto owned = static_cast<std::size_t>(std::count_if(
         tasks_.begin(), tasks_.end(), [&](const auto& kv) { return kv.second.owner == id; }));
     const auto s = streams_.find(id);
-    const bool unacked = s != streams_.end() && s->second.windowed && s->second.seq > s->second.acked;
+    const bool unacked =
+        s != streams_.end() && s->second.windowed && s->second.seq > s->second.acked;
     if (!orderly && cfg_.coordinator_grace_ms > 0 && (owned > 0 || unacked)) {
       // It may only have crashed: a new process with its id may take its work over.
       orphans_[id] = now + std::chrono::milliseconds(cfg_.coordinator_grace_ms);
-      spdlog::warn("coordinator {} vanished: its {} tasks and its stream are kept {} ms for a "
-                   "new session of {} to adopt",
-                   id, owned, cfg_.coordinator_grace_ms, id);
+      spdlog::warn(
+          "coordinator {} vanished: its {} tasks and its stream are kept {} ms for a "
+          "new session of {} to adopt",
+          id, owned, cfg_.coordinator_grace_ms, id);
       return;
     }
     drop_coordinator(id, now);
@@ -140,8 +144,8 @@ std::optional<std::uint64_t> task_manager::adopt(const std::string& id) {
   orphans_.erase(o);
   ++counts_.adoptions;
   const auto& s = streams_[id];
-  spdlog::info("coordinator {}: the new session adopts its tasks; the stream goes on after {}",
-               id, s.acked);
+  spdlog::info("coordinator {}: the new session adopts its tasks; the stream goes on after {}", id,
+               s.acked);
   return s.acked;
 }
 
@@ -218,8 +222,8 @@ std::optional<refusal> task_manager::on_leaving(const std::string& from, const c
                                                 util::time_point now) {
   const auto w = workers_.find(from);
   if (w == workers_.end()) return std::nullopt;
-  if (!w->second.leaving) spdlog::info("worker {} is leaving (its task may take {} ms more)", from,
-                                       l.deadline_ms);
+  if (!w->second.leaving)
+    spdlog::info("worker {} is leaving (its task may take {} ms more)", from, l.deadline_ms);
   w->second.leaving = true;
   free_[slot(w->second.role)].erase(w->second.serial);
   if (w->second.task.empty()) return std::nullopt;
@@ -786,8 +790,9 @@ void task_manager::on_timers(util::time_point now) {
   }
   // Orphans no new session adopted within the grace: their tasks end (§12.5.8).
   while (!orphans_.empty()) {
-    const auto due = std::min_element(orphans_.begin(), orphans_.end(),
-                                      [](const auto& a, const auto& b) { return a.second < b.second; });
+    const auto due =
+        std::min_element(orphans_.begin(), orphans_.end(),
+                         [](const auto& a, const auto& b) { return a.second < b.second; });
     if (due->second > now) break;
     const std::string id = due->first;
     spdlog::warn("coordinator {}: no new session adopted its tasks within {} ms", id,
@@ -1173,10 +1178,11 @@ void task_manager::restore(const journal_state& js, util::time_point now) {
       orphans_[owner] = now + std::chrono::milliseconds(cfg_.coordinator_grace_ms);
     }
   }
-  spdlog::info("restored {} tasks ({} queued, {} re-queued after the restart), {} policies, {} "
-               "coordinator streams",
-               tasks_.size(), tasks_.size() - counts_.requeued, counts_.requeued,
-               js.policies.size(), streams_.size());
+  spdlog::info(
+      "restored {} tasks ({} queued, {} re-queued after the restart), {} policies, {} "
+      "coordinator streams",
+      tasks_.size(), tasks_.size() - counts_.requeued, counts_.requeued, js.policies.size(),
+      streams_.size());
 }
 
 }  // namespace rlbus::broker

@@ -165,9 +165,10 @@ struct coordinator::impl {
       // with it (the broker cancelled its tasks); unless it adopted the stream an earlier
       // process of our id left, which goes on after stream_acked.
       if (w.stream_acked) {
-        spdlog::info("coordinator {}: adopted the tasks of an earlier session; the stream goes "
-                     "on after {}",
-                     opts.id, *w.stream_acked);
+        spdlog::info(
+            "coordinator {}: adopted the tasks of an earlier session; the stream goes "
+            "on after {}",
+            opts.id, *w.stream_acked);
       } else if (next_seq > 1) {
         spdlog::warn("coordinator {}: new session, the stream starts again at 1", opts.id);
       }

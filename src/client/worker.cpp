@@ -104,8 +104,8 @@ void check_data(const codec::data_ready& d, std::uint64_t max_message) {
   constexpr std::size_t fixed = 1 + 68 + 130 + 9 + 3 + 3 + 5 + 9 + 9;
   const auto size = fixed + d.data_id.size() + d.buffer_id.size() + d.meta.size() + payload;
   if (max_message != 0 && size > max_message)
-    refuse(fmt::format("about {} bytes, more than the broker's max-message of {}", size,
-                       max_message));
+    refuse(
+        fmt::format("about {} bytes, more than the broker's max-message of {}", size, max_message));
 }
 }  // namespace
 
@@ -155,8 +155,8 @@ struct task_handle::owner {
   }
   void post_leaving_locked() {
     if (!leave_by) return;
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*leave_by -
-                                                                            util::clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(*leave_by - util::clock::now());
     outbox.push_back(codec::leaving{
         static_cast<std::uint32_t>(std::clamp<std::int64_t>(left.count(), 0, 86'400'000))});
   }

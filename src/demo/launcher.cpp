@@ -212,18 +212,12 @@ int run_demo(launch_options o) {
     return exit_start_failed;
   }
   const std::string journal = scratch.path() + "/broker.journal";
-  std::vector<std::string> broker_args{"--router",
-                                       fmt::format("tcp://127.0.0.1:{}", o.port),
-                                       "--events",
-                                       "tcp://127.0.0.1:0",
-                                       "--liveness",
-                                       std::to_string(o.liveness),
-                                       "--heartbeat-min",
-                                       "50",
-                                       "--journal",
-                                       journal,
-                                       "--log-level",
-                                       "info"};
+  std::vector<std::string> broker_args{"--router",        fmt::format("tcp://127.0.0.1:{}", o.port),
+                                       "--events",        "tcp://127.0.0.1:0",
+                                       "--liveness",      std::to_string(o.liveness),
+                                       "--heartbeat-min", "50",
+                                       "--journal",       journal,
+                                       "--log-level",     "info"};
   auto b = spawn_broker(broker_path, broker_args, out, started);
   if (!b.log->wait_ready(10s)) {
     const auto st = b.proc->wait_exit(2s);

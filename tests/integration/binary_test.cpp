@@ -46,13 +46,13 @@ endpoints started(child& c) {
 TEST_CASE("--help documents every flag", "[binary]") {
   const auto [status, out] = run_to_end(broker_bin(), {"--help"});
   CHECK(status == 0);
-  for (const char* flag : {"--router",          "--events",          "--liveness",
-                           "--heartbeat-min",   "--heartbeat-max",   "--status-interval",
-                           "--max-message",     "--max-peers",       "--max-faults",
-                           "--shutdown-linger", "--drain-ms",        "--log-level",
-                           "--max-queue",       "--start-timeout",   "--step-timeout",
-                           "--close-timeout",   "--task-timeout",    "--max-attempts",
-                           "--no-data-retry",   "--stream-ring",     "--stream-ring-bytes",
+  for (const char* flag : {"--router",          "--events",           "--liveness",
+                           "--heartbeat-min",   "--heartbeat-max",    "--status-interval",
+                           "--max-message",     "--max-peers",        "--max-faults",
+                           "--shutdown-linger", "--drain-ms",         "--log-level",
+                           "--max-queue",       "--start-timeout",    "--step-timeout",
+                           "--close-timeout",   "--task-timeout",     "--max-attempts",
+                           "--no-data-retry",   "--stream-ring",      "--stream-ring-bytes",
                            "--stream-window",   "--queue-timeout-ms", "--coordinator-grace",
                            "--journal",         "--journal-fsync"})
     CHECK_THAT(out, Catch::Contains(flag));

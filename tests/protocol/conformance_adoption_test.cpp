@@ -41,11 +41,11 @@ TEST_CASE("SPEC 12.5.8: a vanished coordinator's tasks run on, and a new session
   broker_with b(with_grace(60'000));
   raw_peer a(b.ctx, b.router), w(b.ctx, b.router);
   join(a, "crd", role::coordinator);
-  join(w, "w", role::learner);  // a windowed stream gives no learner credit
-  a.send(codec::replay{1});                                    // windowed
-  start_task(a, w, task_of("t1", role::learner));              // seq 1 assigned, 2 started
-  submit_ok(a, task_of("t2", role::learner, {{"gpu", 1}}));    // queued: nobody fits
-  a.send(codec::ack{1});                                       // only `assigned` processed
+  join(w, "w", role::learner);                     // a windowed stream gives no learner credit
+  a.send(codec::replay{1});                        // windowed
+  start_task(a, w, task_of("t1", role::learner));  // seq 1 assigned, 2 started
+  submit_ok(a, task_of("t2", role::learner, {{"gpu", 1}}));  // queued: nobody fits
+  a.send(codec::ack{1});                                     // only `assigned` processed
   vanish(a, "crd");
 
   // The holder is not told anything; its task goes on and its steps are still made.
@@ -91,7 +91,7 @@ TEST_CASE("SPEC 12.5.8: when the grace runs out, the orphan's tasks end", "[spec
   raw_peer again(b.ctx, b.router);
   const auto welcome = join(again, "crd", role::coordinator);
   CHECK_FALSE(welcome.stream_acked);  // nothing adopted: a new stream
-  submit_ok(again, task_of("t1"));  // the id is free
+  submit_ok(again, task_of("t1"));    // the id is free
   CHECK(next_event(again, "t1", "assigned").seq == 1);
   CHECK(b.broker.get().snapshot().coordinator_adoptions == 0);
 }
@@ -141,8 +141,7 @@ TEST_CASE("SPEC 12.5.8: no orphan after DISCONNECT, with no grace, or with nothi
 // §12.5.8 "This holds whether the HELLO carries an expired token or none ... (A live session still
 // holds its id against every HELLO without its token, §8.6, so a restarted process is admitted
 // once the old session has expired.)"
-TEST_CASE("SPEC 12.5.8: an expired token adopts too; a live session still holds its id",
-          "[spec]") {
+TEST_CASE("SPEC 12.5.8: an expired token adopts too; a live session still holds its id", "[spec]") {
   broker_with b(with_grace(60'000));
   raw_peer a(b.ctx, b.router), w(b.ctx, b.router);
   const auto token = join(a, "crd", role::coordinator).session;

@@ -26,8 +26,8 @@ namespace {
 
 /// A journal path of its own, removed with the test.
 struct scratch {
-  std::string path = "/tmp/rlbus-journal-test-" + std::to_string(::getpid()) + "-" +
-                     std::to_string(counter()++);
+  std::string path =
+      "/tmp/rlbus-journal-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++);
   ~scratch() {
     ::unlink(path.c_str());
     ::unlink((path + ".tmp").c_str());
@@ -262,8 +262,7 @@ TEST_CASE("journal: a broker started on a crashed one's journal takes its work u
     before.ok("coord", role::coordinator, codec::finish{"done"});
     before.ok("l", role::learner, codec::task_result{"done", 1, codec::empty_map_blob});
     before.ok("coord", role::coordinator, codec::ack{2});
-    before.ok("learner", role::learner,
-              codec::policy{"pi", 4, std::string("ref-4"), std::nullopt});
+    before.ok("learner", role::learner, codec::policy{"pi", 4, std::string("ref-4"), std::nullopt});
     for (auto& m : before.sink.inbox["coord"])
       if (auto* e = std::get_if<codec::task_event>(&m); e && e->event == "finished")
         finished_seq = e->seq;

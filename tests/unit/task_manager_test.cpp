@@ -10,9 +10,9 @@
 #include <set>
 
 #include "broker/task_manager.hpp"
-#include "support/fake_sink.hpp"
 #include "codec/codec.hpp"
 #include "codec/map_writer.hpp"
+#include "support/fake_sink.hpp"
 
 using namespace rlbus;
 using namespace std::chrono_literals;
