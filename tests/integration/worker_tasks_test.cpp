@@ -322,6 +322,13 @@ TEST_CASE("user data the broker would refuse throws in the handler and costs not
   coord.send(codec::submit{"ct", role::collector, codec::empty_map_blob, {}, {}, {}, {}, {}, 1});
   std::vector<codec::task_event> seen;
   until_event(coord, "info", &seen);
+  // The info can reach the coordinator before the handler has noted what it saw.
+  REQUIRE(wait_until(
+      [&] {
+        std::lock_guard lock(mu);
+        return !refused.empty();
+      },
+      5s));
   CHECK(sent_ok);
   {
     std::lock_guard lock(mu);
