@@ -10,7 +10,7 @@ import subprocess
 import threading
 from typing import Any, List
 
-from conftest import BROKER, Broker, wait_until
+from conftest import BROKER, wait_until
 from rlbus import Worker
 from rlbus.coordinator import Coordinator
 from test_coordinator import Recorder, RawWorker, closing, uid  # noqa: F401 (fixture)

@@ -7,89 +7,16 @@ process SIGKILLed and started again (the new process adopts the tasks, SPEC §12
 from __future__ import annotations
 
 import os
-import selectors
 import signal
-import socket
 import subprocess
 import sys
 import threading
-from typing import Any, List
+from typing import Any
 
 from conftest import PYTHON_DIR, Broker, wait_until
+from relay import Relay
 from rlbus.coordinator import SESSION_LOST_REASON, Coordinator
 from test_coordinator import Recorder, RawWorker, closing, uid  # noqa: F401 (fixture)
-
-
-class FreezeProxy:
-    """A TCP relay in front of the broker. :meth:`freeze` silences the connections open at
-    that moment in both directions (what arrives is read and dropped), like a network
-    partition; connections made afterwards are relayed as usual."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(16)
-        self.endpoint = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.pairs: List[dict] = []
-        self.hold_new = False
-        self.sel = selectors.DefaultSelector()
-        self.stop_r, self.stop_w = socket.socketpair()
-        self.thread = threading.Thread(target=self._run, name="test-freeze-proxy")
-        self.thread.start()
-
-    def freeze(self, new_ones_too: bool = False) -> None:
-        self.hold_new = new_ones_too
-        for p in list(self.pairs):
-            p["frozen"] = True
-
-    def thaw(self) -> None:
-        """Connections made from now on are relayed (the frozen ones stay silent)."""
-        self.hold_new = False
-
-    def _run(self) -> None:
-        self.sel.register(self.listener, selectors.EVENT_READ, "accept")
-        self.sel.register(self.stop_r, selectors.EVENT_READ, "stop")
-        while True:
-            for key, _ in self.sel.select():
-                if key.data == "stop":
-                    return
-                if key.data == "accept":
-                    client, _ = self.listener.accept()
-                    upstream = socket.create_connection(("127.0.0.1", self.port))
-                    pair = {"frozen": self.hold_new, "socks": (client, upstream)}
-                    self.pairs.append(pair)
-                    self.sel.register(client, selectors.EVENT_READ, (pair, upstream))
-                    self.sel.register(upstream, selectors.EVENT_READ, (pair, client))
-                    continue
-                pair, other = key.data
-                try:
-                    data = key.fileobj.recv(65536)
-                except OSError:
-                    data = b""
-                if not data:
-                    for s in pair["socks"]:
-                        try:
-                            self.sel.unregister(s)
-                        except (KeyError, ValueError):
-                            pass
-                        s.close()
-                    continue
-                if not pair["frozen"]:
-                    try:
-                        other.sendall(data)
-                    except OSError:
-                        pass
-
-    def close(self) -> None:
-        self.stop_w.send(b"x")
-        self.thread.join(5)
-        for p in self.pairs:
-            for s in p["socks"]:
-                s.close()
-        for s in (self.listener, self.stop_r, self.stop_w):
-            s.close()
-        self.sel.close()
 
 
 def test_after_a_broker_restart_it_comes_back_and_reports_its_tasks_cancelled(
@@ -123,7 +50,7 @@ def test_after_a_broker_restart_it_comes_back_and_reports_its_tasks_cancelled(
 
 def test_a_resumed_session_hands_on_every_event_exactly_once(broker: Broker,
                                                              closing: Any) -> None:
-    proxy = FreezeProxy(broker.router_port)
+    proxy = Relay(broker.router_port)
     closing(proxy)
     rec = Recorder()
     held = threading.Event()
@@ -174,7 +101,7 @@ def test_a_resumed_session_hands_on_every_event_exactly_once(broker: Broker,
 
 def test_a_session_expired_in_a_partition_adopts_its_own_tasks_back(broker: Broker,
                                                                      closing: Any) -> None:
-    proxy = FreezeProxy(broker.router_port)
+    proxy = Relay(broker.router_port)
     closing(proxy)
     rec = Recorder()
     cid = uid("coord")

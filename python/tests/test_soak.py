@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import os
 import random
-import selectors
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +26,7 @@ import time
 from typing import Callable, Dict, List
 
 from conftest import PYTHON_DIR, wait_until
+from relay import Relay
 from rlbus import Coordinator
 
 KILLS = int(os.environ.get("RLBUS_SOAK_KILLS", "30"))
@@ -96,89 +95,6 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-
-
-class LinkCutter:
-    """A TCP relay in front of the broker's ROUTER: cut() closes one of the connections it
-    relays, at random, on both sides at once (a link that broke; the peers reconnect)."""
-
-    def __init__(self, port: int, rng: random.Random) -> None:
-        self.port, self.rng = port, rng
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(64)
-        self.endpoint = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.pairs: List[tuple] = []
-        self.lock = threading.Lock()
-        self.sel = selectors.DefaultSelector()
-        self.stop_r, self.stop_w = socket.socketpair()
-        self.cuts = 0
-        self.thread = threading.Thread(target=self._run, name="soak-link-cutter")
-        self.thread.start()
-
-    def cut(self) -> None:
-        with self.lock:
-            if not self.pairs:
-                return
-            pair = self.pairs[self.rng.randrange(len(self.pairs))]
-        for s in pair:
-            try:
-                s.shutdown(socket.SHUT_RDWR)  # the relay thread sees the end and closes both
-            except OSError:
-                pass
-        self.cuts += 1
-
-    def _drop(self, pair: tuple) -> None:
-        with self.lock:
-            if pair in self.pairs:
-                self.pairs.remove(pair)
-        for s in pair:
-            try:
-                self.sel.unregister(s)
-            except (KeyError, ValueError):
-                pass
-            s.close()
-
-    def _run(self) -> None:
-        self.sel.register(self.listener, selectors.EVENT_READ, None)
-        self.sel.register(self.stop_r, selectors.EVENT_READ, "stop")
-        while True:
-            for key, _ in self.sel.select():
-                if key.data == "stop":
-                    return
-                if key.data is None:
-                    client, _ = self.listener.accept()
-                    try:
-                        upstream = socket.create_connection(("127.0.0.1", self.port), timeout=1)
-                    except OSError:  # the broker is down: the peer retries
-                        client.close()
-                        continue
-                    upstream.settimeout(None)
-                    pair = (client, upstream)
-                    with self.lock:
-                        self.pairs.append(pair)
-                    self.sel.register(client, selectors.EVENT_READ, (pair, upstream))
-                    self.sel.register(upstream, selectors.EVENT_READ, (pair, client))
-                    continue
-                pair, other = key.data
-                try:
-                    data = key.fileobj.recv(65536)
-                    if data:
-                        other.sendall(data)
-                except OSError:
-                    data = b""
-                if not data:
-                    self._drop(pair)
-
-    def close(self) -> None:
-        self.stop_w.send(b"x")
-        self.thread.join(5)
-        for pair in list(self.pairs):
-            for s in pair:
-                s.close()
-        for s in (self.listener, self.stop_r, self.stop_w):
-            s.close()
-        self.sel.close()
 
 
 def soak_round(endpoint: str, faults: int, fault: Callable[[], None], rng: random.Random,
@@ -287,7 +203,7 @@ def test_worker_kills_link_cuts_and_broker_restarts_lose_no_task(broker_factory,
     script = tmp_path / "worker.py"
     script.write_text(WORKER_SCRIPT)
     rng = random.Random(11)
-    links = LinkCutter(b.router_port, rng)
+    links = Relay(b.router_port, rng)
     fleet = Fleet(links.endpoint, str(script))  # the workers' links go through the cutter
     made = {"worker killed": 0, "link cut": 0, "broker restarted": 0}
 
@@ -296,7 +212,7 @@ def test_worker_kills_link_cuts_and_broker_restarts_lose_no_task(broker_factory,
         if kind == "worker killed":
             fleet.kill()
         elif kind == "link cut":
-            links.cut()
+            links.break_one()
         else:
             b.kill()
             b.start()  # the same ports and journal

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ import pytest
 import zmq
 
 from conftest import PYTHON_DIR, Broker, wait_until
+from relay import Relay
 from rlbus import protocol as P
 from rlbus._types import Policy, TaskFailure
 from rlbus.worker import Task, Worker
@@ -130,85 +130,6 @@ def commands_run(cmds: "queue.Queue[Callable[[Task], Any]]", seen: List[Task]) -
                 continue
             fn(task)
     return run
-
-
-class CutProxy:
-    """A TCP relay in front of the broker. cut() makes the connections open now swallow
-    everything in both directions (a partition for them); connections made later pass."""
-
-    def __init__(self, port: int) -> None:
-        self.target = port
-        self.lsock = socket.socket()
-        self.lsock.bind(("127.0.0.1", 0))
-        self.lsock.listen(16)
-        self.lsock.settimeout(0.05)
-        self.port = self.lsock.getsockname()[1]
-        self.swallowed = 0
-        self.conns: List[List[Any]] = []  # [client, upstream, cut]
-        self.lock = threading.Lock()
-        self.stop = False
-        self.threads = [threading.Thread(target=self._accept, daemon=True)]
-        self.threads[0].start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"tcp://127.0.0.1:{self.port}"
-
-    def cut(self) -> None:
-        with self.lock:
-            for c in self.conns:
-                c[2] = True
-
-    def _accept(self) -> None:
-        while not self.stop:
-            try:
-                client, _ = self.lsock.accept()
-            except socket.timeout:
-                continue
-            up = socket.create_connection(("127.0.0.1", self.target))
-            entry = [client, up, False]
-            with self.lock:
-                self.conns.append(entry)
-            for a, b in ((client, up), (up, client)):
-                t = threading.Thread(target=self._pipe, args=(entry, a, b), daemon=True)
-                self.threads.append(t)
-                t.start()
-
-    def _pipe(self, entry: List[Any], src: socket.socket, dst: socket.socket) -> None:
-        src.settimeout(0.05)
-        while not self.stop:
-            try:
-                data = src.recv(65536)
-            except socket.timeout:
-                continue
-            except OSError:
-                break
-            if not data:
-                break
-            with self.lock:
-                cut = entry[2]
-                if cut:
-                    self.swallowed += len(data)
-            if not cut:
-                try:
-                    dst.sendall(data)
-                except OSError:
-                    break
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        self.stop = True
-        for t in self.threads:
-            t.join(2)
-        with self.lock:
-            for c, u, _ in self.conns:
-                c.close()
-                u.close()
-        self.lsock.close()
 
 
 # ---- options and lifecycle ---------------------------------------------------------------
@@ -413,7 +334,7 @@ def test_resumed_session_resends_unconfirmed_data_without_duplicates(
     # a liveness of 4 x 500 ms: the worker gives the silent link up after 1.5 s and
     # resumes before the broker would expire its session at 2 s
     broker = broker_factory("--liveness", "4")
-    proxy = CutProxy(broker.router_port)
+    proxy = Relay(broker.router_port)
     try:
         coord = coord_factory(broker)
         cmds: "queue.Queue[Callable[[Task], Any]]" = queue.Queue()
@@ -428,7 +349,7 @@ def test_resumed_session_resends_unconfirmed_data_without_duplicates(
         for i in range(1, 4):
             cmds.put(lambda t, i=i: sent.put(t.emit_data(f"d{i}", "buf", {"i": i})))
         assert coord.wait(coord.has("t-resend", "data", 3))
-        proxy.cut()
+        proxy.freeze()
         for i in range(4, 7):
             cmds.put(lambda t, i=i: sent.put(t.emit_data(f"d{i}", "buf", {"i": i})))
         assert [sent.get(timeout=5) for _ in range(6)] == [True] * 6
@@ -450,7 +371,7 @@ def test_resumed_session_resends_unconfirmed_data_without_duplicates(
 def test_data_let_go_of_past_the_bound_is_declared_lost_on_resume(
         broker_factory, coord_factory, workers) -> None:
     broker = broker_factory("--liveness", "4")
-    proxy = CutProxy(broker.router_port)
+    proxy = Relay(broker.router_port)
     try:
         coord = coord_factory(broker)
         cmds: "queue.Queue[Callable[[Task], Any]]" = queue.Queue()
@@ -464,7 +385,7 @@ def test_data_let_go_of_past_the_bound_is_declared_lost_on_resume(
         for i in range(1, 4):
             cmds.put(lambda t, i=i: done.put(t.emit_data(f"d{i}", "buf", {"i": i})))
         assert coord.wait(coord.has("t-lost", "data", 3))
-        proxy.cut()
+        proxy.freeze()
         for i in range(4, 7):
             cmds.put(lambda t, i=i: done.put(t.emit_data(f"d{i}", "buf", {"i": i})))
         assert [done.get(timeout=5) for _ in range(6)] == [True] * 6
@@ -752,7 +673,7 @@ def test_worker_reconnects_to_a_restarted_broker_and_takes_new_tasks(
 def test_an_abort_lost_with_the_connection_does_not_keep_the_worker_busy(
         broker_factory, coord_factory, workers) -> None:
     broker = broker_factory("--liveness", "4")
-    proxy = CutProxy(broker.router_port)
+    proxy = Relay(broker.router_port)
     try:
         coord = coord_factory(broker)
         cmds: "queue.Queue[Callable[[Task], Any]]" = queue.Queue()
@@ -763,7 +684,7 @@ def test_an_abort_lost_with_the_connection_does_not_keep_the_worker_busy(
         assert w.wait_for("ready", 10)
         coord.submit("t-gone", "collector")
         assert coord.wait(coord.has("t-gone", "started"))
-        proxy.cut()
+        proxy.freeze()
         # the TASK_ABORT of this cancel goes into the cut link
         coord.send("CANCEL", {"task_id": "t-gone", "reason": "while cut"})
         assert coord.wait(coord.has("t-gone", "cancelled"))
