@@ -464,6 +464,7 @@ class Worker:
         # I/O thread only
         self._cur: Optional[_Attempt] = None
         self._next_start: Optional[Task] = None
+        self._last_outcome: Optional[_Out] = None  # RESULT / TASK_FAILED of the last attempt
         self._outbox: Deque[_Out] = collections.deque()
         self._credits: "collections.OrderedDict[Tuple[str, int], int]" = \
             collections.OrderedDict()
@@ -876,6 +877,14 @@ class Worker:
                 self._resend(a)
             if a is not None:
                 self._reask_open(a.task)
+            # what decides an attempt may have gone down with the old connection too: the
+            # STARTED of the one held (a repeat is dropped, §12.5.3), first of all, or the
+            # outcome of the last one (a late 406/407 if the broker had it)
+            if a is not None and not a.task._aborted:
+                self._outbox.appendleft(
+                    ("STARTED", {"task_id": a.task.id, "attempt": a.task.attempt}, a.task))
+            elif self._last_outcome is not None:
+                self._outbox.appendleft(self._last_outcome)
         else:
             # a new session: the broker (restarted, or it expired us) no longer holds any
             # attempt of ours nor any credit; what waits for the old session is pointless
@@ -885,6 +894,7 @@ class Worker:
                 self._end_attempt(a, "the broker began a new session; it no longer holds "
                                      "this attempt")
             self._next_start = None
+            self._last_outcome = None
             self._credits.clear()
             self._outbox = collections.deque(m for m in self._outbox if m[0] == "POLICY")
         self._io_leave()  # a new session, or a resumed one that may have missed it
@@ -1010,6 +1020,7 @@ class Worker:
     def _begin(self, task: Task) -> None:
         """Makes ``task`` the running attempt: STARTED, then the handler gets it."""
         task._credit = self._credits.get((task.id, task.attempt))
+        self._last_outcome = None  # the broker has moved on: it freed this worker
         self._cur = _Attempt(task)
         self._outbox.append(("STARTED", {"task_id": task.id, "attempt": task.attempt}, task))
         self._starts.put(task)
@@ -1025,6 +1036,8 @@ class Worker:
         self._credits.pop((task.id, task.attempt), None)
         if outcome is not None and not task._aborted:
             self._outbox.append(outcome)
+            # kept until the next TASK_START: sent again after a resumption (§12.11.8)
+            self._last_outcome = outcome
         nxt, self._next_start = self._next_start, None
         if nxt is not None:
             self._begin(nxt)

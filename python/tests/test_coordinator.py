@@ -319,8 +319,10 @@ def test_finish_is_sent_once_per_attempt_when_several_infos_judge_final(
     task, attempt = w.take()
     for _ in range(3):
         w.send("INFO", task_id=task, attempt=attempt, info={"collector_done": 1})
-    # a second STARTED is refused: once its ERROR is here, the broker took all three infos
-    w.send("STARTED", task_id=task, attempt=attempt)
+    # a GET_DATA about a collector task is refused: once its ERROR is here, the broker took
+    # all three infos
+    w.send("GET_DATA", task_id=task, attempt=attempt, request_id=1, buffer_id="b",
+           batch_size=1, cur_learner_iter=0)
     assert w.expect("ERROR")["code"] == 408
     gate.set()
     w.expect("TASK_CLOSE")
@@ -538,8 +540,10 @@ def test_events_the_broker_could_not_keep_are_reported_lost(broker_factory: Any,
     task, attempt = w.take()  # events 1 assigned, 2 started
     for i in range(41):  # events 3..43; the last one (i = 40) is never dropped
         w.send("INFO", task_id=task, attempt=attempt, info={"i": i})
-    # a second STARTED is refused: once its ERROR is here, the broker made every event
-    w.send("STARTED", task_id=task, attempt=attempt)
+    # a GET_DATA about a collector task is refused: once its ERROR is here, the broker made
+    # every event
+    w.send("GET_DATA", task_id=task, attempt=attempt, request_id=1, buffer_id="b",
+           batch_size=1, cur_learner_iter=0)
     assert w.expect("ERROR")["code"] == 408
     gate.set()
     assert wait_until(lambda: any(a[1]["i"] == 40 for a in rec.of("judge_collector")))

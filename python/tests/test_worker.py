@@ -368,6 +368,40 @@ def test_resumed_session_resends_unconfirmed_data_without_duplicates(
         proxy.close()
 
 
+def test_a_started_or_result_lost_in_a_cut_link_is_sent_again_and_costs_no_attempt(
+        broker_factory, coord_factory, workers) -> None:
+    broker = broker_factory("--liveness", "4")  # as above: the worker resumes in time
+    proxy = Relay(broker.router_port)
+    try:
+        coord = coord_factory(broker)
+        freezes = []
+
+        def run(task: Task) -> None:
+            proxy.freeze()  # swallows the STARTED when the run begins before it left
+            freezes.append("run")
+            task.wait_stop(30)
+
+        def close(task: Task) -> Dict[str, Any]:
+            proxy.freeze()  # swallows the RESULT for sure
+            freezes.append("close")
+            return {"done": True}
+
+        w = workers(proxy.endpoint, "collector", "w-decide", run=run, close=close,
+                    heartbeat_ms=500, reconnect_min=0.02, reconnect_max=0.1)
+        assert w.wait_for("ready", 10)
+        token = w.session
+        coord.submit("t-decide", "collector", max_attempts=1)  # a lost attempt fails it
+        assert coord.wait(coord.has("t-decide", "started"), 15)
+        coord.send("FINISH", {"task_id": "t-decide"})
+        assert coord.wait(coord.has("t-decide", "finished"), 15)
+        assert freezes == ["run", "close"]
+        assert w.welcomes >= 3 and w.session == token  # back after each freeze, resumed
+        assert coord.names("t-decide") == ["assigned", "started", "finished"]
+        assert body(coord.of("t-decide", "finished")[0]) == {"done": True}
+    finally:
+        proxy.close()
+
+
 def test_data_let_go_of_past_the_bound_is_declared_lost_on_resume(
         broker_factory, coord_factory, workers) -> None:
     broker = broker_factory("--liveness", "4")

@@ -274,15 +274,36 @@ def test_messages_wait_while_disconnected_and_go_in_order_on_resume(fake) -> Non
     before = len(s.sent)
     s.welcome(True)
     after = s.sent[before:]
-    # d3 (sent, not confirmed) again first, then what waited, in the order it was emitted
+    # the attempt's STARTED again (the broker drops a repeat), d3 (sent, not confirmed) again,
+    # then what waited, in the order it was emitted
     assert [(n, f.get("index")) for n, f in after] == \
-        [("DATA", 3), ("DATA", 4), ("INFO", None), ("TASK_ALIVE", None)]
+        [("STARTED", None), ("DATA", 3), ("DATA", 4), ("INFO", None), ("TASK_ALIVE", None)]
     assert w.data_resent == 1
     assert [f["index"] for f in s.of("DATA")] == [1, 2, 3, 3, 4]
     # the broker saw something out of order: everything not confirmed goes again
     s.deliver("DATA_ACK", task_id="t1", attempt=1, relayed=3, resend=True)
     assert [f["index"] for f in s.of("DATA")][-1:] == [4]
     assert w.data_resent == 2
+
+
+def test_the_last_outcome_goes_again_after_a_resumption_until_the_next_task(fake) -> None:
+    run, cmds, tasks = scripted()
+    w, s = fake(run, close=lambda t: {"n": 1})
+    start(s, "t1")
+    assert wait_until(lambda: bool(tasks))
+    s.deliver("TASK_CLOSE", task_id="t1", attempt=1)
+    assert wait_until(lambda: len(s.of("RESULT")) == 1)
+    s.drop()
+    s.welcome(True)  # the RESULT may have gone down with the old connection
+    assert wait_until(lambda: len(s.of("RESULT")) == 2)
+    assert s.of("RESULT")[1] == s.of("RESULT")[0]
+    start(s, "t2")  # the broker moved on: the outcome of t1 is not sent again
+    assert wait_until(lambda: len(tasks) == 2)
+    s.drop()
+    s.welcome(True)
+    s.sync()
+    assert len(s.of("RESULT")) == 2
+    assert [f["task_id"] for f in s.of("STARTED")] == ["t1", "t2", "t2"]
 
 
 def test_a_new_session_ends_the_attempt_and_drops_what_waited(fake) -> None:

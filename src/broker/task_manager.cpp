@@ -441,7 +441,9 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
   const auto progress = [&] { set_deadline(t, now + t.step_timeout); };
 
   if (std::holds_alternative<codec::started>(m)) {
-    if (t.st != state::starting) return wrong("STARTED twice");
+    // A repeat, sent again after a resumption (§12.5.3): nothing to do, nothing to say.
+    if (t.st == state::running || t.st == state::closing) return std::nullopt;
+    if (t.st != state::starting) return wrong("STARTED belongs to a starting attempt");
     t.st = state::running;
     progress();
     emit(t, "started", codec::empty_map_blob);

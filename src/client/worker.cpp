@@ -233,6 +233,28 @@ struct task_handle::owner {
     wake.notify();
     return true;
   }
+  // The RESULT or TASK_FAILED that ends an attempt: also kept, to go again after a resumption
+  // in case the old connection took it down (SPEC §12.11.8), until the next TASK_START.
+  void post_outcome(codec::message m) {
+    {
+      std::lock_guard lock(mu);
+      last_outcome = m;
+      outbox.push_back(std::move(m));
+    }
+    wake.notify();
+  }
+  std::optional<codec::message> last_outcome;
+  // After a resumption the broker may lack what decides an attempt: the STARTED of the one held
+  // (a repeat is dropped, §12.5.3) or the outcome of the last one. First in the outbox, so the
+  // STARTED goes ahead of any DATA sent again (mu held).
+  void resend_decisions() {
+    if (task && !aborted) {
+      outbox.push_front(codec::started{task->task_id, task->attempt});
+    } else if (last_outcome) {
+      outbox.push_front(*last_outcome);
+    }
+    wake.notify();
+  }
   // True while `h`'s attempt is the current one and not over.
   bool live(const task_handle& h) const {
     return task && task->task_id == h.id_ && task->attempt == h.attempt_ && !aborted && !stopping;
@@ -465,9 +487,10 @@ struct worker::impl {
       tasks.post_leaving_locked();  // a new session, or a resumed one that may have missed it
       // A resumed session: whatever the old connection still held is gone, so everything not
       // confirmed goes again. A new session: the broker ended our attempt, nothing to resend.
-      if (w->resumed && tasks.data_attempt != 0) {
-        tasks.resend();
-      } else if (!w->resumed) {
+      if (w->resumed) {
+        if (tasks.data_attempt != 0) tasks.resend();
+        tasks.resend_decisions();
+      } else {
         // The broker (restarted, or it expired us) holds no attempt of ours: the handler of
         // the one we ran is told to stop, and the next TASK_START waits for it.
         if (tasks.task && !tasks.aborted) {
@@ -476,6 +499,7 @@ struct worker::impl {
           tasks.aborted = true;
         }
         tasks.track("", 0);
+        tasks.last_outcome.reset();
       }
     } else if (const auto* ack = std::get_if<codec::data_ack>(&m)) {
       if (tasks.ours(ack->task_id, ack->attempt)) {
@@ -536,6 +560,7 @@ struct worker::impl {
   // Makes `start` the current task and tells the broker (tasks.mu held).
   void begin(codec::task_start&& start) {
     tasks.outbox.push_back(codec::started{start.task_id, start.attempt});
+    tasks.last_outcome.reset();  // the broker has moved on: it freed us
     tasks.policy.reset();
     if (start.policy_id && start.policy_version)
       tasks.policy = rlbus::policy{*start.policy_id, *start.policy_version, start.policy_ref,
@@ -612,7 +637,7 @@ struct worker::impl {
         if (auto why = why_refused(r, max_message)) {
           failure = "the close handler's result cannot travel: " + *why;
         } else {
-          tasks.post(std::move(r));
+          tasks.post_outcome(std::move(r));
         }
       }
       if (failure) {
@@ -627,7 +652,7 @@ struct worker::impl {
             f.result.reset();
           }
         }
-        tasks.post(std::move(f));
+        tasks.post_outcome(std::move(f));
       }
     }
   }

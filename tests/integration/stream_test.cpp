@@ -465,3 +465,54 @@ TEST_CASE("DATA a collector cannot keep across a cut is reported lost, not skipp
   CHECK(got.size() + reported_lost == static_cast<std::size_t>(items));
   CHECK(got.size() >= 200 + 150);  // all from before the cut and after the resumption
 }
+
+// ---- what decides an attempt, across a worker's reconnect (SPEC §12.5.3, §12.11.8) ----------
+
+TEST_CASE("a STARTED or a RESULT lost in a cut link is sent again and costs no attempt",
+          "[stream]") {
+  broker::server_thread b(test_config());
+  zmq::context_t ctx;
+  cuttable_link link(ctx, b.get().router_endpoint());
+  raw_peer coord(ctx, b.get().router_endpoint());
+  coord.introduce("coord", role::coordinator, 30'000);
+  std::atomic<int> cuts{0};
+  task_handlers h;
+  // Each cut swallows what comes next on the old connection: the STARTED (when the run begins
+  // before it left) and then, for sure, the RESULT.
+  h.run = [&](task_handle& t) {
+    link.cut_existing();
+    ++cuts;
+    while (!t.stop_requested()) std::this_thread::sleep_for(1ms);
+  };
+  h.close = [&](task_handle&) {
+    link.cut_existing();
+    ++cuts;
+    return flag_map("done", true);
+  };
+  worker w(cut_collector(link, 4096), h);
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+  codec::submit s;
+  s.task_id = "t";
+  s.kind = role::collector;
+  s.max_attempts = 1;  // a lost attempt would fail the task
+  coord.send(s);
+  std::vector<std::string> events;
+  const auto until = [&](const std::string& name) {
+    while (true) {
+      const auto m = coord.recv(10s);
+      REQUIRE(m);
+      if (const auto* e = std::get_if<codec::task_event>(&*m)) {
+        events.push_back(e->event);
+        if (e->event == name) return *e;
+      }
+    }
+  };
+  until("started");
+  coord.send(codec::finish{"t"});
+  const auto finished = until("finished");
+  CHECK(finished.attempt == 1);
+  CHECK(cuts == 2);
+  CHECK(w.welcomes() >= 3);  // back after each cut, on the same session
+  CHECK(events == std::vector<std::string>{"assigned", "started", "finished"});
+  CHECK(b.get().snapshot().tasks_finished == 1);
+}

@@ -3,13 +3,13 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <csignal>
 #include <atomic>
+#include <csignal>
 #include <mutex>
 #include <stdexcept>
 #include <string>
-#include <vector>
 #include <thread>
+#include <vector>
 
 #include "rlbus/worker.hpp"
 #include "support/support.hpp"
@@ -308,7 +308,8 @@ TEST_CASE("user data the broker would refuse throws in the handler and costs not
         refusal([&] { t.emit_data("big", "b", "\x80", std::string(9000, 'x')); }),
         refusal([&] { t.emit_info(nested_map(16)); }),  // 17 levels with the INFO's own map
     };
-    sent_ok = t.emit_data("ok", "b", nested_map(14)) && t.emit_info(flag_map("collector_done", true));
+    sent_ok =
+        t.emit_data("ok", "b", nested_map(14)) && t.emit_info(flag_map("collector_done", true));
     {
       std::lock_guard lock(mu);
       refused = std::move(r);

@@ -420,14 +420,14 @@ TEST_CASE_METHOD(fixture, "SPEC 12.4.2: an ended attempt gets ERROR 407 and is c
 }
 
 // §12.4.3 "A message about a task the sender holds (from a worker: at the task's current attempt)
-// that comes out of order for the task's state (§12.5), for example a second STARTED for the same
-// attempt, SHALL be refused with ERROR 408."
+// that comes out of order for the task's state (§12.5), for example DATA before STARTED, SHALL be
+// refused with ERROR 408."
 TEST_CASE_METHOD(fixture, "SPEC 12.4.3: a message out of order gets ERROR 408", "[spec]") {
   raw_peer coord(ctx, router), w(ctx, router);
   join(coord, "coord", role::coordinator);
   join(w, "w", role::collector);
   start_task(coord, w, task_of("t"));
-  refused(w, codec::started{"t", 1}, error_code::wrong_state);
+  refused(w, codec::get_data{"t", 1, 1, "b", 1, 0}, error_code::wrong_state);  // a collector task
   refused(coord, codec::data_reply{"t", 1, codec::nil_blob}, error_code::wrong_state);
   // Nothing moved: the task still runs.
   w.send(codec::info{"t", 1, codec::empty_map_blob});
@@ -613,7 +613,9 @@ TEST_CASE_METHOD(fixture, "SPEC 12.5.2: collector and learner tasks move as the 
 // §12.5.3 "FINISH, CANCEL and DATA_REPLY SHALL be accepted only from the task's owner, and
 // STARTED, DATA, INFO, GET_DATA, LEARN_INFO, RESULT and TASK_FAILED only from its holder at its
 // current attempt ... A message that passes these checks SHALL be refused with ERROR 408
-// (§12.4.3) unless the task's state is one this table accepts it in"
+// (§12.4.3) unless the task's state is one this table accepts it in ... A STARTED for the current
+// attempt while it is running or closing is a repeat ... The broker SHALL drop a repeat: no
+// event, no ERROR, the deadline unchanged."
 TEST_CASE("SPEC 12.5.3: each message is accepted only in its states", "[spec]") {
   auto cfg = test_config();
   cfg.max_faults = 1000;
@@ -638,8 +640,9 @@ TEST_CASE("SPEC 12.5.3: each message is accepted only in its states", "[spec]") 
   refused(other, codec::finish{"c"}, error_code::unknown_task);  // the owner only
   w.send(codec::started{"c", 1});
   next_event(coord, "c", "started");
-  // running, a collector task.
-  refused(w, codec::started{"c", 1}, error_code::wrong_state);
+  // running, a collector task. A STARTED again is a repeat: dropped without a word.
+  w.send(codec::started{"c", 1});
+  expect_quiet(w);
   refused(w, codec::get_data{"c", 1, 1, "b", 1, 0}, error_code::wrong_state);
   refused(w, codec::learn_info{"c", 1, "b", empty}, error_code::wrong_state);
   refused(w, codec::task_result{"c", 1, empty}, error_code::wrong_state);
@@ -651,7 +654,8 @@ TEST_CASE("SPEC 12.5.3: each message is accepted only in its states", "[spec]") 
   refused(coord, codec::finish{"c"}, error_code::wrong_state);
   refused(w, codec::data_ready{"c", 1, "d", "b", empty, {}}, error_code::wrong_state);
   refused(w, codec::info{"c", 1, empty}, error_code::wrong_state);
-  refused(w, codec::started{"c", 1}, error_code::wrong_state);
+  w.send(codec::started{"c", 1});  // a repeat, as while running
+  expect_quiet(w);
   w.send(codec::task_failed{"c", 1, "failed while closing"});
   next_event(coord, "c", "failed");
 
@@ -705,7 +709,7 @@ TEST_CASE("SPEC 12.5.4: a refused task message changes nothing", "[spec]") {
   // Deadline: refused messages from the holder never move the step deadline.
   std::optional<codec::task_abort> abort;
   while (!abort && since(t0) < 5000ms) {
-    w.send(codec::started{"t", 1});  // 408 every time
+    w.send(codec::get_data{"t", 1, 1, "b", 1, 0});  // 408 every time: a collector task
     for (auto m = w.recv(20ms); m && !abort; m = w.recv(1ms)) {
       if (auto* a = std::get_if<codec::task_abort>(&*m)) abort = *a;
       if (auto* e = std::get_if<codec::error>(&*m))
@@ -730,7 +734,7 @@ TEST_CASE("SPEC 12.5.4: a refused task message changes nothing", "[spec]") {
 // with 408 because its task is closing, and a DATA_REPLY refused with 408 SHALL be answered with
 // ERROR and counted in the broker's count of faults, but they SHALL NOT count against the sender's
 // session (§10.2) and never lead to DISCONNECT 429 (§10.3) ... Every other refusal of a task
-// message (402, 404, a repeated STARTED ...) is a fault of §10 like any other."
+// message (402, 404, GET_DATA about a collector task ...) is a fault of §10 like any other."
 TEST_CASE("SPEC 12.5.5: 406 and 407 are counted but are no strike against the session", "[spec]") {
   auto cfg = test_config();
   cfg.max_faults = 2;
@@ -755,8 +759,9 @@ TEST_CASE("SPEC 12.5.5: 406 and 407 are counted but are no strike against the se
   CHECK(b.broker.get().snapshot().faults == 9);
   w.send(codec::started{"t", 2});
   next_event(coord, "t", "started");
-  refused(w, codec::started{"t", 2}, error_code::wrong_state);  // a strike
-  refused(w, codec::started{"t", 2}, error_code::wrong_state);  // and out
+  const codec::get_data wrong_kind{"t", 2, 1, "b", 1, 0};  // a collector task
+  refused(w, wrong_kind, error_code::wrong_state);         // a strike
+  refused(w, wrong_kind, error_code::wrong_state);         // and out
   CHECK(next_a<codec::disconnect>(w).code == code_of(error_code::too_many_faults));
   CHECK(b.broker.get().snapshot().faults == 11);
   next_event(coord, "t", "failed");  // its session ended, and with it the last attempt
