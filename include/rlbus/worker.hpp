@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -113,6 +114,8 @@ class task_handle {
   /// up: a slow coordinator slows its collectors down instead of losing their data.
   bool emit_data(std::string data_id, std::string buffer_id, std::string meta_msgpack,
                  std::optional<std::string> payload = std::nullopt);
+  /// An info counts as a data item (SPEC §12.11.10): it waits for credit like emit_data and
+  /// is sent again after a reconnect until the broker confirms it.
   bool emit_info(std::string info_msgpack);
 
   // Learner side.
@@ -135,6 +138,7 @@ class task_handle {
   friend class worker;
   struct owner;
   [[nodiscard]] std::uint64_t max_message() const;  // the broker's (0: not known yet)
+  bool wait_for_credit(std::unique_lock<std::mutex>& lock);
   task_handle(owner& o, std::string id, std::uint32_t attempt, std::string info,
               std::optional<rlbus::policy> p)
       : owner_(o),

@@ -87,6 +87,7 @@ def _as_map(value: Any, what: str) -> P.Raw:
 
 
 _DATA_USER_FIELDS = ("data_id", "buffer_id", "meta", "payload")
+_INDEXED = ("DATA", "INFO")  # the messages of an attempt's DATA sequence (SPEC §12.11.10)
 
 
 _MAX_LEAVE_MS = 86_400_000
@@ -217,6 +218,24 @@ class Task:
         # the caller's fields are checked here, not on the I/O thread (the task's own are
         # the broker's, and the index and version are ours)
         P.check_body("DATA", fields, _DATA_USER_FIELDS)
+        return self._emit_item("DATA", fields)
+
+    def emit_info(self, info: Mapping[str, Any]) -> bool:
+        """Reports progress (INFO), e.g. ``{"collector_done": True}``. False when nothing was
+        sent (the attempt is over or closing). ValueError on a learner task.
+
+        An INFO is an item of the attempt's DATA sequence (SPEC §12.11.10): it waits for
+        credit as :meth:`emit_data` does, and is sent again after a resumed session until the
+        broker confirms it, so a "done" is not lost with a broken connection."""
+        self._need("collector", "emit_info")
+        fields = {"task_id": self.id, "attempt": self.attempt, "info": _as_map(info, "info"),
+                  "index": 1}
+        P.check_body("INFO", fields, ("info",))
+        return self._emit_item("INFO", fields)
+
+    def _emit_item(self, name: str, fields: Dict[str, Any]) -> bool:
+        """Sends a DATA or an INFO as the attempt's next indexed item: within its credit (it
+        waits for more), numbered, kept by the I/O thread until confirmed."""
         w = self._w
         with self._cond:
             if self._live() and not self._has_credit():
@@ -226,25 +245,18 @@ class Task:
                     lambda: not self._live() or self._close_requested or self._has_credit())
             if not self._live() or not self._has_credit() or w._outbox_full():
                 return False
-            if self._policy is not None:
+            if name == "DATA" and self._policy is not None:
                 fields["policy_version"] = self._policy.version
             fields["index"] = self._emitted + 1
             # encoded once, here: the I/O thread and any resend after a resume send this body
-            data = P.Encoded("DATA", fields, check=False)
-            w._check_size("DATA", data.body)
+            item = P.Encoded(name, fields, check=False)
+            w._check_size(name, item.body)
             self._emitted += 1
-            # posted under the lock, so that DATA from several threads leave in index order
-            if w._post(lambda: w._io_queue("DATA", data, self)):
+            # posted under the lock, so that items from several threads leave in index order
+            if w._post(lambda: w._io_queue(name, item, self)):
                 return True
             self._emitted -= 1
             return False
-
-    def emit_info(self, info: Mapping[str, Any]) -> bool:
-        """Reports progress (INFO), e.g. ``{"collector_done": True}``. False when nothing was
-        sent (the attempt is over or closing). ValueError on a learner task."""
-        self._need("collector", "emit_info")
-        fields = {"task_id": self.id, "attempt": self.attempt, "info": _as_map(info, "info")}
-        return self._progress("INFO", fields)
 
     # ---- learner ------------------------------------------------------------------------
 
@@ -360,7 +372,8 @@ class _Attempt:
     def __init__(self, task: Task) -> None:
         self.task = task
         self.tracking = True  # False once the attempt ended: nothing is kept or resent
-        self.kept: Deque[Tuple[int, Dict[str, Any], int]] = collections.deque()
+        # (index, message name, fields, body size) of each DATA or INFO sent, not confirmed
+        self.kept: Deque[Tuple[int, str, Any, int]] = collections.deque()
         self.kept_bytes = 0
         self.confirmed = 0     # DATA_ACK relayed
         self.dropped_upto = 0  # the last index let go of before it was confirmed
@@ -781,7 +794,7 @@ class Worker:
             name, fields, task = self._outbox[0]
             a = self._cur
             mine = a is not None and a.task is task and a.tracking
-            if mine and ((name == "DATA" and fields["index"] <= a.confirmed)
+            if mine and ((name in _INDEXED and fields["index"] <= a.confirmed)
                          or (name == "DATA_LOST" and fields["last"] <= a.confirmed)):
                 self._outbox.popleft()  # confirmed meanwhile: nothing to send
                 continue
@@ -796,21 +809,21 @@ class Worker:
                     self._retry_timer = s.call_later(_RETRY_SEND_S, self._io_retry)
                 return
             self._outbox.popleft()
-            if mine and name == "DATA":
-                self._keep(a, fields)
+            if mine and name in _INDEXED:
+                self._keep(a, name, fields)
 
     def _io_retry(self) -> None:
         self._retry_timer = None
         self._io_flush()
 
-    def _keep(self, a: _Attempt, fields: Dict[str, Any]) -> None:
-        """A DATA just sent is kept until confirmed, within the bounds."""
-        size = len(P.encode_body("DATA", fields))  # the body it was sent as
-        a.kept.append((fields["index"], fields, size))
+    def _keep(self, a: _Attempt, name: str, fields: Any) -> None:
+        """A DATA or INFO just sent is kept until confirmed, within the bounds."""
+        size = len(P.encode_body(name, fields))  # the body it was sent as
+        a.kept.append((fields["index"], name, fields, size))
         a.kept_bytes += size
         while len(a.kept) > self._max_items or (a.kept_bytes > self._max_bytes
                                                 and len(a.kept) > 1):
-            index, _, gone = a.kept.popleft()
+            index, _, _, gone = a.kept.popleft()
             a.kept_bytes -= gone
             a.dropped_upto = index
             self._data_dropped += 1
@@ -818,8 +831,7 @@ class Worker:
     def _confirm(self, a: _Attempt, relayed: int) -> None:
         a.confirmed = max(a.confirmed, relayed)
         while a.kept and a.kept[0][0] <= a.confirmed:
-            _, _, size = a.kept.popleft()
-            a.kept_bytes -= size
+            a.kept_bytes -= a.kept.popleft()[3]
 
     def _resend(self, a: _Attempt) -> None:
         """The broker may lack what was sent and not confirmed: all of it goes again, ahead
@@ -829,7 +841,7 @@ class Worker:
             front.append(("DATA_LOST", {"task_id": a.task.id, "attempt": a.task.attempt,
                                         "first": a.confirmed + 1, "last": a.dropped_upto},
                           a.task))
-        front.extend(("DATA", fields, a.task) for _, fields, _ in a.kept)
+        front.extend((name, fields, a.task) for _, name, fields, _ in a.kept)
         self._data_resent += len(a.kept)
         a.kept.clear()
         a.kept_bytes = 0

@@ -402,6 +402,34 @@ def test_a_started_or_result_lost_in_a_cut_link_is_sent_again_and_costs_no_attem
         proxy.close()
 
 
+def test_an_info_lost_in_a_cut_link_is_sent_again(broker_factory, coord_factory,
+                                                  workers) -> None:
+    broker = broker_factory("--liveness", "4")  # as above: the worker resumes in time
+    proxy = Relay(broker.router_port)
+    try:
+        coord = coord_factory(broker)
+
+        def run(task: Task) -> None:
+            task.emit_data("d0", "buf", {})
+            proxy.freeze()  # the INFO goes into a connection that drops it
+            task.emit_info({"collector_done": True})
+            task.wait_stop(30)
+
+        w = workers(proxy.endpoint, "collector", "w-info", run=run,
+                    heartbeat_ms=500, reconnect_min=0.02, reconnect_max=0.1)
+        assert w.wait_for("ready", 10)
+        coord.submit("t-info", "collector", max_attempts=1)
+        # without the resend the INFO never comes: nothing would close the task
+        assert coord.wait(coord.has("t-info", "info"), 15)
+        coord.send("FINISH", {"task_id": "t-info"})
+        assert coord.wait(coord.has("t-info", "finished"), 15)
+        assert coord.names("t-info") == ["assigned", "started", "data", "info", "finished"]
+        assert body(coord.of("t-info", "info")[0]) == {"collector_done": True}
+        assert w.welcomes >= 2 and w.data_resent >= 1
+    finally:
+        proxy.close()
+
+
 def test_data_let_go_of_past_the_bound_is_declared_lost_on_resume(
         broker_factory, coord_factory, workers) -> None:
     broker = broker_factory("--liveness", "4")

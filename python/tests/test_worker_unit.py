@@ -275,15 +275,16 @@ def test_messages_wait_while_disconnected_and_go_in_order_on_resume(fake) -> Non
     s.welcome(True)
     after = s.sent[before:]
     # the attempt's STARTED again (the broker drops a repeat), d3 (sent, not confirmed) again,
-    # then what waited, in the order it was emitted
+    # then what waited, in the order it was emitted; the INFO is item 5 of the sequence
     assert [(n, f.get("index")) for n, f in after] == \
-        [("STARTED", None), ("DATA", 3), ("DATA", 4), ("INFO", None), ("TASK_ALIVE", None)]
+        [("STARTED", None), ("DATA", 3), ("DATA", 4), ("INFO", 5), ("TASK_ALIVE", None)]
     assert w.data_resent == 1
     assert [f["index"] for f in s.of("DATA")] == [1, 2, 3, 3, 4]
     # the broker saw something out of order: everything not confirmed goes again
     s.deliver("DATA_ACK", task_id="t1", attempt=1, relayed=3, resend=True)
     assert [f["index"] for f in s.of("DATA")][-1:] == [4]
-    assert w.data_resent == 2
+    assert [f["index"] for f in s.of("INFO")] == [5, 5]
+    assert w.data_resent == 3  # d4 and the INFO
 
 
 def test_the_last_outcome_goes_again_after_a_resumption_until_the_next_task(fake) -> None:

@@ -439,6 +439,43 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
     return r;
   };
   const auto progress = [&] { set_deadline(t, now + t.step_timeout); };
+  // An item of the attempt's indexed sequence, DATA or INFO (§12.11.4, §12.11.10): a
+  // duplicate or one past the next is dropped (true), and what is left must have credit.
+  const auto dropped_by_index = [&](const std::optional<std::uint64_t>& index) {
+    if (!index) return false;
+    // Already relayed: a resend after a reconnect. Dropped without a word, and it uses no
+    // credit, so resending can never be refused 414 (§12.11.5).
+    if (*index <= t.data_relayed) {
+      ++counts_.data_duplicates;
+      return true;
+    }
+    return past_next(t, *index);
+  };
+  const auto out_of_credit = [&]() -> std::optional<refusal> {
+    if (!t.credited || t.data_accepted < t.data_limit) return std::nullopt;
+    return refuse(codec::error_code::no_credit,
+                  fmt::format("task '{}': attempt {} was granted {} DATA and sent them all; wait "
+                              "for DATA_CREDIT",
+                              t.id, t.attempt, t.data_limit));
+  };
+  // A relayed item: counted against the credit, confirmed now and then (so the worker can let
+  // go of what it keeps for a resend), and, when credited, maybe the attempt's top-up.
+  const auto relayed = [&](const std::optional<std::uint64_t>& index, std::size_t size) {
+    if (index) {
+      t.data_relayed = *index;
+      t.out_of_order = 0;
+      ++t.ack_pending;
+      t.ack_pending_bytes += size;
+      if (t.ack_pending >= data_ack_every || t.ack_pending_bytes >= data_ack_bytes)
+        send_data_ack(t, false);
+    }
+    // One more item leaves the others' room as it was (the backlog grew by what this
+    // attempt's unused credit shrank), so only this attempt can have come due for a top-up.
+    if (t.credited) {
+      auto& s = streams_[t.owner];
+      if ((t.data_limit - t.data_accepted) * 2 <= chunk_of(s)) grant(s, nullptr);
+    }
+  };
 
   if (std::holds_alternative<codec::started>(m)) {
     // A repeat, sent again after a resumption (§12.5.3): nothing to do, nothing to say.
@@ -453,20 +490,8 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
     const bool open = t.st == state::running || (t.st == state::closing && d->index);
     if (!open || t.kind != rlbus::role::collector)
       return wrong("DATA belongs to a running collector task");
-    if (d->index) {
-      // Already relayed: a resend after a reconnect. Dropped without a word, and it uses no
-      // credit, so resending can never be refused 414 (§12.11.5).
-      if (*d->index <= t.data_relayed) {
-        ++counts_.data_duplicates;
-        return std::nullopt;
-      }
-      if (past_next(t, *d->index)) return std::nullopt;
-    }
-    if (t.credited && t.data_accepted >= t.data_limit)
-      return refuse(codec::error_code::no_credit,
-                    fmt::format("task '{}': attempt {} was granted {} DATA and sent them all; wait "
-                                "for DATA_CREDIT",
-                                t.id, t.attempt, t.data_limit));
+    if (dropped_by_index(d->index)) return std::nullopt;
+    if (auto no = out_of_credit()) return no;
     ++t.data_accepted;
     if (t.st == state::running) progress();  // in closing the close deadline stands
     const auto size = d->meta.size() + (d->payload ? d->payload->size() : 0);
@@ -476,21 +501,7 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
     if (d->payload) body.bin("payload", *d->payload);
     if (d->policy_version) body.uint("policy_version", *d->policy_version);
     emit(t, "data", body.done(), d->data_id);
-    if (d->index) {
-      t.data_relayed = *d->index;
-      t.out_of_order = 0;
-      // Confirm now and then, so the worker can let go of what it keeps for a resend.
-      ++t.ack_pending;
-      t.ack_pending_bytes += size;
-      if (t.ack_pending >= data_ack_every || t.ack_pending_bytes >= data_ack_bytes)
-        send_data_ack(t, false);
-    }
-    // One more DATA leaves the others' room as it was (the backlog grew by what this
-    // attempt's unused credit shrank), so only this attempt can have come due for a top-up.
-    if (t.credited) {
-      auto& s = streams_[t.owner];
-      if ((t.data_limit - t.data_accepted) * 2 <= chunk_of(s)) grant(s, nullptr);
-    }
+    relayed(d->index, size);
   } else if (std::holds_alternative<codec::task_alive>(m)) {
     // The worker is busy, not gone: its start or step deadline moves a full timeout on. The
     // task timeout still caps it (set_deadline), and nothing is emitted (§12.3.19).
@@ -504,10 +515,19 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
   } else if (const auto* dl = std::get_if<codec::data_lost>(&m)) {
     return on_data_lost(t, *dl, now);
   } else if (auto* i = std::get_if<codec::info>(&m)) {
-    if (t.st != state::running || t.kind != rlbus::role::collector)
+    // Numbered, it is an item of the DATA sequence, judged as one (§12.11.10).
+    const bool open = t.st == state::running || (t.st == state::closing && i->index);
+    if (!open || t.kind != rlbus::role::collector)
       return wrong("INFO belongs to a running collector task");
-    progress();
+    if (dropped_by_index(i->index)) return std::nullopt;
+    if (i->index) {
+      if (auto no = out_of_credit()) return no;
+      ++t.data_accepted;
+    }
+    if (t.st == state::running) progress();
+    const auto size = i->body.size();
     emit(t, "info", std::move(i->body));
+    relayed(i->index, size);
   } else if (const auto* g = std::get_if<codec::get_data>(&m)) {
     if (t.st != state::running || t.kind != rlbus::role::learner)
       return wrong("GET_DATA belongs to a running learner task");

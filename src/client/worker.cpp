@@ -130,19 +130,20 @@ struct task_handle::owner {
   // Data credit (SPEC §12.9.9): the DATA_CREDIT limits by attempt (one comes before its
   // TASK_START), and the DATA the current attempt has sent. No limit: no credit applies.
   std::map<std::pair<std::string, std::uint32_t>, std::uint64_t> credit;
-  std::uint64_t data_sent = 0;  // also the index of the attempt's last DATA (§12.11)
+  std::uint64_t data_sent = 0;  // DATA and INFO: the index of the last one (§12.11, §12.11.10)
   std::uint64_t credit_waits = 0;
 
   // Reliable data (SPEC §12.11) for the attempt whose DATA are kept (data_attempt 0: none).
-  // Its DATA wait in the outbox until sent, then in `kept`, in index order, until the broker
-  // confirms them (DATA_ACK `relayed`, kept in `confirmed`). `kept` is bounded: past the bound
-  // the oldest go, up to `dropped_upto`; the next resend declares those the broker may lack
-  // with DATA_LOST, and the broker reports the ones it never got to the coordinator.
+  // Its DATA and INFO (numbered together, §12.11.10) wait in the outbox until sent, then in
+  // `kept`, in index order, until the broker confirms them (DATA_ACK `relayed`, kept in
+  // `confirmed`). `kept` is bounded: past the bound the oldest go, up to `dropped_upto`; the
+  // next resend declares those the broker may lack with DATA_LOST, and the broker reports the
+  // ones it never got to the coordinator.
   std::string data_task;
   std::uint32_t data_attempt = 0;
   std::uint64_t confirmed = 0;
   std::uint64_t dropped_upto = 0;
-  std::deque<codec::data_ready> kept;
+  std::deque<codec::message> kept;  // each a data_ready or an info, with its index
   std::size_t kept_bytes = 0;
   std::uint64_t max_message = 0;  // the broker's, from its last WELCOME (0: not known yet)
   // leave(): when the held task must end by (said again after each WELCOME, §12.6.10)
@@ -165,9 +166,19 @@ struct task_handle::owner {
   std::uint64_t data_dropped = 0;
   std::uint64_t data_resent = 0;
 
-  static std::size_t size_of(const codec::data_ready& d) {
+  static std::size_t size_of(const codec::message& m) {
+    if (const auto* i = std::get_if<codec::info>(&m)) return i->body.size();
+    const auto& d = std::get<codec::data_ready>(m);
     return d.data_id.size() + d.buffer_id.size() + d.meta.size() +
            (d.payload ? d.payload->size() : 0);
+  }
+  // The index of a DATA or INFO of ours, numbered and of the attempt whose items are kept.
+  std::optional<std::uint64_t> kept_index(const codec::message& m) const {
+    if (const auto* d = std::get_if<codec::data_ready>(&m))
+      return d->index && ours(d->task_id, d->attempt) ? d->index : std::nullopt;
+    if (const auto* i = std::get_if<codec::info>(&m))
+      return i->index && ours(i->task_id, i->attempt) ? i->index : std::nullopt;
+    return std::nullopt;
   }
   bool ours(const std::string& id, std::uint32_t attempt) const {
     return data_attempt != 0 && attempt == data_attempt && id == data_task;
@@ -196,15 +207,14 @@ struct task_handle::owner {
   }
   void confirm(std::uint64_t relayed) {
     confirmed = std::max(confirmed, relayed);
-    while (!kept.empty() && *kept.front().index <= confirmed) {
+    while (!kept.empty() && *kept_index(kept.front()) <= confirmed) {
       kept_bytes -= size_of(kept.front());
       kept.pop_front();
     }
   }
   // False for an outbox item not worth sending any more: the broker confirmed it (mu held).
   bool worth_sending(const codec::message& m) const {
-    if (const auto* d = std::get_if<codec::data_ready>(&m))
-      return !(d->index && ours(d->task_id, d->attempt) && *d->index <= confirmed);
+    if (const auto index = kept_index(m)) return *index > confirmed;
     if (const auto* l = std::get_if<codec::data_lost>(&m))
       return !(ours(l->task_id, l->attempt) && l->last <= confirmed);
     return true;
@@ -212,12 +222,11 @@ struct task_handle::owner {
   // A DATA just sent is kept until confirmed, within the bound (mu held). Most of what the
   // bound drops has arrived long ago; only a resend finds out what has not.
   void sent(codec::message&& m) {
-    auto* d = std::get_if<codec::data_ready>(&m);
-    if (d == nullptr || !d->index || !ours(d->task_id, d->attempt)) return;
-    kept_bytes += size_of(*d);
-    kept.push_back(std::move(*d));
+    if (!kept_index(m)) return;
+    kept_bytes += size_of(m);
+    kept.push_back(std::move(m));
     while (kept.size() > max_items || (kept_bytes > max_bytes && kept.size() > 1)) {
-      dropped_upto = *kept.front().index;
+      dropped_upto = *kept_index(kept.front());
       kept_bytes -= size_of(kept.front());
       kept.pop_front();
       ++data_dropped;
@@ -276,24 +285,30 @@ bool task_handle::live() const {
   return owner_.live(*this);
 }
 
+// Waits (mu held) until the attempt may send one more item of its DATA sequence: past its
+// credit the broker would refuse it, and more comes as the coordinator works through its
+// stream (the broker then keeps the step deadline open). False when it may not: the attempt is
+// over or closing, or the outbox is full.
+bool task_handle::wait_for_credit(std::unique_lock<std::mutex>& lock) {
+  const auto key = std::make_pair(id_, attempt_);
+  const auto has_credit = [&] {
+    const auto it = owner_.credit.find(key);
+    return it == owner_.credit.end() || owner_.data_sent < it->second;
+  };
+  if (owner_.live(*this) && !has_credit()) {
+    ++owner_.credit_waits;
+    owner_.changed.wait(
+        lock, [&] { return !owner_.live(*this) || owner_.close_requested || has_credit(); });
+  }
+  return owner_.live(*this) && has_credit() && owner_.outbox.size() < max_outbox;
+}
+
 bool task_handle::emit_data(std::string data_id, std::string buffer_id, std::string meta_msgpack,
                             std::optional<std::string> payload) {
   {
-    // Past its credit the broker would refuse the DATA: wait for more, which comes as the
-    // coordinator works through its stream (the broker then keeps the step deadline open).
     std::unique_lock lock(owner_.mu);
-    const auto key = std::make_pair(id_, attempt_);
-    const auto has_credit = [&] {
-      const auto it = owner_.credit.find(key);
-      return it == owner_.credit.end() || owner_.data_sent < it->second;
-    };
-    if (owner_.live(*this) && !has_credit()) {
-      ++owner_.credit_waits;
-      owner_.changed.wait(
-          lock, [&] { return !owner_.live(*this) || owner_.close_requested || has_credit(); });
-    }
     // After TASK_CLOSE the broker takes no more DATA anyway.
-    if (!owner_.live(*this) || !has_credit() || owner_.outbox.size() >= max_outbox) return false;
+    if (!wait_for_credit(lock)) return false;
     codec::data_ready d{id_,
                         attempt_,
                         std::move(data_id),
@@ -331,7 +346,17 @@ bool task_handle::keep_alive() {
 bool task_handle::emit_info(std::string info_msgpack) {
   codec::info m{id_, attempt_, std::move(info_msgpack)};
   check_sendable(m, max_message(), "emit_info");
-  return live() && owner_.post(std::move(m));
+  {
+    // An item of the DATA sequence (§12.11.10): numbered, credited, kept and sent again like a
+    // DATA, so an INFO that says the collector is done survives a broken connection.
+    std::unique_lock lock(owner_.mu);
+    if (!wait_for_credit(lock)) return false;
+    m.index = owner_.data_sent + 1;
+    ++owner_.data_sent;
+    owner_.outbox.push_back(std::move(m));
+  }
+  owner_.wake.notify();
+  return true;
 }
 
 bool task_handle::emit_learn_info(std::string buffer_id, std::string info_msgpack) {

@@ -344,12 +344,14 @@ struct info {
   std::string task_id;
   std::uint32_t attempt = 1;
   blob body = empty_map_blob;
+  std::optional<std::uint64_t> index;  // in the attempt's DATA sequence (§12.11.10)
   RLBUS_TASK_MESSAGE(info, info)
   template <class S, class F>
   static void fields(S& s, F&& f) {
     f("task_id", s.task_id, rule::id{});
     f("attempt", s.attempt, rule::attempt);
     f("info", s.body, rule::shape::map);
+    f("index", s.index, rule::range{1, ~std::uint64_t{0}});
   }
 };
 

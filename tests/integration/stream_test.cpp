@@ -516,3 +516,38 @@ TEST_CASE("a STARTED or a RESULT lost in a cut link is sent again and costs no a
   CHECK(events == std::vector<std::string>{"assigned", "started", "finished"});
   CHECK(b.get().snapshot().tasks_finished == 1);
 }
+
+TEST_CASE("an INFO lost in a cut link is sent again: a collector's 'done' survives it",
+          "[stream]") {
+  broker::server_thread b(test_config());
+  zmq::context_t ctx;
+  cuttable_link link(ctx, b.get().router_endpoint());
+  raw_peer coord(ctx, b.get().router_endpoint());
+  coord.introduce("coord", role::coordinator, 30'000);
+  task_handlers h;
+  h.run = [&](task_handle& t) {
+    t.emit_data("d-0", "buffer-0", flag_map("eval_flag", false));
+    link.cut_existing();  // the INFO goes into a connection that drops it
+    t.emit_info(flag_map("collector_done", true));
+    while (!t.stop_requested()) std::this_thread::sleep_for(1ms);
+  };
+  worker w(cut_collector(link, 4096), h);
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+  codec::submit s;
+  s.task_id = "t";
+  s.kind = role::collector;
+  s.max_attempts = 1;
+  coord.send(s);
+  std::vector<std::string> events;
+  while (true) {
+    const auto m = coord.recv(10s);
+    REQUIRE(m);  // without the resend the INFO never comes, and nothing else does either
+    if (const auto* e = std::get_if<codec::task_event>(&*m)) {
+      events.push_back(e->event);
+      if (e->event == "info") coord.send(codec::finish{"t"});
+      if (e->event == "finished") break;
+    }
+  }
+  CHECK(events == std::vector<std::string>{"assigned", "started", "data", "info", "finished"});
+  CHECK(w.welcomes() >= 2);
+}
