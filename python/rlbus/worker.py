@@ -87,7 +87,8 @@ def _as_map(value: Any, what: str) -> P.Raw:
 
 
 _DATA_USER_FIELDS = ("data_id", "buffer_id", "meta", "payload")
-_INDEXED = ("DATA", "INFO")  # the messages of an attempt's DATA sequence (SPEC §12.11.10)
+# the messages of an attempt's indexed sequence (SPEC §12.11.10)
+_INDEXED = ("DATA", "INFO", "LEARN_INFO")
 
 
 _MAX_LEAVE_MS = 86_400_000
@@ -222,7 +223,8 @@ class Task:
 
     def emit_info(self, info: Mapping[str, Any]) -> bool:
         """Reports progress (INFO), e.g. ``{"collector_done": True}``. False when nothing was
-        sent (the attempt is over or closing). ValueError on a learner task.
+        sent (the attempt is over, or no credit came before TASK_CLOSE). ValueError on a
+        learner task.
 
         An INFO is an item of the attempt's DATA sequence (SPEC §12.11.10): it waits for
         credit as :meth:`emit_data` does, and is sent again after a resumed session until the
@@ -315,12 +317,15 @@ class Task:
 
     def emit_learn_info(self, buffer_id: str, info: Mapping[str, Any]) -> bool:
         """Reports what one learning step did (LEARN_INFO), e.g. ``{"learner_done": True}``.
-        False when nothing was sent (the attempt is over or closing). ValueError on a
-        collector task."""
+        False when nothing was sent (the attempt is over). ValueError on a collector task.
+        Numbered within the attempt, it is sent again after a resumed session until the
+        broker confirms it (SPEC §12.11.10)."""
         self._need("learner", "emit_learn_info")
         fields = {"task_id": self.id, "attempt": self.attempt, "buffer_id": buffer_id,
-                  "info": _as_map(info, "info")}
-        return self._progress("LEARN_INFO", fields)
+                  "info": _as_map(info, "info"), "index": 1}
+        P.check_body("LEARN_INFO", fields, ("buffer_id", "info"))
+        # numbered, kept and sent again like a collector's DATA (§12.11.10); no credit
+        return self._emit_item("LEARN_INFO", fields)
 
     def publish_policy(self, policy_id: str, version: int, params: Optional[bytes] = None,
                        ref: Optional[str] = None) -> bool:

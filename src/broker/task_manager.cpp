@@ -98,8 +98,10 @@ void task_manager::peer_resumed(const std::string& id) {
   auto& t = tasks_.at(w->second.task);
   // What went down with the old connection is sent again by the worker on its own; this
   // only tells it how much of that it can skip.
-  if (t.kind == rlbus::role::collector && (t.st == state::running || t.st == state::closing))
-    send_data_ack(t, false);
+  if (t.st == state::running || t.st == state::closing) send_data_ack(t, false);
+  // A TASK_CLOSE may have gone down with it too: said again, or the attempt would wait for
+  // its close timeout (§12.11.7).
+  if (t.st == state::closing) sink_.send_to(id, codec::task_close{t.id, t.attempt});
 }
 
 void task_manager::peer_gone(const std::string& id, rlbus::role role, util::time_point now,
@@ -541,11 +543,16 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
              .uint("cur_learner_iter", g->cur_learner_iter)
              .done());
   } else if (auto* l = std::get_if<codec::learn_info>(&m)) {
-    if (t.st != state::running || t.kind != rlbus::role::learner)
+    // Numbered, it is an item of the learner attempt's sequence (§12.11.10).
+    const bool open = t.st == state::running || (t.st == state::closing && l->index);
+    if (!open || t.kind != rlbus::role::learner)
       return wrong("LEARN_INFO belongs to a running learner task");
-    progress();
+    if (dropped_by_index(l->index)) return std::nullopt;
+    if (t.st == state::running) progress();
+    const auto size = l->body.size();
     emit(t, "learn_info",
          codec::map_writer(2).str("buffer_id", l->buffer_id).raw("info", l->body).done());
+    relayed(l->index, size);
   } else if (auto* r = std::get_if<codec::task_result>(&m)) {
     if (t.st != state::closing) return wrong("RESULT answers TASK_CLOSE");
     emit(t, "finished", std::move(r->result));
@@ -570,9 +577,9 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
 // their place in the stream, and count as used credit, as they did on the worker.
 std::optional<refusal> task_manager::on_data_lost(task& t, const codec::data_lost& l,
                                                   util::time_point now) {
-  if ((t.st != state::running && t.st != state::closing) || t.kind != rlbus::role::collector) {
+  if (t.st != state::running && t.st != state::closing) {
     auto r = refuse(codec::error_code::wrong_state,
-                    fmt::format("task '{}': DATA_LOST belongs to a running collector task", t.id));
+                    fmt::format("task '{}': DATA_LOST belongs to a running task", t.id));
     r.late = t.st == state::closing;
     return r;
   }

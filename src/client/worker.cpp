@@ -143,7 +143,7 @@ struct task_handle::owner {
   std::uint32_t data_attempt = 0;
   std::uint64_t confirmed = 0;
   std::uint64_t dropped_upto = 0;
-  std::deque<codec::message> kept;  // each a data_ready or an info, with its index
+  std::deque<codec::message> kept;  // each a data_ready, info or learn_info, with its index
   std::size_t kept_bytes = 0;
   std::uint64_t max_message = 0;  // the broker's, from its last WELCOME (0: not known yet)
   // leave(): when the held task must end by (said again after each WELCOME, §12.6.10)
@@ -168,6 +168,8 @@ struct task_handle::owner {
 
   static std::size_t size_of(const codec::message& m) {
     if (const auto* i = std::get_if<codec::info>(&m)) return i->body.size();
+    if (const auto* l = std::get_if<codec::learn_info>(&m))
+      return l->buffer_id.size() + l->body.size();
     const auto& d = std::get<codec::data_ready>(m);
     return d.data_id.size() + d.buffer_id.size() + d.meta.size() +
            (d.payload ? d.payload->size() : 0);
@@ -178,6 +180,8 @@ struct task_handle::owner {
       return d->index && ours(d->task_id, d->attempt) ? d->index : std::nullopt;
     if (const auto* i = std::get_if<codec::info>(&m))
       return i->index && ours(i->task_id, i->attempt) ? i->index : std::nullopt;
+    if (const auto* l = std::get_if<codec::learn_info>(&m))
+      return l->index && ours(l->task_id, l->attempt) ? l->index : std::nullopt;
     return std::nullopt;
   }
   bool ours(const std::string& id, std::uint32_t attempt) const {
@@ -362,7 +366,16 @@ bool task_handle::emit_info(std::string info_msgpack) {
 bool task_handle::emit_learn_info(std::string buffer_id, std::string info_msgpack) {
   codec::learn_info m{id_, attempt_, std::move(buffer_id), std::move(info_msgpack)};
   check_sendable(m, max_message(), "emit_learn_info");
-  return live() && owner_.post(std::move(m));
+  {
+    // Numbered within the attempt, kept and sent again like a collector's DATA (§12.11.10).
+    std::unique_lock lock(owner_.mu);
+    if (!wait_for_credit(lock)) return false;  // a learner has no credit: never waits
+    m.index = owner_.data_sent + 1;
+    ++owner_.data_sent;
+    owner_.outbox.push_back(std::move(m));
+  }
+  owner_.wake.notify();
+  return true;
 }
 
 std::uint64_t task_handle::max_message() const {

@@ -382,6 +382,7 @@ struct learn_info {
   std::uint32_t attempt = 1;
   std::string buffer_id;
   blob body = empty_map_blob;
+  std::optional<std::uint64_t> index;  // within the learner attempt (§12.11.10)
   RLBUS_TASK_MESSAGE(learn_info, learn_info)
   template <class S, class F>
   static void fields(S& s, F&& f) {
@@ -389,6 +390,7 @@ struct learn_info {
     f("attempt", s.attempt, rule::attempt);
     f("buffer_id", s.buffer_id, rule::text{256});
     f("info", s.body, rule::shape::relayed_map);
+    f("index", s.index, rule::range{1, ~std::uint64_t{0}});
   }
 };
 

@@ -682,10 +682,18 @@ TEST_CASE_METHOD(fixture, "the broker confirms relayed DATA every 32 and on a re
   const auto resumed = sink.take<codec::data_ack>("w");
   CHECK(resumed.relayed == 70);
   CHECK_FALSE(resumed.resend);
-  // A learner, or a worker without a task, is told nothing.
+  // A worker without a task is told nothing.
   join("l", role::learner);
   tm->peer_resumed("l");
   CHECK(sink.empty("l"));
+  // Closing: the TASK_CLOSE that may have gone down with the old connection comes again.
+  ok("coord", role::coordinator, codec::finish{"t"});
+  CHECK(sink.take<codec::task_close>("w").attempt == 1);
+  tm->peer_resumed("w");
+  CHECK(sink.take<codec::data_ack>("w").relayed == 70);
+  const auto again = sink.take<codec::task_close>("w");
+  CHECK(again.task_id == "t");
+  CHECK(again.attempt == 1);
 }
 
 TEST_CASE_METHOD(fixture, "DATA a collector declares lost is reported once, in its place",
