@@ -430,6 +430,32 @@ def test_an_info_lost_in_a_cut_link_is_sent_again(broker_factory, coord_factory,
         proxy.close()
 
 
+def test_a_learn_info_lost_in_a_cut_link_is_sent_again(broker_factory, coord_factory,
+                                                       workers) -> None:
+    broker = broker_factory("--liveness", "4")  # as above: the worker resumes in time
+    proxy = Relay(broker.router_port)
+    try:
+        coord = coord_factory(broker)
+
+        def run(task: Task) -> None:
+            task.emit_learn_info("buf", {"learner_step": 1})
+            proxy.freeze()  # the next LEARN_INFO goes into a connection that drops it
+            task.emit_learn_info("buf", {"learner_step": 2})
+            task.wait_stop(30)
+
+        w = workers(proxy.endpoint, "learner", "l-info", run=run,
+                    heartbeat_ms=500, reconnect_min=0.02, reconnect_max=0.1)
+        assert w.wait_for("ready", 10)
+        coord.submit("t-learn", "learner", max_attempts=1)
+        assert coord.wait(coord.has("t-learn", "learn_info", 2), 15)
+        coord.pump(0.2)
+        steps = [body(m)["info"]["learner_step"] for m in coord.of("t-learn", "learn_info")]
+        assert steps == [1, 2]  # once each, in order
+        assert w.welcomes >= 2
+    finally:
+        proxy.close()
+
+
 def test_data_let_go_of_past_the_bound_is_declared_lost_on_resume(
         broker_factory, coord_factory, workers) -> None:
     broker = broker_factory("--liveness", "4")

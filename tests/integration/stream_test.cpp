@@ -551,3 +551,44 @@ TEST_CASE("an INFO lost in a cut link is sent again: a collector's 'done' surviv
   CHECK(events == std::vector<std::string>{"assigned", "started", "data", "info", "finished"});
   CHECK(w.welcomes() >= 2);
 }
+
+TEST_CASE("a LEARN_INFO lost in a cut link is sent again, once", "[stream]") {
+  broker::server_thread b(test_config());
+  zmq::context_t ctx;
+  cuttable_link link(ctx, b.get().router_endpoint());
+  raw_peer coord(ctx, b.get().router_endpoint());
+  coord.introduce("coord", role::coordinator, 30'000);
+  task_handlers h;
+  h.run = [&](task_handle& t) {
+    t.emit_learn_info("buffer-0", flag_map("first", true));
+    link.cut_existing();  // the next one goes into a connection that drops it
+    t.emit_learn_info("buffer-0", flag_map("second", true));
+    while (!t.stop_requested()) std::this_thread::sleep_for(1ms);
+  };
+  auto o = cut_collector(link, 4096);
+  o.role = role::learner;
+  o.id = "learner-0";
+  worker w(o, h);
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+  codec::submit s;
+  s.task_id = "L";
+  s.kind = role::learner;
+  s.max_attempts = 1;
+  coord.send(s);
+  std::vector<std::string> infos;
+  while (infos.size() < 2) {
+    const auto m = coord.recv(10s);
+    REQUIRE(m);  // without the resend the second never comes
+    if (const auto* e = std::get_if<codec::task_event>(&*m); e && e->event == "learn_info")
+      infos.push_back(e->body);
+  }
+  CHECK(infos[0].find("first") != std::string::npos);
+  CHECK(infos[1].find("second") != std::string::npos);
+  // And no third: the broker dropped the duplicate, if one came. A HEARTBEAT's answer comes
+  // after anything the broker had made before it read the HEARTBEAT.
+  coord.send(codec::heartbeat{});
+  const auto next = coord.recv(5s);
+  REQUIRE(next);
+  CHECK(std::holds_alternative<codec::heartbeat>(*next));
+  CHECK(w.welcomes() >= 2);
+}
