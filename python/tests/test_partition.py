@@ -1,0 +1,185 @@
+"""A real partition between hosts: the workers run in a network namespace of their own, joined
+to the broker's by a veth pair, with netem delay and loss on the link where the kernel has
+it. The link is cut twice under a steady flow of tasks: shorter than the liveness window
+(the workers resume their sessions and nothing is re-run) and longer (the broker expires
+them, re-queues their attempts, and they come back under new sessions). Every task must end
+exactly once, finished. Skipped where network namespaces cannot be made (not root, no ip)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, Iterator, List
+
+import pytest
+
+from conftest import BROKER, PYTHON_DIR, wait_until
+from rlbus import Coordinator
+
+HEARTBEAT_MS = 300  # the workers': with liveness 3 the broker expires them after 0.9 s
+
+WORKER_SCRIPT = """
+import sys, time, rlbus
+def run(task):
+    for i in range(5):
+        if not task.emit_data("%s-%d" % (task.id, i), "buf", {"i": i}):
+            return
+        time.sleep(0.05)
+    task.emit_info({"collector_done": True})
+    task.wait_stop(60)
+w = rlbus.Worker(sys.argv[1], role="collector", id=sys.argv[2], run=run,
+                 heartbeat_ms=HEARTBEAT, reconnect_min=0.05, reconnect_max=0.2)
+w.run_forever()
+""".replace("HEARTBEAT", str(HEARTBEAT_MS))
+
+
+def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), capture_output=True, text=True, check=check)
+
+
+class Namespace:
+    """A network namespace with one veth link to this one: HOST here, PEER in there."""
+
+    def __init__(self) -> None:
+        n = os.getpid() % 200 + 20
+        self.name = f"rlbus-t{os.getpid()}"
+        self.host_if, self.peer_if = f"rlh{os.getpid() % 100000}", f"rlp{os.getpid() % 100000}"
+        self.host, self.peer = f"10.213.{n}.1", f"10.213.{n}.2"
+        sh("ip", "netns", "add", self.name)
+        try:
+            sh("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.peer_if)
+            sh("ip", "link", "set", self.peer_if, "netns", self.name)
+            sh("ip", "addr", "add", f"{self.host}/30", "dev", self.host_if)
+            sh("ip", "link", "set", self.host_if, "up")
+            self.run("ip", "addr", "add", f"{self.peer}/30", "dev", self.peer_if)
+            self.run("ip", "link", "set", self.peer_if, "up")
+            self.run("ip", "link", "set", "lo", "up")
+        except Exception:
+            self.close()
+            raise
+        # delay and a little loss both ways, where the kernel has netem
+        here = sh("tc", "qdisc", "add", "dev", self.host_if, "root", "netem", "delay", "5ms",
+                  "loss", "1%", check=False)
+        there = self.run("tc", "qdisc", "add", "dev", self.peer_if, "root", "netem", "delay",
+                         "5ms", "loss", "1%", check=False)
+        self.netem = here.returncode == 0 and there.returncode == 0
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return sh("ip", "netns", "exec", self.name, *args, check=check)
+
+    # From the far side: the broker's own address stays up (the coordinator on this host
+    # keeps its connection), the workers' link has no carrier
+    def cut(self) -> None:
+        self.run("ip", "link", "set", self.peer_if, "down")
+
+    def heal(self) -> None:
+        self.run("ip", "link", "set", self.peer_if, "up")
+
+    def close(self) -> None:
+        sh("ip", "link", "del", self.host_if, check=False)
+        sh("ip", "netns", "del", self.name, check=False)
+
+
+@pytest.fixture
+def netns() -> Iterator[Namespace]:
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("network namespaces need root and iproute2's ip")
+    try:
+        ns = Namespace()
+    except subprocess.CalledProcessError as e:
+        pytest.skip(f"cannot make a network namespace here: {e.stderr.strip()}")
+    try:
+        yield ns
+    finally:
+        ns.close()
+
+
+def test_a_cut_and_healed_link_between_hosts_loses_no_task(netns: Namespace,
+                                                           tmp_path) -> None:
+    broker = subprocess.Popen([BROKER, "--router", f"tcp://{netns.host}:0", "--events",
+                               "tcp://127.0.0.1:0", "--heartbeat-min", "50",
+                               "--quarantine-after", "0", "--log-level", "warn"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    workers: List[subprocess.Popen] = []
+    coord = None
+    try:
+        assert broker.stdout is not None
+        line = broker.stdout.readline()
+        m = re.search(r"router=(\S+)", line)
+        assert m, line
+        endpoint = m.group(1)
+        threading.Thread(target=lambda: [None for _ in broker.stdout], daemon=True).start()
+        script = tmp_path / "worker.py"
+        script.write_text(WORKER_SCRIPT)
+        env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+        for k in range(2):
+            workers.append(subprocess.Popen(
+                ["ip", "netns", "exec", netns.name, sys.executable, str(script), endpoint,
+                 f"far-w{k}"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        lock = threading.Lock()
+        ended: Dict[str, List[str]] = {}
+        requeued: List[str] = []
+
+        def record(task_id: str, how: str) -> None:
+            with lock:
+                ended.setdefault(task_id, []).append(how)
+
+        coord = Coordinator(endpoint, id="far-coord", callbacks={
+            "deal_with_collector_finish_task": lambda t, r: record(t, "finished"),
+            "on_task_failed": lambda t, reason, result=None: record(t, "failed: " + reason),
+            "on_task_cancelled": lambda t, reason: record(t, "cancelled: " + reason),
+            "on_task_requeued": lambda t, attempt, reason, result=None: requeued.append(reason),
+        })
+        assert coord.wait_for("ready", 10)
+        assert wait_until(lambda: coord.collectors >= 2, 30)
+        submitted = 0
+
+        def keep_going(seconds: float) -> None:
+            nonlocal submitted
+            until = time.monotonic() + seconds
+            while time.monotonic() < until:
+                with lock:
+                    done = len(ended)
+                if submitted - done < 4:
+                    r = coord.submit(f"far-{submitted}", "collector", {}, max_attempts=8)
+                    assert r is not None and r.accepted, r
+                    submitted += 1
+                else:
+                    time.sleep(0.02)
+
+        keep_going(2.0)
+        netns.cut()  # shorter than the liveness window: the sessions resume
+        time.sleep(0.5)
+        netns.heal()
+        keep_going(2.0)
+        lost_before = len([r for r in requeued if "lost" in r])
+        netns.cut()  # longer: the broker expires both workers and re-queues their attempts
+        time.sleep(2.5)
+        netns.heal()
+        keep_going(2.0)
+        assert wait_until(lambda: len(ended) >= submitted, 60), \
+            f"{len(ended)} of {submitted} tasks ended"
+        with lock:
+            outcomes = {t: list(v) for t, v in ended.items()}
+        print(f"partition: {submitted} tasks over a link with netem={netns.netem}, "
+              f"{len(requeued)} attempts re-queued")
+        assert sorted(outcomes) == sorted(f"far-{i}" for i in range(submitted))
+        assert all(v == ["finished"] for v in outcomes.values()), outcomes
+        assert len([r for r in requeued if "lost" in r]) > lost_before  # the long cut did expire
+    finally:
+        if coord is not None:
+            coord.close()
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            try:
+                w.wait(10)
+            except subprocess.TimeoutExpired:
+                w.kill()
+        broker.terminate()
+        broker.wait(15)
