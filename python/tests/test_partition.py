@@ -2,8 +2,9 @@
 to the broker's by a veth pair, with netem delay and loss on the link where the kernel has
 it. The link is cut twice under a steady flow of tasks: shorter than the liveness window
 (the workers resume their sessions and nothing is re-run) and longer (the broker expires
-them, re-queues their attempts, and they come back under new sessions). Every task must end
-exactly once, finished. Skipped where network namespaces cannot be made (not root, no ip)."""
+them, re-queues their attempts, and they come back under new sessions; a RESULT of an attempt
+that ended so is refused). Every task must end exactly once, finished. Skipped where network
+namespaces cannot be made (not root, no ip)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,57 @@ w = rlbus.Worker(sys.argv[1], role="collector", id=sys.argv[2], run=run,
                  heartbeat_ms=HEARTBEAT, reconnect_min=0.05, reconnect_max=0.2)
 w.run_forever()
 """.replace("HEARTBEAT", str(HEARTBEAT_MS))
+
+
+# A worker made of one DEALER that takes a task and holds it, heartbeating, into the long cut;
+# once the link is back it introduces itself again and sends the RESULT of the attempt it
+# held: the broker, which ended that attempt when it expired the worker and gave the task to
+# another, must refuse it (406 once the task finished elsewhere, 407 while it still runs).
+STALE_SCRIPT = """
+import sys, threading, time, zmq
+from rlbus import protocol as P
+ctx = zmq.Context()
+s = ctx.socket(zmq.DEALER)
+s.linger = 0
+s.connect(sys.argv[1])
+def send(name, **f):
+    s.send_multipart(list(P.encode(name, f)))
+def expect(name, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if s.poll(100):
+            m = P.decode(s.recv_multipart())
+            if m.name == name:
+                return m
+    raise SystemExit("no " + name)
+send("HELLO", role="collector", id="far-stale", heartbeat_ms=300, resources={})
+expect("WELCOME", 10)
+start = expect("TASK_START", 20)
+lock = threading.Lock()
+send("STARTED", task_id=start["task_id"], attempt=start["attempt"])
+stop = threading.Event()
+def beat():
+    while not stop.wait(0.1):
+        with lock:
+            send("HEARTBEAT")
+t = threading.Thread(target=beat)
+t.start()
+print("holding", start["task_id"], start["attempt"], flush=True)
+sys.stdin.readline()  # the test says when the long cut has healed
+stop.set()
+t.join()
+s.close()
+s = ctx.socket(zmq.DEALER)
+s.linger = 0
+s.connect(sys.argv[1])
+send("HELLO", role="collector", id="far-stale", heartbeat_ms=60000)
+expect("WELCOME", 10)
+send("RESULT", task_id=start["task_id"], attempt=start["attempt"], result={})
+err = expect("ERROR", 10)
+print("refused", err["code"], flush=True)
+send("DISCONNECT", code=200, reason="done")
+time.sleep(0.2)
+"""
 
 
 def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -113,7 +165,8 @@ def test_a_cut_and_healed_link_between_hosts_loses_no_task(netns: Namespace,
         m = re.search(r"router=(\S+)", line)
         assert m, line
         endpoint = m.group(1)
-        threading.Thread(target=lambda: [None for _ in broker.stdout], daemon=True).start()
+        blog: List[str] = []
+        threading.Thread(target=lambda: [blog.append(x) for x in broker.stdout], daemon=True).start()
         script = tmp_path / "worker.py"
         script.write_text(WORKER_SCRIPT)
         env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
@@ -157,11 +210,30 @@ def test_a_cut_and_healed_link_between_hosts_loses_no_task(netns: Namespace,
         time.sleep(0.5)
         netns.heal()
         keep_going(2.0)
+        # a worker behind the same link that will come back with the result of an attempt
+        # the broker gave away: only it fits this task
+        stale = subprocess.Popen(
+            ["ip", "netns", "exec", netns.name, sys.executable, "-c", STALE_SCRIPT, endpoint],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            text=True)
+        workers.append(stale)
+        assert stale.stdout is not None
+        keep_going_until = threading.Thread(target=keep_going, args=(1.0,))
+        keep_going_until.start()  # it takes one of the tasks that keep coming
+        held = stale.stdout.readline().split()
+        keep_going_until.join()
+        assert held and held[0] == "holding", held
         lost_before = len([r for r in requeued if "lost" in r])
-        netns.cut()  # longer: the broker expires both workers and re-queues their attempts
+        netns.cut()  # longer: the broker expires the workers and re-queues their attempts
         time.sleep(2.5)
         netns.heal()
         keep_going(2.0)
+        assert stale.stdin is not None
+        stale.stdin.write("go\n")
+        stale.stdin.flush()
+        refused = stale.stdout.readline().split()
+        assert refused and refused[0] == "refused", refused
+        assert int(refused[1]) in (406, 407), "".join(blog)  # fenced: that attempt is over
         assert wait_until(lambda: len(ended) >= submitted, 60), \
             f"{len(ended)} of {submitted} tasks ended"
         with lock:
@@ -170,6 +242,7 @@ def test_a_cut_and_healed_link_between_hosts_loses_no_task(netns: Namespace,
               f"{len(requeued)} attempts re-queued")
         assert sorted(outcomes) == sorted(f"far-{i}" for i in range(submitted))
         assert all(v == ["finished"] for v in outcomes.values()), outcomes
+        assert held[1] in outcomes  # the held task was finished by another worker, once
         assert len([r for r in requeued if "lost" in r]) > lost_before  # the long cut did expire
     finally:
         if coord is not None:
