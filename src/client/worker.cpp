@@ -130,12 +130,12 @@ struct task_handle::owner {
   // Data credit (SPEC §12.9.9): the DATA_CREDIT limits by attempt (one comes before its
   // TASK_START), and the DATA the current attempt has sent. No limit: no credit applies.
   std::map<std::pair<std::string, std::uint32_t>, std::uint64_t> credit;
-  std::uint64_t data_sent = 0;  // DATA and INFO: the index of the last one (§12.11, §12.11.10)
+  std::uint64_t data_sent = 0;  // DATA, INFO, LEARN_INFO: the index of the last (§12.11.10)
   std::uint64_t credit_waits = 0;
 
   // Reliable data (SPEC §12.11) for the attempt whose DATA are kept (data_attempt 0: none).
-  // Its DATA and INFO (numbered together, §12.11.10) wait in the outbox until sent, then in
-  // `kept`, in index order, until the broker confirms them (DATA_ACK `relayed`, kept in
+  // Its numbered items (DATA and INFO, or LEARN_INFO, §12.11.10) wait in the outbox until sent,
+  // then in `kept`, in index order, until the broker confirms them (DATA_ACK `relayed`, kept in
   // `confirmed`). `kept` is bounded: past the bound the oldest go, up to `dropped_upto`; the
   // next resend declares those the broker may lack with DATA_LOST, and the broker reports the
   // ones it never got to the coordinator.
@@ -174,7 +174,8 @@ struct task_handle::owner {
     return d.data_id.size() + d.buffer_id.size() + d.meta.size() +
            (d.payload ? d.payload->size() : 0);
   }
-  // The index of a DATA or INFO of ours, numbered and of the attempt whose items are kept.
+  // The index of a DATA, INFO or LEARN_INFO of ours, numbered and of the attempt whose items
+  // are kept.
   std::optional<std::uint64_t> kept_index(const codec::message& m) const {
     if (const auto* d = std::get_if<codec::data_ready>(&m))
       return d->index && ours(d->task_id, d->attempt) ? d->index : std::nullopt;
