@@ -21,8 +21,9 @@ SIGKILL, a link cut longer than its liveness) leaves its tasks and stream on the
 broker's coordinator grace (60 s by default). They run on meanwhile. A new session under the
 same id adopts them: a new process (the same program restarted) picks the stream up after the
 last event its predecessor acknowledged and gets every later event of those tasks through the
-callbacks, although it never submitted them. The events its predecessor handled but had not
-acknowledged yet (at most 32) come again. The same process, back after its session expired,
+callbacks, although it never submitted them. The events its predecessor handled after its
+last acknowledgement that reached the broker come again (at most 32 when its
+acknowledgements got through). The same process, back after its session expired,
 goes on as after a resumption. :meth:`close` says DISCONNECT: the broker cancels the tasks at
 once.
 

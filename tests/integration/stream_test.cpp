@@ -185,8 +185,9 @@ TEST_CASE("a coordinator process that vanished is succeeded by a new one that ad
   phase = 2;
   REQUIRE(wait_until([&] { return second_log.done(1); }, 20s));
 
-  // The new process went on after what the old one acknowledged: no gap, and no more again
-  // than one ACK's worth (32) of what the old one had handled.
+  // The new process went on after what the old one acknowledged: no gap. What comes again is
+  // what the old one handled after its last ACK that reached the broker (the cut may have
+  // taken the last ones).
   std::vector<int> got;
   {
     std::lock_guard lock(second_log.mu);
@@ -194,16 +195,15 @@ TEST_CASE("a coordinator process that vanished is succeeded by a new one that ad
   }
   REQUIRE_FALSE(got.empty());
   CHECK(got.front() <= 100);
-  CHECK(got.front() >= 100 - 32);
   std::vector<int> want;
   for (int i = got.front(); i < items; ++i) want.push_back(i);
   CHECK(got == want);
   CHECK(lost == 0);
   CHECK(cancelled == 0);
   CHECK(second.stream_gaps() == 0);
+  CHECK(wait_until([&] { return b.get().snapshot().tasks_finished == 1; }, 5s));
   const auto s = b.get().snapshot();
   CHECK(s.coordinator_adoptions == 1);
-  CHECK(s.tasks_finished == 1);
   CHECK(s.tasks_requeued == 0);
 }
 
@@ -514,7 +514,8 @@ TEST_CASE("a STARTED or a RESULT lost in a cut link is sent again and costs no a
   CHECK(cuts == 2);
   CHECK(w.welcomes() >= 3);  // back after each cut, on the same session
   CHECK(events == std::vector<std::string>{"assigned", "started", "finished"});
-  CHECK(b.get().snapshot().tasks_finished == 1);
+  // The event leaves before the broker's loop stores its counters.
+  CHECK(wait_until([&] { return b.get().snapshot().tasks_finished == 1; }, 5s));
 }
 
 TEST_CASE("an INFO lost in a cut link is sent again: a collector's 'done' survives it",
