@@ -146,7 +146,8 @@ TEST_CASE("a task nobody can run waits, and starts when a fitting worker joins",
   const auto ack = coord.recv_a<codec::submitted>();
   REQUIRE(ack);
   CHECK(ack->accepted);
-  CHECK(b.get().snapshot().tasks_queued == 1);
+  // The answer leaves before the broker's loop stores its counters.
+  CHECK(wait_until([&] { return b.get().snapshot().tasks_queued == 1; }, 5s));
   raw_peer big(ctx, router);
   big.send(codec::hello{role::learner, "learner-big", 5000, {{"gpu", 4}}, std::nullopt});
   REQUIRE(big.recv_a<codec::welcome>());
