@@ -468,13 +468,32 @@ TEST_CASE("DATA a collector cannot keep across a cut is reported lost, not skipp
 
 // ---- what decides an attempt, across a worker's reconnect (SPEC §12.5.3, §12.11.8) ----------
 
+namespace {
+
+/// A broker, a cuttable link for the worker, and a raw coordinator connected directly.
+struct cut_world {
+  broker::server_thread b{test_config()};
+  zmq::context_t ctx;
+  cuttable_link link{ctx, b.get().router_endpoint()};
+  raw_peer coord{ctx, b.get().router_endpoint()};
+  cut_world() { coord.introduce("coord", role::coordinator, 30'000); }
+  /// One attempt only: an attempt lost to the cut would fail the task.
+  void submit(const std::string& id, role kind) {
+    codec::submit s;
+    s.task_id = id;
+    s.kind = kind;
+    s.max_attempts = 1;
+    coord.send(s);
+  }
+};
+
+}  // namespace
+
 TEST_CASE("a STARTED or a RESULT lost in a cut link is sent again and costs no attempt",
           "[stream]") {
-  broker::server_thread b(test_config());
-  zmq::context_t ctx;
-  cuttable_link link(ctx, b.get().router_endpoint());
-  raw_peer coord(ctx, b.get().router_endpoint());
-  coord.introduce("coord", role::coordinator, 30'000);
+  cut_world wld;
+  auto& link = wld.link;  // references, not a structured binding: lambdas capture them
+  auto& coord = wld.coord;
   std::atomic<int> cuts{0};
   task_handlers h;
   // Each cut swallows what comes next on the old connection: the STARTED (when the run begins
@@ -491,11 +510,7 @@ TEST_CASE("a STARTED or a RESULT lost in a cut link is sent again and costs no a
   };
   worker w(cut_collector(link, 4096), h);
   REQUIRE(w.wait_for(connection_state::ready, 5s));
-  codec::submit s;
-  s.task_id = "t";
-  s.kind = role::collector;
-  s.max_attempts = 1;  // a lost attempt would fail the task
-  coord.send(s);
+  wld.submit("t", role::collector);
   std::vector<std::string> events;
   const auto until = [&](const std::string& name) {
     while (true) {
@@ -515,16 +530,14 @@ TEST_CASE("a STARTED or a RESULT lost in a cut link is sent again and costs no a
   CHECK(w.welcomes() >= 3);  // back after each cut, on the same session
   CHECK(events == std::vector<std::string>{"assigned", "started", "finished"});
   // The event leaves before the broker's loop stores its counters.
-  CHECK(wait_until([&] { return b.get().snapshot().tasks_finished == 1; }, 5s));
+  CHECK(wait_until([&] { return wld.b.get().snapshot().tasks_finished == 1; }, 5s));
 }
 
 TEST_CASE("an INFO lost in a cut link is sent again: a collector's 'done' survives it",
           "[stream]") {
-  broker::server_thread b(test_config());
-  zmq::context_t ctx;
-  cuttable_link link(ctx, b.get().router_endpoint());
-  raw_peer coord(ctx, b.get().router_endpoint());
-  coord.introduce("coord", role::coordinator, 30'000);
+  cut_world wld;
+  auto& link = wld.link;  // references, not a structured binding: lambdas capture them
+  auto& coord = wld.coord;
   task_handlers h;
   h.run = [&](task_handle& t) {
     t.emit_data("d-0", "buffer-0", flag_map("eval_flag", false));
@@ -534,11 +547,7 @@ TEST_CASE("an INFO lost in a cut link is sent again: a collector's 'done' surviv
   };
   worker w(cut_collector(link, 4096), h);
   REQUIRE(w.wait_for(connection_state::ready, 5s));
-  codec::submit s;
-  s.task_id = "t";
-  s.kind = role::collector;
-  s.max_attempts = 1;
-  coord.send(s);
+  wld.submit("t", role::collector);
   std::vector<std::string> events;
   while (true) {
     const auto m = coord.recv(10s);
@@ -554,11 +563,9 @@ TEST_CASE("an INFO lost in a cut link is sent again: a collector's 'done' surviv
 }
 
 TEST_CASE("a LEARN_INFO lost in a cut link is sent again, once", "[stream]") {
-  broker::server_thread b(test_config());
-  zmq::context_t ctx;
-  cuttable_link link(ctx, b.get().router_endpoint());
-  raw_peer coord(ctx, b.get().router_endpoint());
-  coord.introduce("coord", role::coordinator, 30'000);
+  cut_world wld;
+  auto& link = wld.link;  // references, not a structured binding: lambdas capture them
+  auto& coord = wld.coord;
   task_handlers h;
   h.run = [&](task_handle& t) {
     t.emit_learn_info("buffer-0", flag_map("first", true));
@@ -571,11 +578,7 @@ TEST_CASE("a LEARN_INFO lost in a cut link is sent again, once", "[stream]") {
   o.id = "learner-0";
   worker w(o, h);
   REQUIRE(w.wait_for(connection_state::ready, 5s));
-  codec::submit s;
-  s.task_id = "L";
-  s.kind = role::learner;
-  s.max_attempts = 1;
-  coord.send(s);
+  wld.submit("L", role::learner);
   std::vector<std::string> infos;
   while (infos.size() < 2) {
     const auto m = coord.recv(10s);
