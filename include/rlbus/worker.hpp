@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -138,7 +137,6 @@ class task_handle {
   friend class worker;
   struct owner;
   [[nodiscard]] std::uint64_t max_message() const;  // the broker's (0: not known yet)
-  bool wait_for_credit(std::unique_lock<std::mutex>& lock);
   task_handle(owner& o, std::string id, std::uint32_t attempt, std::string info,
               std::optional<rlbus::policy> p)
       : owner_(o),

@@ -269,6 +269,32 @@ struct task_handle::owner {
     }
     wake.notify();
   }
+  // Sends the attempt's next item of its numbered sequence (DATA, INFO, LEARN_INFO, §12.11.10),
+  // made by `make` from its index. Past its credit the broker would refuse it: this waits for
+  // more, which comes as the coordinator works through its stream (the broker then keeps the
+  // step deadline open). False, with nothing sent, when the attempt is over or closes without
+  // credit, or the outbox is full; what `make` throws leaves the sequence as it was.
+  bool post_item(const task_handle& h,
+                 const std::function<codec::message(std::uint64_t index)>& make) {
+    {
+      std::unique_lock lock(mu);
+      const auto key = std::make_pair(h.id_, h.attempt_);
+      const auto has_credit = [&] {
+        const auto it = credit.find(key);
+        return it == credit.end() || data_sent < it->second;
+      };
+      if (live(h) && !has_credit()) {
+        ++credit_waits;
+        changed.wait(lock, [&] { return !live(h) || close_requested || has_credit(); });
+      }
+      if (!live(h) || !has_credit() || outbox.size() >= max_outbox) return false;
+      auto m = make(data_sent + 1);
+      ++data_sent;
+      outbox.push_back(std::move(m));
+    }
+    wake.notify();
+    return true;
+  }
   // True while `h`'s attempt is the current one and not over.
   bool live(const task_handle& h) const {
     return task && task->task_id == h.id_ && task->attempt == h.attempt_ && !aborted && !stopping;
@@ -290,45 +316,21 @@ bool task_handle::live() const {
   return owner_.live(*this);
 }
 
-// Waits (mu held) until the attempt may send one more item of its DATA sequence: past its
-// credit the broker would refuse it, and more comes as the coordinator works through its
-// stream (the broker then keeps the step deadline open). False when it may not: the attempt is
-// over or closing, or the outbox is full.
-bool task_handle::wait_for_credit(std::unique_lock<std::mutex>& lock) {
-  const auto key = std::make_pair(id_, attempt_);
-  const auto has_credit = [&] {
-    const auto it = owner_.credit.find(key);
-    return it == owner_.credit.end() || owner_.data_sent < it->second;
-  };
-  if (owner_.live(*this) && !has_credit()) {
-    ++owner_.credit_waits;
-    owner_.changed.wait(
-        lock, [&] { return !owner_.live(*this) || owner_.close_requested || has_credit(); });
-  }
-  return owner_.live(*this) && has_credit() && owner_.outbox.size() < max_outbox;
-}
-
 bool task_handle::emit_data(std::string data_id, std::string buffer_id, std::string meta_msgpack,
                             std::optional<std::string> payload) {
-  {
-    std::unique_lock lock(owner_.mu);
-    // After TASK_CLOSE the broker takes no more DATA anyway.
-    if (!wait_for_credit(lock)) return false;
+  // Numbered, so that the broker relays it once however often it is sent (§12.11).
+  return owner_.post_item(*this, [&](std::uint64_t index) {
     codec::data_ready d{id_,
                         attempt_,
                         std::move(data_id),
                         std::move(buffer_id),
                         std::move(meta_msgpack),
                         std::move(payload)};
-    if (owner_.live(*this) && owner_.policy) d.policy_version = owner_.policy->version;
-    // Numbered, so that the broker relays it once however often it is sent (§12.11).
-    d.index = owner_.data_sent + 1;
+    if (owner_.policy) d.policy_version = owner_.policy->version;  // mu held
+    d.index = index;
     check_data(d, owner_.max_message);
-    ++owner_.data_sent;
-    owner_.outbox.push_back(std::move(d));
-  }
-  owner_.wake.notify();
-  return true;
+    return codec::message{std::move(d)};
+  });
 }
 
 std::optional<rlbus::policy> task_handle::policy() const {
@@ -351,32 +353,23 @@ bool task_handle::keep_alive() {
 bool task_handle::emit_info(std::string info_msgpack) {
   codec::info m{id_, attempt_, std::move(info_msgpack)};
   check_sendable(m, max_message(), "emit_info");
-  {
-    // An item of the DATA sequence (§12.11.10): numbered, credited, kept and sent again like a
-    // DATA, so an INFO that says the collector is done survives a broken connection.
-    std::unique_lock lock(owner_.mu);
-    if (!wait_for_credit(lock)) return false;
-    m.index = owner_.data_sent + 1;
-    ++owner_.data_sent;
-    owner_.outbox.push_back(std::move(m));
-  }
-  owner_.wake.notify();
-  return true;
+  // An item of the DATA sequence (§12.11.10): numbered, credited, kept and sent again like a
+  // DATA, so an INFO that says the collector is done survives a broken connection.
+  return owner_.post_item(*this, [&](std::uint64_t index) {
+    m.index = index;
+    return codec::message{std::move(m)};
+  });
 }
 
 bool task_handle::emit_learn_info(std::string buffer_id, std::string info_msgpack) {
   codec::learn_info m{id_, attempt_, std::move(buffer_id), std::move(info_msgpack)};
   check_sendable(m, max_message(), "emit_learn_info");
-  {
-    // Numbered within the attempt, kept and sent again like a collector's DATA (§12.11.10).
-    std::unique_lock lock(owner_.mu);
-    if (!wait_for_credit(lock)) return false;  // a learner has no credit: never waits
-    m.index = owner_.data_sent + 1;
-    ++owner_.data_sent;
-    owner_.outbox.push_back(std::move(m));
-  }
-  owner_.wake.notify();
-  return true;
+  // Numbered within the attempt, kept and sent again like a collector's DATA (§12.11.10); a
+  // learner has no credit, so this never waits.
+  return owner_.post_item(*this, [&](std::uint64_t index) {
+    m.index = index;
+    return codec::message{std::move(m)};
+  });
 }
 
 std::uint64_t task_handle::max_message() const {
