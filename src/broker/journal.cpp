@@ -59,16 +59,10 @@ std::uint32_t crc_of(std::string_view s) {
 class fields {
  public:
   explicit fields(std::string_view s) : s_(s) {}
-  std::uint64_t u64() {
-    if (!take(8)) return 0;
-    std::uint64_t v = 0;
-    for (int i = 7; i >= 0; --i) v = (v << 8U) | static_cast<std::uint8_t>(s_[pos_ - 8 + i]);
-    return v;
-  }
+  std::uint64_t u64() { return little_endian(8); }
+  std::uint32_t u32() { return static_cast<std::uint32_t>(little_endian(4)); }
   std::string str() {
-    if (!take(4)) return {};
-    std::uint32_t n = 0;
-    for (int i = 3; i >= 0; --i) n = (n << 8U) | static_cast<std::uint8_t>(s_[pos_ - 4 + i]);
+    const auto n = u32();
     if (!take(n)) return {};
     return std::string(s_.substr(pos_ - n, n));
   }
@@ -79,6 +73,12 @@ class fields {
     if (!ok_ || s_.size() - pos_ < n) return ok_ = false;
     pos_ += n;
     return true;
+  }
+  std::uint64_t little_endian(std::size_t bytes) {
+    if (!take(bytes)) return 0;
+    std::uint64_t v = 0;
+    for (auto i = bytes; i-- > 0;) v = (v << 8U) | static_cast<std::uint8_t>(s_[pos_ - bytes + i]);
+    return v;
   }
   std::string_view s_;
   std::size_t pos_ = 0;
@@ -163,14 +163,9 @@ void journal::load(const codec::decode_limits& limits) {
   while (pos < data.size()) {
     const auto at = pos;
     const auto left = data.size() - pos;
-    std::uint32_t len = 0, crc = 0;
-    if (left >= record_header) {
-      const auto* p = reinterpret_cast<const std::uint8_t*>(data.data() + pos);
-      len = static_cast<std::uint32_t>(p[0] | (p[1] << 8U) | (p[2] << 16U) |
-                                       (static_cast<std::uint32_t>(p[3]) << 24U));
-      crc = static_cast<std::uint32_t>(p[4] | (p[5] << 8U) | (p[6] << 16U) |
-                                       (static_cast<std::uint32_t>(p[7]) << 24U));
-    }
+    fields head(std::string_view(data).substr(pos, std::min(left, record_header)));
+    const auto len = head.u32();
+    const auto crc = head.u32();
     if (left < record_header || len > left - record_header) {
       loaded_.torn = fmt::format("the last record, at byte {}, is cut short ({} bytes)", at, left);
       break;

@@ -83,8 +83,13 @@ void server::open_journal() {
   tasks_.restore(js, util::clock::now());
   counters_.restored.store(js.tasks.size(), std::memory_order_relaxed);
   counters_.journal_torn.store(js.torn.empty() ? 0 : 1, std::memory_order_relaxed);
-  journal_->compact([this](journal& j) { tasks_.write_snapshot(j); });
+  compact_journal();
   tasks_.attach(journal_.get());
+}
+
+// The journal written afresh with the live state alone.
+void server::compact_journal() {
+  journal_->compact([this](journal& j) { tasks_.write_snapshot(j); });
 }
 
 void server::request_stop() noexcept {
@@ -207,8 +212,7 @@ void server::run() {
     tasks_.on_timers(now);
     if (journal_) {
       journal_->on_timer(now);
-      if (journal_->wants_compaction())
-        journal_->compact([this](journal& j) { tasks_.write_snapshot(j); });
+      if (journal_->wants_compaction()) compact_journal();
     }
     store_counters();
     if (now >= next_status_) publish_status(now);

@@ -120,6 +120,7 @@ class server : private task_sink {
   void session_over(const peer& p, util::time_point now, bool orderly = false);
   void store_counters();
   void open_journal();
+  void compact_journal();
 
   void drain_router(util::time_point now);
   void on_frames(zmq::message_t* frames, std::size_t count, bool overflow, util::time_point now);
