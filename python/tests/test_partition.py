@@ -19,24 +19,11 @@ from typing import Dict, Iterator, List
 
 import pytest
 
-from conftest import BROKER, PYTHON_DIR, wait_until
+from conftest import BROKER, PYTHON_DIR, collector_process, wait_until
 from rlbus import Coordinator
 
 HEARTBEAT_MS = 300  # the workers': with liveness 3 the broker expires them after 0.9 s
 
-WORKER_SCRIPT = """
-import sys, time, rlbus
-def run(task):
-    for i in range(5):
-        if not task.emit_data("%s-%d" % (task.id, i), "buf", {"i": i}):
-            return
-        time.sleep(0.05)
-    task.emit_info({"collector_done": True})
-    task.wait_stop(60)
-w = rlbus.Worker(sys.argv[1], role="collector", id=sys.argv[2], run=run,
-                 heartbeat_ms=HEARTBEAT, reconnect_min=0.05, reconnect_max=0.2)
-w.run_forever()
-""".replace("HEARTBEAT", str(HEARTBEAT_MS))
 
 
 # A worker made of one DEALER that takes a task and holds it, heartbeating, into the long cut;
@@ -151,8 +138,7 @@ def netns() -> Iterator[Namespace]:
         ns.close()
 
 
-def test_a_cut_and_healed_link_between_hosts_loses_no_task(netns: Namespace,
-                                                           tmp_path) -> None:
+def test_a_cut_and_healed_link_between_hosts_loses_no_task(netns: Namespace) -> None:
     broker = subprocess.Popen([BROKER, "--router", f"tcp://{netns.host}:0", "--events",
                                "tcp://127.0.0.1:0", "--heartbeat-min", "50",
                                "--quarantine-after", "0", "--log-level", "warn"],
@@ -167,13 +153,10 @@ def test_a_cut_and_healed_link_between_hosts_loses_no_task(netns: Namespace,
         endpoint = m.group(1)
         blog: List[str] = []
         threading.Thread(target=lambda: [blog.append(x) for x in broker.stdout], daemon=True).start()
-        script = tmp_path / "worker.py"
-        script.write_text(WORKER_SCRIPT)
         env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
         for k in range(2):
-            workers.append(subprocess.Popen(
-                ["ip", "netns", "exec", netns.name, sys.executable, str(script), endpoint,
-                 f"far-w{k}"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            workers.append(collector_process(endpoint, f"far-w{k}", HEARTBEAT_MS, 5, 0.05,
+                                             prefix=["ip", "netns", "exec", netns.name]))
         lock = threading.Lock()
         ended: Dict[str, List[str]] = {}
         requeued: List[str] = []

@@ -20,12 +20,11 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from typing import Callable, Dict, List
 
-from conftest import PYTHON_DIR, wait_until
+from conftest import collector_process, wait_until
 from relay import Relay
 from rlbus import Coordinator
 
@@ -35,21 +34,6 @@ WORKERS = 4
 IN_FLIGHT = 6
 ATTEMPTS = 8
 
-WORKER_SCRIPT = """
-import sys, time, rlbus
-def run(task):
-    for i in range(10):
-        if not task.emit_data("%s-%d" % (task.id, i), "buf", {"i": i}):
-            return
-        time.sleep(0.03)
-    task.emit_info({"collector_done": True})
-    task.wait_stop(30)
-def close(task):
-    return {"worker": sys.argv[2]}
-w = rlbus.Worker(sys.argv[1], role="collector", id=sys.argv[2], run=run, close=close,
-                 heartbeat_ms=100, reconnect_min=0.05, reconnect_max=0.2)
-w.run_forever()
-"""
 
 
 def rss_kib(pid: int) -> int:
@@ -63,8 +47,8 @@ def rss_kib(pid: int) -> int:
 class Fleet:
     """Worker processes under fresh ids; kill() SIGKILLs one at random and starts another."""
 
-    def __init__(self, endpoint: str, script: str) -> None:
-        self.endpoint, self.script = endpoint, script
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
         self.procs: List[subprocess.Popen] = []
         self.serial = 0
         self.kills = 0
@@ -74,10 +58,9 @@ class Fleet:
 
     def spawn(self) -> None:
         self.serial += 1
-        env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
-        self.procs.append(subprocess.Popen(
-            [sys.executable, self.script, self.endpoint, f"soak-w{self.serial}"], env=env,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        # ten items 30 ms apart: a task lasts long enough for a kill to land in it
+        self.procs.append(collector_process(self.endpoint, f"soak-w{self.serial}", 100, 10,
+                                            0.03))
 
     def kill(self) -> None:
         p = self.procs.pop(self.rng.randrange(len(self.procs)))
@@ -173,13 +156,10 @@ def coordinator_gone(endpoint: str) -> None:
         probe.close()
 
 
-def test_random_sigkills_of_workers_lose_no_task_and_finish_none_twice(broker_factory,
-                                                                       tmp_path) -> None:
+def test_random_sigkills_of_workers_lose_no_task_and_finish_none_twice(broker_factory) -> None:
     # quarantine off: this soak is about loss, and its kills land on fresh ids anyway
     b = broker_factory("--heartbeat-min", "50", "--quarantine-after", "0")
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER_SCRIPT)
-    fleet = Fleet(b.router, str(script))
+    fleet = Fleet(b.router)
     try:
         # two rounds of half the kills: memory after the second is what the first left
         rss = [rss_kib(b.proc.pid)]
@@ -200,11 +180,9 @@ def test_worker_kills_link_cuts_and_broker_restarts_lose_no_task(broker_factory,
                                                                  tmp_path) -> None:
     journal = str(tmp_path / "broker.journal")
     b = broker_factory("--heartbeat-min", "50", "--quarantine-after", "0", "--journal", journal)
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER_SCRIPT)
     rng = random.Random(11)
     links = Relay(b.router_port, rng)
-    fleet = Fleet(links.endpoint, str(script))  # the workers' links go through the cutter
+    fleet = Fleet(links.endpoint)  # the workers' links go through the cutter
     made = {"worker killed": 0, "link cut": 0, "broker restarted": 0}
 
     def fault() -> None:
