@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import pytest
 import zmq
@@ -368,93 +368,95 @@ def test_resumed_session_resends_unconfirmed_data_without_duplicates(
         proxy.close()
 
 
+class CutLink:
+    """A broker (liveness 4 x 500 ms), a raw coordinator connected directly, and a relay the
+    worker connects through: a worker that gives up a silent link after 1.5 s resumes its
+    session before the broker would expire it at 2 s."""
+
+    def __init__(self, coord: Coord, proxy: Relay, workers: Any) -> None:
+        self.coord, self.proxy, self._workers = coord, proxy, workers
+
+    def worker(self, role: str, worker_id: str, **handlers: Any) -> Worker:
+        w = self._workers(self.proxy.endpoint, role, worker_id, heartbeat_ms=500,
+                          reconnect_min=0.02, reconnect_max=0.1, **handlers)
+        assert w.wait_for("ready", 10)
+        return w
+
+
+@pytest.fixture
+def cut_link(broker_factory, coord_factory, workers) -> Iterator[CutLink]:
+    broker = broker_factory("--liveness", "4")
+    proxy = Relay(broker.router_port)
+    try:
+        yield CutLink(coord_factory(broker), proxy, workers)
+    finally:
+        proxy.close()
+
+
 def test_a_started_or_result_lost_in_a_cut_link_is_sent_again_and_costs_no_attempt(
-        broker_factory, coord_factory, workers) -> None:
-    broker = broker_factory("--liveness", "4")  # as above: the worker resumes in time
-    proxy = Relay(broker.router_port)
-    try:
-        coord = coord_factory(broker)
-        freezes = []
+        cut_link: CutLink) -> None:
+    proxy, coord = cut_link.proxy, cut_link.coord
+    freezes = []
 
-        def run(task: Task) -> None:
-            proxy.freeze()  # swallows the STARTED when the run begins before it left
-            freezes.append("run")
-            task.wait_stop(30)
+    def run(task: Task) -> None:
+        proxy.freeze()  # swallows the STARTED when the run begins before it left
+        freezes.append("run")
+        task.wait_stop(30)
 
-        def close(task: Task) -> Dict[str, Any]:
-            proxy.freeze()  # swallows the RESULT for sure
-            freezes.append("close")
-            return {"done": True}
+    def close(task: Task) -> Dict[str, Any]:
+        proxy.freeze()  # swallows the RESULT for sure
+        freezes.append("close")
+        return {"done": True}
 
-        w = workers(proxy.endpoint, "collector", "w-decide", run=run, close=close,
-                    heartbeat_ms=500, reconnect_min=0.02, reconnect_max=0.1)
-        assert w.wait_for("ready", 10)
-        token = w.session
-        coord.submit("t-decide", "collector", max_attempts=1)  # a lost attempt fails it
-        assert coord.wait(coord.has("t-decide", "started"), 15)
-        coord.send("FINISH", {"task_id": "t-decide"})
-        assert coord.wait(coord.has("t-decide", "finished"), 15)
-        assert freezes == ["run", "close"]
-        # back after each freeze, resumed (the resend can beat the count of its WELCOME)
-        assert wait_until(lambda: w.welcomes >= 3, 5) and w.session == token
-        assert coord.names("t-decide") == ["assigned", "started", "finished"]
-        assert body(coord.of("t-decide", "finished")[0]) == {"done": True}
-    finally:
-        proxy.close()
+    w = cut_link.worker("collector", "w-decide", run=run, close=close)
+    token = w.session
+    coord.submit("t-decide", "collector", max_attempts=1)  # a lost attempt fails it
+    assert coord.wait(coord.has("t-decide", "started"), 15)
+    coord.send("FINISH", {"task_id": "t-decide"})
+    assert coord.wait(coord.has("t-decide", "finished"), 15)
+    assert freezes == ["run", "close"]
+    # back after each freeze, resumed (the resend can beat the count of its WELCOME)
+    assert wait_until(lambda: w.welcomes >= 3, 5) and w.session == token
+    assert coord.names("t-decide") == ["assigned", "started", "finished"]
+    assert body(coord.of("t-decide", "finished")[0]) == {"done": True}
 
 
-def test_an_info_lost_in_a_cut_link_is_sent_again(broker_factory, coord_factory,
-                                                  workers) -> None:
-    broker = broker_factory("--liveness", "4")  # as above: the worker resumes in time
-    proxy = Relay(broker.router_port)
-    try:
-        coord = coord_factory(broker)
+def test_an_info_lost_in_a_cut_link_is_sent_again(cut_link: CutLink) -> None:
+    proxy, coord = cut_link.proxy, cut_link.coord
 
-        def run(task: Task) -> None:
-            task.emit_data("d0", "buf", {})
-            proxy.freeze()  # the INFO goes into a connection that drops it
-            task.emit_info({"collector_done": True})
-            task.wait_stop(30)
+    def run(task: Task) -> None:
+        task.emit_data("d0", "buf", {})
+        proxy.freeze()  # the INFO goes into a connection that drops it
+        task.emit_info({"collector_done": True})
+        task.wait_stop(30)
 
-        w = workers(proxy.endpoint, "collector", "w-info", run=run,
-                    heartbeat_ms=500, reconnect_min=0.02, reconnect_max=0.1)
-        assert w.wait_for("ready", 10)
-        coord.submit("t-info", "collector", max_attempts=1)
-        # without the resend the INFO never comes: nothing would close the task
-        assert coord.wait(coord.has("t-info", "info"), 15)
-        coord.send("FINISH", {"task_id": "t-info"})
-        assert coord.wait(coord.has("t-info", "finished"), 15)
-        assert coord.names("t-info") == ["assigned", "started", "data", "info", "finished"]
-        assert body(coord.of("t-info", "info")[0]) == {"collector_done": True}
-        assert wait_until(lambda: w.welcomes >= 2 and w.data_resent >= 1, 5)
-    finally:
-        proxy.close()
+    w = cut_link.worker("collector", "w-info", run=run)
+    coord.submit("t-info", "collector", max_attempts=1)
+    # without the resend the INFO never comes: nothing would close the task
+    assert coord.wait(coord.has("t-info", "info"), 15)
+    coord.send("FINISH", {"task_id": "t-info"})
+    assert coord.wait(coord.has("t-info", "finished"), 15)
+    assert coord.names("t-info") == ["assigned", "started", "data", "info", "finished"]
+    assert body(coord.of("t-info", "info")[0]) == {"collector_done": True}
+    assert wait_until(lambda: w.welcomes >= 2 and w.data_resent >= 1, 5)
 
 
-def test_a_learn_info_lost_in_a_cut_link_is_sent_again(broker_factory, coord_factory,
-                                                       workers) -> None:
-    broker = broker_factory("--liveness", "4")  # as above: the worker resumes in time
-    proxy = Relay(broker.router_port)
-    try:
-        coord = coord_factory(broker)
+def test_a_learn_info_lost_in_a_cut_link_is_sent_again(cut_link: CutLink) -> None:
+    proxy, coord = cut_link.proxy, cut_link.coord
 
-        def run(task: Task) -> None:
-            task.emit_learn_info("buf", {"learner_step": 1})
-            proxy.freeze()  # the next LEARN_INFO goes into a connection that drops it
-            task.emit_learn_info("buf", {"learner_step": 2})
-            task.wait_stop(30)
+    def run(task: Task) -> None:
+        task.emit_learn_info("buf", {"learner_step": 1})
+        proxy.freeze()  # the next LEARN_INFO goes into a connection that drops it
+        task.emit_learn_info("buf", {"learner_step": 2})
+        task.wait_stop(30)
 
-        w = workers(proxy.endpoint, "learner", "l-info", run=run,
-                    heartbeat_ms=500, reconnect_min=0.02, reconnect_max=0.1)
-        assert w.wait_for("ready", 10)
-        coord.submit("t-learn", "learner", max_attempts=1)
-        assert coord.wait(coord.has("t-learn", "learn_info", 2), 15)
-        coord.pump(0.2)
-        steps = [body(m)["info"]["learner_step"] for m in coord.of("t-learn", "learn_info")]
-        assert steps == [1, 2]  # once each, in order
-        assert wait_until(lambda: w.welcomes >= 2, 5)
-    finally:
-        proxy.close()
+    w = cut_link.worker("learner", "l-info", run=run)
+    coord.submit("t-learn", "learner", max_attempts=1)
+    assert coord.wait(coord.has("t-learn", "learn_info", 2), 15)
+    coord.pump(0.2)
+    steps = [body(m)["info"]["learner_step"] for m in coord.of("t-learn", "learn_info")]
+    assert steps == [1, 2]  # once each, in order
+    assert wait_until(lambda: w.welcomes >= 2, 5)
 
 
 def test_data_let_go_of_past_the_bound_is_declared_lost_on_resume(
