@@ -38,6 +38,8 @@ struct coordinator_options {
   std::chrono::milliseconds heartbeat{1000};
   std::chrono::milliseconds reconnect_min{100};
   std::chrono::milliseconds reconnect_max{5000};
+  /// CURVE keys when the broker has CURVE on (SPEC §15); unset: plain.
+  std::optional<rlbus::curve_keys> curve;
 };
 
 /// A task to submit. Unset timeouts and attempts take the broker's defaults.

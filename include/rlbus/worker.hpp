@@ -47,6 +47,9 @@ struct worker_options {
   /// Reconnect backoff: first delay, doubled per failed attempt up to the cap (+0-25% jitter).
   std::chrono::milliseconds reconnect_min{100};
   std::chrono::milliseconds reconnect_max{5000};
+  /// CURVE keys when the broker has CURVE on (SPEC §15; curve_keys_from_files reads them
+  /// from the files rlbus-broker keygen writes); unset: plain.
+  std::optional<rlbus::curve_keys> curve;
   /// Reliable data (SPEC §12.11): every DATA sent is kept until the broker confirms it
   /// relayed it, and sent again after a reconnect. At most this many DATA, and about this
   /// many bytes of them, are kept; past that the oldest are dropped, and any of those the

@@ -3,6 +3,7 @@
 - :mod:`rlbus.protocol`: the codec, driven by ``protocol/messages.json``.
 - :class:`Worker`: a collector or learner process taking tasks from the broker.
 - :class:`Coordinator`: submits tasks and receives their events in order, exactly once.
+- :class:`CurveKeys` / :func:`curve_keys_from_files`: keys for a broker with CURVE on.
 - :mod:`rlbus.compat`: DI-engine's parallel-mode classes running over rlbus.
 
 ``Worker`` and ``Coordinator`` are imported on first use, so ``import rlbus`` for the codec
@@ -12,11 +13,12 @@ alone does not load the client machinery.
 from typing import Any
 
 from . import protocol
+from ._keys import CurveKeys, curve_keys_from_files
 from ._types import Policy, SubmitResult, TaskFailure
 from .protocol import ProtocolError
 
 __all__ = ["protocol", "ProtocolError", "Policy", "SubmitResult", "TaskFailure",
-           "Worker", "Coordinator"]
+           "CurveKeys", "curve_keys_from_files", "Worker", "Coordinator"]
 
 
 def __getattr__(name: str) -> Any:

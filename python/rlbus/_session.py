@@ -34,8 +34,10 @@ import time
 from typing import Any, Callable, Deque, List, Mapping, Optional, Tuple
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from . import protocol as P
+from ._keys import CurveKeys
 
 log = logging.getLogger("rlbus")
 
@@ -55,6 +57,7 @@ _DUPLICATE_ID = 409
 _EXPIRED = 410
 _TOO_MANY_FAULTS = 429
 _REPLACED = 430
+_UNAUTHORIZED = 431
 _BUSY = 503
 
 _HELLO_ID = P.type_id("HELLO")
@@ -118,9 +121,14 @@ class Session:
     def __init__(self, endpoint: str, role: str, id: str, handler: Any, *,
                  resources: Optional[Mapping[str, float]] = None, heartbeat_ms: int = 1000,
                  reconnect_min: float = 0.1, reconnect_max: float = 5.0,
+                 curve: Optional[CurveKeys] = None,
                  context: Optional[zmq.Context] = None) -> None:
         check_options(endpoint, role, id, resources, heartbeat_ms, reconnect_min,
                       reconnect_max)
+        if curve is not None and not isinstance(curve, CurveKeys):
+            raise ValueError(f"curve: expected rlbus.CurveKeys (see curve_keys_from_files), "
+                             f"got {curve!r}")
+        self.curve = curve
         self.endpoint = endpoint
         self.role = role
         self.id = id
@@ -151,6 +159,7 @@ class Session:
 
         # I/O thread state
         self._sock: Optional[zmq.Socket] = None
+        self._monitor: Optional[zmq.Socket] = None  # the socket's handshake failures
         self._heartbeat = heartbeat_ms / 1000.0
         self._liveness = 3
         self._attempt = 0
@@ -356,7 +365,12 @@ class Session:
             self._open()
         elif self._sock is not None:
             if self._state != READY and now >= self._hello_deadline:
-                self._retry_later(f"no WELCOME within {self._hello_timeout():.1f} s")
+                why = f"no WELCOME within {self._hello_timeout():.1f} s"
+                failure = self._handshake_failure()
+                if failure:
+                    log.warning("%s %s: %s", self.role, self.id, failure)
+                    why += ": " + failure
+                self._retry_later(why)
             elif self._state == READY:
                 if now >= self._broker_deadline:
                     self._retry_later(f"broker silent for {self._silence():.1f} s")
@@ -384,6 +398,13 @@ class Session:
         s = self._ctx.socket(zmq.DEALER)
         s.linger = 0
         s.sndhwm = _SEND_HWM
+        if self.curve is not None:
+            self.curve.apply(s)
+        # The broker's door refuses in the handshake, before any message: only the socket's
+        # monitor hears of it, and it tells the user why no WELCOME comes.
+        self._monitor = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                                             | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                             | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
         s.connect(self.endpoint)
         self._sock = s
         fields: dict = {"role": self.role, "id": self.id,
@@ -394,10 +415,33 @@ class Session:
         self._hello_deadline = time.monotonic() + self._hello_timeout()
         self._send("HELLO", fields)
 
-    def _close_socket(self) -> None:
+    def _close_socket(self, linger: int = 0) -> None:
         if self._sock is not None:
-            self._sock.close(linger=0)
+            if self._monitor is not None:
+                self._sock.disable_monitor()
+                self._monitor.close(linger=0)
+                self._monitor = None
+            self._sock.close(linger=linger)
             self._sock = None
+
+    def _handshake_failure(self) -> str:
+        why = ""
+        while self._monitor is not None:
+            try:
+                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                why = (f"the broker refused the connection (ZAP status {event['value']}): "
+                       + ("this peer's public key is not in its allowlist, or a connection "
+                          "limit was reached" if self.curve is not None
+                          else "a connection limit was reached"))
+            elif self.curve is not None:
+                why = ("the CURVE handshake failed: is the broker's public key right, and "
+                       "does the broker speak CURVE?")
+            else:
+                why = "the handshake failed: does the broker expect CURVE keys?"
+        return why
 
     def _retry_later(self, why: str) -> None:
         self._close_socket()
@@ -475,9 +519,10 @@ class Session:
         else:  # DISCONNECT
             detail = (f"broker said DISCONNECT {msg['code']} {P.code_name(msg['code'])}: "
                       f"{msg['reason']}")
-            if msg["code"] == _REPLACED:
+            if msg["code"] in (_REPLACED, _UNAUTHORIZED):
                 self._close_socket()
-                self._set_state(REFUSED, detail)  # another connection holds our session
+                # another connection holds our session, or our key was revoked
+                self._set_state(REFUSED, detail)
                 return
             if msg["code"] in (_EXPIRED, _TOO_MANY_FAULTS):
                 self.token = 0  # that session is gone for good
@@ -487,8 +532,7 @@ class Session:
         self._call("on_close")
         if self._sock is not None and self._state == READY:
             self._send("DISCONNECT", {"code": _GOODBYE, "reason": f"{self.role} closing"})
-            self._sock.close(linger=_GOODBYE_LINGER_MS)
-            self._sock = None
+            self._close_socket(linger=_GOODBYE_LINGER_MS)
         self._close_socket()
         self._reconnect_at = None
         self._timers.clear()

@@ -45,6 +45,7 @@ import threading
 from typing import Any, Callable, Deque, Dict, Mapping, Optional, Tuple
 
 from . import protocol as P
+from ._keys import CurveKeys
 from ._session import Session
 from ._types import SubmitResult
 
@@ -222,11 +223,12 @@ class Coordinator:
 
     The constructor validates the options (ValueError naming the bad one) and starts
     connecting without waiting; use :meth:`wait_for` to wait for ``ready``.
+    ``curve=rlbus.curve_keys_from_files("me.key", "broker.pub")`` connects with CURVE.
     """
 
     def __init__(self, endpoint: str, id: str = "coordinator", callbacks: Any = None,
                  heartbeat_ms: int = 1000, reconnect_min: float = 0.1,
-                 reconnect_max: float = 5.0) -> None:
+                 reconnect_max: float = 5.0, curve: Optional[CurveKeys] = None) -> None:
         cbs = _resolve_callbacks(callbacks)
         self._cb = cbs
         self._judge_collector = cbs.get("deal_with_collector_judge_finish",
@@ -236,7 +238,7 @@ class Coordinator:
         self._id = id
         self._session = Session(endpoint, "coordinator", id, _Handler(self),
                                 heartbeat_ms=heartbeat_ms, reconnect_min=reconnect_min,
-                                reconnect_max=reconnect_max)
+                                reconnect_max=reconnect_max, curve=curve)
 
         # shared between threads, under _cv
         self._cv = threading.Condition()

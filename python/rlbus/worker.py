@@ -37,6 +37,7 @@ import time
 from typing import Any, Callable, Deque, Dict, Mapping, Optional, Tuple
 
 from . import protocol as P
+from ._keys import CurveKeys
 from ._session import Session
 from ._types import Policy, TaskFailure
 
@@ -428,6 +429,9 @@ class Worker:
     ``leave_on_sigterm=S`` (seconds; the constructor must then run on the main thread) makes
     SIGTERM call :meth:`leave` with ``S``: the usual notice of a preempted machine or of a
     cluster scheduler. The process then goes on; wait with :meth:`wait_idle` and close.
+
+    ``curve=rlbus.curve_keys_from_files("me.key", "broker.pub")`` connects with CURVE, to a
+    broker that has it on; without it the connection is plain.
     """
 
     def __init__(self, endpoint: str, role: str, id: str, run: Callable[[Task], Any],
@@ -437,7 +441,8 @@ class Worker:
                  reconnect_min: float = 0.1, reconnect_max: float = 5.0,
                  max_unconfirmed_data: int = 4096,
                  max_unconfirmed_bytes: int = 16 << 20,
-                 leave_on_sigterm: Optional[float] = None) -> None:
+                 leave_on_sigterm: Optional[float] = None,
+                 curve: Optional[CurveKeys] = None) -> None:
         if role not in ("collector", "learner"):
             raise ValueError(f"role: a worker is a collector or a learner, got {role!r}")
         if not callable(run):
@@ -469,7 +474,7 @@ class Worker:
         # validates endpoint, id, resources, heartbeat and reconnect options (ValueError)
         self._session = Session(endpoint, role, id, _IoHandler(self), resources=resources,
                                 heartbeat_ms=heartbeat_ms, reconnect_min=reconnect_min,
-                                reconnect_max=reconnect_max)
+                                reconnect_max=reconnect_max, curve=curve)
 
         # shared with user threads; guarded by _lock
         self._lock = threading.Lock()

@@ -18,8 +18,10 @@ from typing import List, Optional
 
 
 class Relay:
-    def __init__(self, port: int, rng: Optional[random.Random] = None) -> None:
+    def __init__(self, port: int, rng: Optional[random.Random] = None,
+                 record: bool = False) -> None:
         self.port = port
+        self.captured: Optional[bytearray] = bytearray() if record else None
         self.rng = rng or random.Random(1)
         self.listener = socket.socket()
         self.listener.bind(("127.0.0.1", 0))
@@ -97,6 +99,9 @@ class Relay:
                         with self.lock:
                             self.swallowed += len(data)
                     elif data:
+                        if self.captured is not None:
+                            with self.lock:
+                                self.captured += data
                         other.sendall(data)
                 except OSError:
                     data = b""

@@ -55,6 +55,34 @@ void config::validate() const {
           fmt::format("stream window (--stream-window) is {} but must be 1..{}, half the stream "
                       "ring (--stream-ring {})",
                       stream_window, stream_ring / 2, stream_ring));
+  // Security (SPEC §15): fail closed. CURVE without an allowlist would let any key in.
+  require(curve_key_path.empty() == allowlist_path.empty(),
+          curve_key_path.empty()
+              ? "--allowlist needs --curve-key: without CURVE a peer's key is unknown"
+              : "--curve-key needs --allowlist: CURVE admits only the keys it lists");
+  if (curve_key_path.empty() && !insecure) {
+    for (const auto* ep : {&router_endpoint, &events_endpoint})
+      require(loopback_endpoint(*ep),
+              fmt::format("{} is reachable from other machines, and without CURVE anyone who "
+                          "reaches it can join as any peer: turn CURVE on (--curve-key, "
+                          "--allowlist) or say --insecure",
+                          *ep));
+  }
+  require(max_connections >= 1, "max connections must be at least 1");
+  require(max_connections_per_address >= 1, "max connections per address must be at least 1");
+  require(handshake_timeout_ms >= 100 && handshake_timeout_ms <= 86'400'000,
+          "handshake timeout must be 100..86400000 ms");
+  require(max_collectors >= 1 && max_learners >= 1 && max_coordinators >= 1,
+          "each role must be allowed at least one session");
+  require(max_tasks_per_coordinator >= 1, "max tasks per coordinator must be at least 1");
+}
+
+bool loopback_endpoint(std::string_view ep) {
+  if (ep.rfind("ipc://", 0) == 0 || ep.rfind("inproc://", 0) == 0) return true;
+  if (ep.rfind("tcp://", 0) != 0) return false;
+  ep.remove_prefix(6);
+  const auto host = ep.substr(0, ep.rfind(':'));
+  return host.rfind("127.", 0) == 0 || host == "localhost" || host == "[::1]";
 }
 
 std::optional<fsync_policy> parse_fsync_policy(std::string_view s) {

@@ -47,6 +47,28 @@ struct config {
   /// Limits for every msgpack body the broker decodes.
   codec::decode_limits limits{};
 
+  // ---- security and resource limits (SPEC §15) ----
+  /// The broker's CURVE key pair (a .key file). Set: both sockets speak CURVE and only the
+  /// keys in the allowlist get in. Empty: plain (no encryption, no authentication).
+  std::string curve_key_path;
+  /// Public keys allowed in, with their roles and ids; required with CURVE.
+  std::string allowlist_path;
+  /// Lets the broker bind a non-loopback address without CURVE (anyone who can reach the
+  /// port can then join as any peer).
+  bool insecure = false;
+  /// Most connections at once (both sockets), and from one source address; a connection
+  /// past either is refused by the ZAP handler before it can say anything.
+  std::size_t max_connections = 100'000;
+  std::size_t max_connections_per_address = 16'384;
+  /// A connection that has not finished the ZeroMQ handshake by then is dropped.
+  std::uint32_t handshake_timeout_ms = 10'000;
+  /// Most sessions of each role at once (within max_peers); HELLO past it gets BUSY.
+  std::size_t max_collectors = 100'000;
+  std::size_t max_learners = 100'000;
+  std::size_t max_coordinators = 1'000;
+  /// Most live tasks (queued or running) of one coordinator; SUBMIT past it gets 416.
+  std::size_t max_tasks_per_coordinator = 10'000;
+
   // ---- tasks (SPEC §12) ----
   /// Most tasks waiting for a worker; SUBMIT past it is refused with QUEUE_FULL.
   std::size_t max_queue = 10'000;
@@ -97,5 +119,8 @@ struct config {
 
 /// "tcp://host:0" -> "tcp://host:*" (libzmq spells "any free port" with a star).
 std::string normalize_endpoint(std::string endpoint);
+
+/// Whether an endpoint is reachable from this machine only (loopback TCP, ipc, inproc).
+bool loopback_endpoint(std::string_view endpoint);
 
 }  // namespace rlbus::broker

@@ -2,23 +2,50 @@
 #include "broker/event_bus.hpp"
 
 #include <algorithm>
+#include <thread>
 
 #include "codec/codec.hpp"
 #include "util/clock.hpp"
+#include "util/poll.hpp"
 
 namespace rlbus::broker {
 
-event_bus::event_bus(zmq::context_t& ctx, const std::string& endpoint, std::uint64_t epoch)
-    : pub_(ctx, zmq::socket_type::xpub), epoch_(epoch) {
+event_bus::event_bus(zmq::context_t& ctx, const std::string& endpoint, std::uint64_t epoch,
+                     prepare_fn prepare, release_fn release)
+    : ctx_(ctx), prepare_(std::move(prepare)), release_(std::move(release)), epoch_(epoch) {
+  open(endpoint);
+}
+
+void event_bus::open(const std::string& endpoint) {
+  pub_ = zmq::socket_t(ctx_, zmq::socket_type::xpub);
   pub_.set(zmq::sockopt::sndhwm, 100'000);
   pub_.set(zmq::sockopt::linger, 0);
+  if (prepare_) handle_ = prepare_(pub_);
   pub_.bind(endpoint);
+}
+
+void event_bus::reopen() {
+  const auto ep = endpoint();
+  if (release_) release_(pub_, handle_);
+  pub_.close();
+  prefixes_.clear();  // the subscribers subscribe again when they reconnect
+  // libzmq closes the old listener on its I/O thread: the port may take a moment to free.
+  const auto give_up = util::clock::now() + std::chrono::seconds(2);
+  while (true) {
+    try {
+      open(ep);
+      return;
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EADDRINUSE || util::clock::now() >= give_up) throw;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
 }
 
 void event_bus::read_subscriptions() {
   // Subscription messages: 1 (subscribe) or 0 (unsubscribe), then the prefix.
   zmq::message_t m;
-  while (pub_.recv(m, zmq::recv_flags::dontwait)) {
+  while (util::try_recv(pub_, m)) {
     if (m.size() == 0) continue;
     const auto* b = static_cast<const char*>(m.data());
     std::string prefix(b + 1, m.size() - 1);

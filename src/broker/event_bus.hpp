@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,8 +24,18 @@ namespace rlbus::broker {
 
 class event_bus {
  public:
+  /// Readies a new socket before it binds (security options, monitor); returns a handle
+  /// the bus gives back to `release` when it closes that socket.
+  using prepare_fn = std::function<int(zmq::socket_t&)>;
+  using release_fn = std::function<void(zmq::socket_t&, int)>;
+
   /// Binds an XPUB socket on `endpoint`; throws zmq::error_t if it cannot.
-  event_bus(zmq::context_t& ctx, const std::string& endpoint, std::uint64_t epoch);
+  event_bus(zmq::context_t& ctx, const std::string& endpoint, std::uint64_t epoch,
+            prepare_fn prepare = {}, release_fn release = {});
+  /// Closes the socket and binds a new one on the same endpoint: every subscriber is cut
+  /// off and connects again (its SUB socket does so by itself), passing the door anew.
+  /// Sequence numbers go on. Throws zmq::error_t if the endpoint cannot be bound again.
+  void reopen();
 
   /// Publishes one event and returns its sequence number. Never blocks: PUB drops for a
   /// subscriber past its high-water mark, which the sequence numbers make visible.
@@ -46,6 +57,12 @@ class event_bus {
   void set_linger(int ms) { pub_.set(zmq::sockopt::linger, ms); }
 
  private:
+  void open(const std::string& endpoint);
+
+  zmq::context_t& ctx_;
+  prepare_fn prepare_;
+  release_fn release_;
+  int handle_ = 0;  // what prepare_ gave for the socket in use
   zmq::socket_t pub_;
   std::uint64_t epoch_;
   std::uint64_t seq_ = 0;

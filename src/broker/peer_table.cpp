@@ -10,6 +10,11 @@ peer* peer_table::by_routing(std::string_view routing_id) {
   return it == by_routing_.end() ? nullptr : &*slots_[it->second];
 }
 
+const peer* peer_table::by_id(std::string_view id) const {
+  const auto it = by_id_.find(id);
+  return it == by_id_.end() ? nullptr : &*slots_[it->second];
+}
+
 peer* peer_table::by_id(std::string_view id) {
   const auto it = by_id_.find(id);
   return it == by_id_.end() ? nullptr : &*slots_[it->second];

@@ -36,6 +36,7 @@ struct peer {
   util::time_point last_seen{};
   std::uint32_t faults = 0;
   std::string task_id;  // the task a worker runs now ("" = free)
+  std::string key;      // the CURVE public key it connected with ("" in plain mode)
 };
 
 class peer_table {
@@ -43,6 +44,7 @@ class peer_table {
   /// Lookups; the pointer is valid until the peer is erased or another peer is inserted.
   peer* by_routing(std::string_view routing_id);
   peer* by_id(std::string_view id);
+  const peer* by_id(std::string_view id) const;
 
   /// Adds a peer (routing id and id must both be unused) and schedules its expiry.
   peer& insert(peer p);

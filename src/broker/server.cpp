@@ -48,8 +48,12 @@ std::string resources_text(const rlbus::resources& res) {
 server::server(zmq::context_t& ctx, config cfg)
     : cfg_((cfg.validate(), std::move(cfg))),
       epoch_(util::random_u64_nonzero()),
+      gate_(ctx, cfg_),
       router_(ctx, zmq::socket_type::router),
-      events_(ctx, normalize_endpoint(cfg_.events_endpoint), epoch_),
+      events_(
+          ctx, normalize_endpoint(cfg_.events_endpoint), epoch_,
+          [this](zmq::socket_t& s) { return gate_.secure(s, zap_domain_events); },
+          [this](zmq::socket_t& s, int handle) { gate_.release(s, handle); }),
       tasks_(cfg_, *this) {
   if (!cfg_.journal_path.empty()) open_journal();  // before anyone can connect
   router_.set(zmq::sockopt::router_mandatory, 1);
@@ -57,6 +61,7 @@ server::server(zmq::context_t& ctx, config cfg)
   router_.set(zmq::sockopt::linger, 0);
   router_.set(zmq::sockopt::sndhwm, 100'000);
   router_.set(zmq::sockopt::rcvhwm, 100'000);
+  (void)gate_.secure(router_, zap_domain_router);
   router_.bind(normalize_endpoint(cfg_.router_endpoint));
   router_endpoint_ = router_.get(zmq::sockopt::last_endpoint);
   events_endpoint_ = events_.endpoint();
@@ -90,6 +95,11 @@ void server::open_journal() {
 // The journal written afresh with the live state alone.
 void server::compact_journal() {
   journal_->compact([this](journal& j) { tasks_.write_snapshot(j); });
+}
+
+void server::request_reload() noexcept {
+  reload_requests_.fetch_add(1, std::memory_order_relaxed);
+  wake_.notify();
 }
 
 void server::request_stop() noexcept {
@@ -134,6 +144,18 @@ stats server::snapshot() const {
   s.journal_compactions = c.journal_compactions.load();
   s.journal_torn = c.journal_torn.load();
   s.tasks_restored = c.restored.load();
+  s.connections = c.connections.load();
+  s.connections_admitted = c.admitted.load();
+  s.refused_key = c.refused_key.load();
+  s.refused_subscriber = c.refused_subscriber.load();
+  s.refused_address = c.refused_address.load();
+  s.refused_connections = c.refused_connections.load();
+  s.refused_unauthorized = c.refused_unauthorized.load();
+  s.refused_role_limit = c.refused_role_limit.load();
+  s.refused_task_limit = c.refused_task_limit.load();
+  s.sessions_revoked = c.revoked.load();
+  s.allowlist_reloads = c.allowlist_reloads.load();
+  s.allowlist_errors = c.allowlist_errors.load();
   return s;
 }
 
@@ -160,6 +182,16 @@ void server::store_counters() {
   c.quarantines.store(t.quarantines, std::memory_order_relaxed);
   c.orphaned.store(t.orphaned, std::memory_order_relaxed);
   c.adoptions.store(t.adoptions, std::memory_order_relaxed);
+  c.refused_task_limit.store(t.task_limit, std::memory_order_relaxed);
+  const auto& g = gate_.counts();
+  c.connections.store(g.connections, std::memory_order_relaxed);
+  c.admitted.store(g.admitted, std::memory_order_relaxed);
+  c.refused_key.store(g.refused_key, std::memory_order_relaxed);
+  c.refused_subscriber.store(g.refused_subscriber, std::memory_order_relaxed);
+  c.refused_address.store(g.refused_address, std::memory_order_relaxed);
+  c.refused_connections.store(g.refused_total, std::memory_order_relaxed);
+  c.allowlist_reloads.store(g.allowlist_reloads, std::memory_order_relaxed);
+  c.allowlist_errors.store(g.allowlist_errors, std::memory_order_relaxed);
   if (journal_) {
     const auto j = journal_->stats();
     c.journal_records.store(j.records, std::memory_order_relaxed);
@@ -172,11 +204,17 @@ void server::store_counters() {
 void server::run() {
   spdlog::info("rlbus broker v{}: router {} events {} (epoch {:016x})", codec::protocol_version,
                router_endpoint_, events_endpoint_, epoch_);
+  if (gate_.curve())
+    spdlog::info("CURVE on: broker public key {}; allowlist {}", gate_.public_key(),
+                 cfg_.allowlist_path);
+  else if (cfg_.insecure &&
+           !(loopback_endpoint(cfg_.router_endpoint) && loopback_endpoint(cfg_.events_endpoint)))
+    spdlog::warn(
+        "--insecure: serving other machines without CURVE; anyone who can reach the ports can "
+        "join as any peer, submit tasks and read every event");
   started_ = util::clock::now();
   next_status_ = started_;
-  std::array<zmq::pollitem_t, 3> items{{{router_.handle(), 0, ZMQ_POLLIN, 0},
-                                        {nullptr, wake_.read_fd(), ZMQ_POLLIN, 0},
-                                        {events_.handle(), 0, ZMQ_POLLIN, 0}}};
+  std::vector<zmq::pollitem_t> items;
   std::string why_stopped;
   while (true) {
     auto now = util::clock::now();
@@ -197,8 +235,19 @@ void server::run() {
     if (journal_)
       if (auto due = journal_->next_due()) deadline = std::min(deadline, *due);
     if (draining_) deadline = std::min(deadline, drain_end_);
+    // Built each turn: the event socket is a new one after a subscriber's key was revoked.
+    items.assign({{router_.handle(), 0, ZMQ_POLLIN, 0},
+                  {nullptr, wake_.read_fd(), ZMQ_POLLIN, 0},
+                  {events_.handle(), 0, ZMQ_POLLIN, 0}});
+    gate_.poll_items(items);
     util::poll(items.data(), items.size(), util::poll_timeout_ms(now, deadline));
     if ((items[1].revents & ZMQ_POLLIN) != 0) wake_.drain();
+    // The door first: a connection is let in (or not) before its first message is read.
+    gate_.on_readable();
+    if (const auto r = reload_requests_.load(std::memory_order_relaxed); r != reloads_done_) {
+      reloads_done_ = r;
+      reload_allowlist();
+    }
     // Subscriptions first: an event made in this round goes to whoever asked by now.
     if ((items[2].revents & ZMQ_POLLIN) != 0) events_.read_subscriptions();
     now = util::clock::now();
@@ -214,8 +263,12 @@ void server::run() {
       journal_->on_timer(now);
       if (journal_->wants_compaction()) compact_journal();
     }
+    if (now >= next_status_) {
+      if (gate_.allowlist_changed()) reload_allowlist();
+      forget_coordinator_keys();
+      publish_status(now);
+    }
     store_counters();
-    if (now >= next_status_) publish_status(now);
   }
   shutdown(why_stopped);
 }
@@ -223,7 +276,7 @@ void server::run() {
 void server::drain_router(util::time_point now) {
   std::array<zmq::message_t, max_frames> frames;
   for (std::size_t n = 0; n < max_batch; ++n) {
-    if (!router_.recv(frames[0], zmq::recv_flags::dontwait)) return;
+    if (!util::try_recv(router_, frames[0])) return;
     std::size_t count = 1;
     bool overflow = false;
     bool more = frames[0].more();
@@ -291,8 +344,13 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
     return;
   }
   switch (type) {
-    case codec::msg_type::hello:
-      return on_hello(routing_id, p, std::move(std::get<codec::hello>(msg)), now);
+    case codec::msg_type::hello: {
+      // The connection's key, as the ZAP handler named it (SPEC §15.2).
+      std::string key;
+      if (gate_.curve())
+        if (const char* k = frames[2].gets("User-Id")) key = k;
+      return on_hello(routing_id, p, std::move(std::get<codec::hello>(msg)), std::move(key), now);
+    }
     case codec::msg_type::heartbeat:
       (void)send(routing_id, codec::heartbeat{});
       return;
@@ -306,8 +364,27 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
   }
 }
 
+std::optional<std::string> server::hello_forbidden(const codec::hello& h,
+                                                   const std::string& key) const {
+  if (!gate_.curve()) return std::nullopt;
+  const auto* e = gate_.entry(key);
+  if (e == nullptr) return std::string("this connection's key is no longer in the allowlist");
+  if (!e->allows(h.role))
+    return fmt::format("key '{}' may not be a {}", e->name, to_string(h.role));
+  if (!e->allows(h.role, h.id))
+    return fmt::format("key '{}' may not use id '{}' (it may use: {})", e->name, h.id,
+                       fmt::join(e->ids, ", "));
+  if (const peer* live = peers_.by_id(h.id); live != nullptr && live->key != key)
+    return fmt::format("id '{}' belongs to a live session of another key", h.id);
+  if (h.role == rlbus::role::coordinator && tasks_.orphaned(h.id))
+    if (const auto it = coordinator_keys_.find(h.id);
+        it != coordinator_keys_.end() && it->second != key)
+      return fmt::format("id '{}' has tasks waiting for a coordinator of another key", h.id);
+  return std::nullopt;
+}
+
 void server::on_hello(const std::string& routing_id, peer* current, codec::hello&& h,
-                      util::time_point now) {
+                      std::string key, util::time_point now) {
   // Draining (SPEC §8.3 rule 2): sessions that exist go on, new ones are refused.
   if ((draining_ || stop_requests_.load(std::memory_order_relaxed) > 0) && current == nullptr &&
       peers_.by_id(h.id) == nullptr)
@@ -339,6 +416,10 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
     renew(*current);
     (void)send(routing_id, welcome_for(*current, true));
     return;
+  }
+  if (auto why = hello_forbidden(h, key)) {
+    counters_.refused_unauthorized.fetch_add(1, std::memory_order_relaxed);
+    return refuse_hello(routing_id, codec::error_code::unauthorized, std::move(*why));
   }
 
   if (peer* live = peers_.by_id(h.id)) {
@@ -375,6 +456,17 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
     return refuse_hello(routing_id, codec::error_code::busy,
                         fmt::format("broker holds its maximum of {} sessions", cfg_.max_peers));
   }
+  const auto role_limit = h.role == rlbus::role::coordinator ? cfg_.max_coordinators
+                          : h.role == rlbus::role::learner   ? cfg_.max_learners
+                                                             : cfg_.max_collectors;
+  const auto role_count =
+      h.role == rlbus::role::coordinator ? coordinators_.size() : live_workers_[slot(h.role)];
+  if (role_count >= role_limit) {
+    counters_.refused_role_limit.fetch_add(1, std::memory_order_relaxed);
+    return refuse_hello(
+        routing_id, codec::error_code::busy,
+        fmt::format("broker holds its maximum of {} {} sessions", role_limit, to_string(h.role)));
+  }
   peer p;
   p.routing_id = routing_id;
   p.id = std::move(h.id);
@@ -386,6 +478,7 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
   p.window = std::chrono::milliseconds(std::uint64_t{hb} * cfg_.liveness);
   p.joined = now;
   p.last_seen = now;
+  p.key = std::move(key);
   const peer& added = peers_.insert(std::move(p));
   counters_.peers.store(peers_.size(), std::memory_order_relaxed);
   spdlog::info("peer {} ({}) joined: session #{}, heartbeat {} ms, resources {}", added.id,
@@ -399,11 +492,46 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
           codec::peer_joined{added.id, added.role, added.serial, added.resources, false});
   if (added.role == rlbus::role::coordinator) {
     coordinators_.insert(added.id);
+    if (gate_.curve()) coordinator_keys_[added.id] = added.key;
     send_snapshot(added);
   } else {
     capacity_changed(added, true);  // before the new worker can be given a task
   }
   tasks_.peer_joined(added.id, added.role, added.resources, added.serial, now);
+}
+
+// A new allowlist in force: sessions whose key lost the right to what they are end now
+// (DISCONNECT 431), and if a subscriber's key lost its right, the event socket is opened
+// afresh so that every subscriber passes the door again.
+void server::reload_allowlist() {
+  if (!gate_.reload_allowlist()) return;
+  std::vector<std::string> revoked;
+  peers_.for_each([&](const peer& p) {
+    const auto* e = gate_.entry(p.key);
+    if (e == nullptr || !e->allows(p.role, p.id)) revoked.push_back(p.id);
+  });
+  for (const auto& id : revoked) {
+    const peer& p = *peers_.by_id(id);
+    spdlog::warn("peer {} ({}): its key was revoked; session ended", p.id, to_string(p.role));
+    counters_.revoked.fetch_add(1, std::memory_order_relaxed);
+    end_session(p, codec::error_code::unauthorized, "this peer's key was revoked", true);
+    peers_.erase(p);
+  }
+  counters_.peers.store(peers_.size(), std::memory_order_relaxed);
+  if (gate_.subscriber_revoked()) {
+    spdlog::warn("a subscriber's key was revoked: reopening the event socket");
+    gate_.forget_subscribers();
+    events_.reopen();
+  }
+}
+
+// Coordinator ids with no session and nothing left to adopt need no key remembered.
+void server::forget_coordinator_keys() {
+  if (coordinator_keys_.size() <= coordinators_.size()) return;
+  for (auto it = coordinator_keys_.begin(); it != coordinator_keys_.end();)
+    it = coordinators_.count(it->first) == 0 && !tasks_.orphaned(it->first)
+             ? coordinator_keys_.erase(it)
+             : std::next(it);
 }
 
 void server::on_disconnect(const peer& p, const codec::disconnect& d) {

@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -27,6 +28,7 @@
 
 #include "broker/config.hpp"
 #include "broker/event_bus.hpp"
+#include "broker/gatekeeper.hpp"
 #include "broker/journal.hpp"
 #include "broker/peer_table.hpp"
 #include "broker/task_manager.hpp"
@@ -76,6 +78,19 @@ struct stats {
   std::uint64_t journal_bytes = 0;    // bytes handed to the kernel since start
   std::uint64_t journal_fsyncs = 0;
   std::uint64_t journal_compactions = 0;  // the one at start included
+  // security and limits (SPEC §15)
+  std::uint64_t connections = 0;           // live connections, both sockets
+  std::uint64_t connections_admitted = 0;  // let in by the ZAP handler
+  std::uint64_t refused_key = 0;           // connections: key not in the allowlist
+  std::uint64_t refused_subscriber = 0;    // event connections: key may not subscribe
+  std::uint64_t refused_address = 0;       // connections past max-connections-per-address
+  std::uint64_t refused_connections = 0;   // connections past max-connections
+  std::uint64_t refused_unauthorized = 0;  // HELLOs the key may not make (431)
+  std::uint64_t refused_role_limit = 0;    // HELLOs past a role's session limit (503)
+  std::uint64_t refused_task_limit = 0;    // SUBMITs past max-tasks-per-coordinator (416)
+  std::uint64_t sessions_revoked = 0;      // sessions ended because their key was revoked
+  std::uint64_t allowlist_reloads = 0;
+  std::uint64_t allowlist_errors = 0;  // reloads refused: the old allowlist stayed
 };
 
 class server : private task_sink {
@@ -97,6 +112,10 @@ class server : private task_sink {
   /// The first call starts the drain; a second one ends it at once. Thread-safe and
   /// async-signal-safe (a signal handler calls it once per signal).
   void request_stop() noexcept;
+  /// Reads the allowlist again (SIGHUP). Thread-safe and async-signal-safe.
+  void request_reload() noexcept;
+  /// The broker's CURVE public key, "" in plain mode.
+  [[nodiscard]] std::string public_key() const { return gate_.public_key(); }
   /// Thread-safe snapshot of the counters.
   [[nodiscard]] stats snapshot() const;
 
@@ -108,7 +127,9 @@ class server : private task_sink {
         replays{0}, resent{0}, lost{0}, data_duplicates{0}, data_out_of_order{0}, data_lost{0},
         events_unheard{0}, quarantined{0}, quarantines{0}, orphaned{0}, adoptions{0}, restored{0},
         journal_torn{0}, journal_records{0}, journal_bytes{0}, journal_fsyncs{0},
-        journal_compactions{0};
+        journal_compactions{0}, connections{0}, admitted{0}, refused_key{0}, refused_subscriber{0},
+        refused_address{0}, refused_connections{0}, refused_unauthorized{0}, refused_role_limit{0},
+        refused_task_limit{0}, revoked{0}, allowlist_reloads{0}, allowlist_errors{0};
     std::atomic<bool> draining{false};
   };
 
@@ -124,8 +145,12 @@ class server : private task_sink {
 
   void drain_router(util::time_point now);
   void on_frames(zmq::message_t* frames, std::size_t count, bool overflow, util::time_point now);
-  void on_hello(const std::string& routing_id, peer* current, codec::hello&& h,
+  void on_hello(const std::string& routing_id, peer* current, codec::hello&& h, std::string key,
                 util::time_point now);
+  /// Why `key` may not make this HELLO (SPEC §15.3), or nullopt when it may.
+  std::optional<std::string> hello_forbidden(const codec::hello& h, const std::string& key) const;
+  void reload_allowlist();
+  void forget_coordinator_keys();
   void on_disconnect(const peer& p, const codec::disconnect& d);
   /// Answers ERROR and counts it; with `strike`, it also counts against the peer's session.
   void fault(std::string_view routing_id, peer* p, codec::error_code code, std::string reason,
@@ -142,12 +167,15 @@ class server : private task_sink {
 
   config cfg_;
   std::uint64_t epoch_;
+  gatekeeper gate_;  // before the sockets it guards
   zmq::socket_t router_;
   event_bus events_;
   std::string router_endpoint_;
   std::string events_endpoint_;
   util::wake_pipe wake_;
   std::atomic<unsigned> stop_requests_{0};
+  std::atomic<unsigned> reload_requests_{0};
+  unsigned reloads_done_ = 0;
   bool draining_ = false;
   util::time_point drain_end_{};
   peer_table peers_;
@@ -160,6 +188,9 @@ class server : private task_sink {
   std::uint64_t last_serial_ = 0;
   std::uint64_t live_workers_[2] = {0, 0};  // collectors, learners (SPEC §12.10.1)
   std::set<std::string> coordinators_;      // ids of live coordinator sessions
+  // The key each coordinator id last had a session with: tasks it left for adoption go only
+  // to a session of the same key (§15.3). Dropped once nothing is left to adopt.
+  std::map<std::string, std::string> coordinator_keys_;
 };
 
 /// Runs a server on a thread of its own: started by the constructor, stopped and joined by

@@ -288,6 +288,13 @@ std::optional<refusal> task_manager::on_submit(const std::string& from, codec::s
   if (queue_.size() >= cfg_.max_queue)
     return answer(false, codec::error_code::queue_full,
                   fmt::format("the queue holds its maximum of {} tasks", cfg_.max_queue), 0);
+  if (auto& owned = owned_[from]; owned >= cfg_.max_tasks_per_coordinator) {
+    ++counts_.task_limit;
+    return answer(false, codec::error_code::too_many_tasks,
+                  fmt::format("you hold the maximum of {} live tasks a coordinator may have",
+                              cfg_.max_tasks_per_coordinator),
+                  0);
+  }
   const auto ms = [](std::optional<std::uint32_t> v, std::uint32_t def) {
     return std::chrono::milliseconds(v.value_or(def));
   };
@@ -308,6 +315,7 @@ std::optional<refusal> task_manager::on_submit(const std::string& from, codec::s
   queue_.emplace(t.order, t.id);
   if (journal_ != nullptr) journal_->submitted(journal_task_of(t));  // before SUBMITTED says so
   const auto id = t.id;
+  ++owned_[from];
   arm_queue_timeout(tasks_.emplace(id, std::move(t)).first->second, now);
   ++counts_.queued;
   answer(true, codec::error_code::goodbye, "", queue_.size() - 1);
@@ -882,6 +890,8 @@ void task_manager::erase_task(const std::string& id) {
   if (journal_ != nullptr) journal_->ended(id);  // first: `id` may be the task's own
   uncredit(it->second);
   queue_.erase(it->second.order);
+  if (const auto o = owned_.find(it->second.owner); o != owned_.end() && --o->second == 0)
+    owned_.erase(o);
   tasks_.erase(it);
 }
 
@@ -1176,6 +1186,7 @@ void task_manager::restore(const journal_state& js, util::time_point now) {
     t.last_worker = jt.worker;
     t.order = jt.order;
     next_order_ = std::max(next_order_, t.order);
+    ++owned_[t.owner];
     auto& held = tasks_.emplace(t.id, std::move(t)).first->second;
     if (jt.running) {
       // The attempt ended with the broker that ran it. The restart is not the task's fault:

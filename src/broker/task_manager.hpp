@@ -63,6 +63,8 @@ struct task_counts {
   std::uint64_t quarantined = 0, quarantines = 0;
   // coordinator grace (§12.5.8): coordinators whose tasks await adoption now, adoptions made
   std::uint64_t orphaned = 0, adoptions = 0;
+  // SUBMITs refused because their coordinator held max-tasks-per-coordinator (§15.5)
+  std::uint64_t task_limit = 0;
 };
 
 class task_manager {
@@ -85,6 +87,8 @@ class task_manager {
   /// A new coordinator session of `id` takes over what an earlier one left orphaned: the seq
   /// its stream was acknowledged up to, or nullopt when nothing awaited it (a new stream).
   std::optional<std::uint64_t> adopt(const std::string& id);
+  /// Whether tasks of coordinator `id` wait for a new session to adopt them.
+  [[nodiscard]] bool orphaned(const std::string& id) const { return orphans_.count(id) != 0; }
 
   /// Handles a task message from peer `from`; nullopt when accepted.
   std::optional<refusal> handle(const std::string& from, rlbus::role role, codec::message&& m,
@@ -253,7 +257,8 @@ class task_manager {
   std::unordered_map<std::string, worker_info> workers_;
   std::map<std::uint64_t, std::string> free_[2];  // per kind (collector, learner): serial -> id
   std::unordered_map<std::string, stream> streams_;
-  std::map<std::string, util::time_point> orphans_;  // coordinator id -> end of its grace
+  std::map<std::string, util::time_point> orphans_;     // coordinator id -> end of its grace
+  std::unordered_map<std::string, std::size_t> owned_;  // coordinator id -> its live tasks
   policy_store policies_;
   class quarantine quarantine_;
   std::priority_queue<check, std::vector<check>, std::greater<>> checks_;

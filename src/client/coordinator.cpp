@@ -91,8 +91,8 @@ struct coordinator::impl {
   }
 
   [[nodiscard]] client::detail::session_options session_options() const {
-    return {opts.endpoint,  role::coordinator,  opts.id,           {},
-            opts.heartbeat, opts.reconnect_min, opts.reconnect_max};
+    return {opts.endpoint,      role::coordinator,  opts.id,   {}, opts.heartbeat,
+            opts.reconnect_min, opts.reconnect_max, opts.curve};
   }
 
   void post(codec::message m) {

@@ -3,6 +3,7 @@
 #include "client/session.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 
@@ -10,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "codec/codec.hpp"
+#include "util/curve_keys.hpp"
 
 namespace rlbus::client::detail {
 
@@ -33,6 +35,14 @@ void validate(const session_options& o) {
                                             codec::max_heartbeat_ms));
   if (o.reconnect_min.count() < 1 || o.reconnect_max < o.reconnect_min)
     throw std::invalid_argument("reconnect backoff needs 1 ms <= reconnect_min <= reconnect_max");
+  if (o.curve) {
+    for (const auto* k : {&o.curve->public_key, &o.curve->secret_key, &o.curve->server_key})
+      if (!util::valid_curve_key(*k))
+        throw std::invalid_argument(
+            "curve keys must each be 40 Z85 characters (public, secret and the broker's)");
+    if (util::curve_public_of(o.curve->secret_key) != o.curve->public_key)
+      throw std::invalid_argument("curve public_key is not the public key of secret_key");
+  }
   if (o.resources.size() > codec::max_resources)
     throw std::invalid_argument(fmt::format("at most {} resources", codec::max_resources));
   for (const auto& [name, value] : o.resources) {
@@ -66,6 +76,22 @@ void session::open(util::time_point now) {
   socket_.emplace(ctx_, zmq::socket_type::dealer);
   socket_->set(zmq::sockopt::linger, 0);
   socket_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(16 * 1024 * 1024));
+  if (opts_.curve) {
+    socket_->set(zmq::sockopt::curve_serverkey, opts_.curve->server_key);
+    socket_->set(zmq::sockopt::curve_publickey, opts_.curve->public_key);
+    socket_->set(zmq::sockopt::curve_secretkey, opts_.curve->secret_key);
+  }
+  // The broker's door refuses in the handshake, before any message: only the socket's
+  // monitor hears of it, and it tells the user why no WELCOME comes.
+  const auto mon = fmt::format("inproc://rlbus.session.{}.{}", static_cast<const void*>(this),
+                               ++sockets_opened_);
+  if (zmq_socket_monitor(socket_->handle(), mon.c_str(),
+                         ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
+    monitor_.emplace(ctx_, zmq::socket_type::pair);
+    monitor_->set(zmq::sockopt::linger, 0);
+    monitor_->connect(mon);
+  }
   socket_->connect(opts_.endpoint);
   codec::hello h{opts_.role, opts_.id, static_cast<std::uint32_t>(opts_.heartbeat.count()),
                  opts_.resources, std::nullopt};
@@ -77,6 +103,8 @@ void session::open(util::time_point now) {
 }
 
 void session::close_socket() {
+  if (socket_ && monitor_) (void)zmq_socket_monitor(socket_->handle(), nullptr, 0);
+  monitor_.reset();
   socket_.reset();
 }
 
@@ -90,6 +118,31 @@ std::chrono::milliseconds session::broker_silence() const {
 // leave an orphaned session on the broker that refuses our id (409) until it expires.
 std::chrono::milliseconds session::hello_timeout() const {
   return std::max<std::chrono::milliseconds>(opts_.heartbeat * liveness_, min_hello_timeout);
+}
+
+std::string session::handshake_failure() {
+  std::string why;
+  while (monitor_) {
+    zmq::message_t head, addr;
+    if (!monitor_->recv(head, zmq::recv_flags::dontwait)) break;
+    if (head.more()) (void)monitor_->recv(addr, zmq::recv_flags::none);
+    if (head.size() < 6) continue;
+    std::uint16_t event = 0;
+    std::uint32_t value = 0;
+    std::memcpy(&event, head.data(), sizeof event);
+    std::memcpy(&value, head.data<char>() + 2, sizeof value);
+    if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+      why = fmt::format("the broker refused the connection (ZAP status {}): {}", value,
+                        opts_.curve
+                            ? "this peer's public key is not in its allowlist, or a connection "
+                              "limit was reached"
+                            : "a connection limit was reached");
+    else
+      why = opts_.curve ? "the CURVE handshake failed: is the broker's public key right, and "
+                          "does the broker speak CURVE?"
+                        : "the handshake failed: does the broker expect CURVE keys?";
+  }
+  return why;
 }
 
 void session::retry_later(util::time_point now, const std::string& why) {
@@ -167,7 +220,8 @@ void session::handle(codec::message&& m, util::time_point now) {
   } else if (const auto* d = std::get_if<codec::disconnect>(&m)) {
     const auto detail = fmt::format("broker said DISCONNECT {} {}: {}", d->code,
                                     codec::code_name(d->code), d->reason);
-    if (d->code == code(codec::error_code::replaced)) {
+    if (d->code == code(codec::error_code::replaced) ||
+        d->code == code(codec::error_code::unauthorized)) {
       close_socket();
       set_state(connection_state::refused, detail);
       return;
@@ -194,7 +248,12 @@ void session::on_timers(util::time_point now) {
   }
   if (!socket_) return;
   if (state_ == connection_state::connecting && now >= hello_deadline_) {
-    retry_later(now, fmt::format("no WELCOME within {} ms", hello_timeout().count()));
+    auto why = fmt::format("no WELCOME within {} ms", hello_timeout().count());
+    if (const auto failure = handshake_failure(); !failure.empty()) {
+      why += ": " + failure;
+      spdlog::warn("{} {}: {}", to_string(opts_.role), opts_.id, failure);
+    }
+    retry_later(now, why);
   } else if (state_ == connection_state::ready) {
     if (now >= broker_deadline_) {
       retry_later(now, fmt::format("broker silent for {} ms", broker_silence().count()));

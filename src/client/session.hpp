@@ -31,6 +31,7 @@ struct session_options {
   std::chrono::milliseconds heartbeat{1000};
   std::chrono::milliseconds reconnect_min{100};
   std::chrono::milliseconds reconnect_max{5000};
+  std::optional<rlbus::curve_keys> curve;  // unset: plain
 };
 
 /// Throws std::invalid_argument naming the first bad option.
@@ -71,6 +72,8 @@ class session {
  private:
   void open(util::time_point now);
   void close_socket();
+  /// Why the socket's last handshake failed, from its monitor ("" when none did).
+  [[nodiscard]] std::string handshake_failure();
   [[nodiscard]] std::chrono::milliseconds hello_timeout() const;
   [[nodiscard]] std::chrono::milliseconds broker_silence() const;
   void retry_later(util::time_point now, const std::string& why);
@@ -83,6 +86,8 @@ class session {
   state_callback on_state_;
   message_callback on_message_;
   std::optional<zmq::socket_t> socket_;
+  std::optional<zmq::socket_t> monitor_;  // the socket's handshake failures
+  unsigned sockets_opened_ = 0;
   connection_state state_ = connection_state::connecting;
   std::uint64_t token_ = 0;
   std::chrono::milliseconds heartbeat_;

@@ -439,7 +439,8 @@ struct worker::impl {
   }
 
   static client::detail::session_options to_session_options(const worker_options& o) {
-    return {o.endpoint, o.role, o.id, o.resources, o.heartbeat, o.reconnect_min, o.reconnect_max};
+    return {o.endpoint,      o.role,          o.id,   o.resources, o.heartbeat,
+            o.reconnect_min, o.reconnect_max, o.curve};
   }
 
   // ---- I/O thread: owns the session and its socket ----

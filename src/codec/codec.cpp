@@ -471,6 +471,10 @@ std::string_view code_name(std::uint16_t code) noexcept {
       return "NO_CREDIT";
     case error_code::bad_index:
       return "BAD_INDEX";
+    case error_code::too_many_tasks:
+      return "TOO_MANY_TASKS";
+    case error_code::unauthorized:
+      return "UNAUTHORIZED";
     case error_code::busy:
       return "BUSY";
   }

@@ -86,6 +86,8 @@ enum class error_code : std::uint16_t {
   bad_seq = 413,           // REPLAY or ACK names a seq past the head of the stream
   no_credit = 414,         // DATA past the data credit the broker granted the attempt
   bad_index = 415,         // DATA_LOST that skips DATA the broker never had, or past credit
+  too_many_tasks = 416,    // SUBMIT past the tasks one coordinator may hold
+  unauthorized = 431,      // HELLO the peer's key may not make; DISCONNECT: key revoked
   stale_policy = 426,      // POLICY with a version not above the one the broker holds
   policy_limit = 427,      // POLICY over the broker's size or policy-count limit
   busy = 503,              // broker full (max peers) or shutting down

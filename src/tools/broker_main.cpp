@@ -6,28 +6,70 @@
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <thread>
+
+#include <pthread.h>
 
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 #include <zmq.hpp>
 
 #include "broker/server.hpp"
+#include "util/curve_keys.hpp"
 
 namespace {
 
-rlbus::broker::server* g_server = nullptr;
+// Signals are taken by one thread of their own (sigwait), blocked everywhere else: the broker
+// loop and libzmq's threads are never interrupted, and the handler may call anything.
+// SIGINT/SIGTERM stop (drain, then at once), SIGHUP reloads the allowlist, SIGUSR1 (sent by
+// main itself) ends the thread.
+class signal_thread {
+ public:
+  signal_thread() {
+    sigemptyset(&set_);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaddset(&set_, sig);
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);  // before any other thread exists
+    signal(SIGPIPE, SIG_IGN);
+  }
+  void serve(rlbus::broker::server& server) {
+    thread_ = std::thread([this, &server] {
+      while (true) {
+        int sig = 0;
+        if (sigwait(&set_, &sig) != 0) continue;
+        if (sig == SIGUSR1) return;
+        if (sig == SIGHUP)
+          server.request_reload();
+        else
+          server.request_stop();
+      }
+    });
+  }
+  ~signal_thread() { stop(); }
+  /// Ends the thread; the server it was given may then go.
+  void stop() {
+    if (thread_.joinable()) {
+      pthread_kill(thread_.native_handle(), SIGUSR1);
+      thread_.join();
+    }
+  }
 
-extern "C" void on_signal(int /*sig*/) {
-  if (g_server != nullptr) g_server->request_stop();
-}
+ private:
+  sigset_t set_{};
+  std::thread thread_;
+};
 
-void install_signal_handlers() {
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+// rlbus-broker keygen STEM: a fresh CURVE key pair in STEM.key (0600) and STEM.pub.
+int keygen(const std::string& stem) {
+  try {
+    const auto pair = rlbus::util::make_curve_pair();
+    rlbus::util::write_curve_pair(stem, pair);
+    std::printf("wrote %s.key (secret, mode 0600) and %s.pub\npublic key: %s\n", stem.c_str(),
+                stem.c_str(), pair.public_key.c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rlbus-broker keygen: %s\n", e.what());
+    return 1;
+  }
 }
 
 }  // namespace
@@ -44,7 +86,8 @@ int main(int argc, char** argv) {
       "Stops on SIGINT/SIGTERM with a drain: no new sessions or tasks, queued tasks are\n"
       "cancelled, running tasks get up to --drain-ms to end on their own (a second signal\n"
       "stops at once); then what is left is aborted, every peer is told DISCONNECT, exit 0.\n"
-      "Times are in milliseconds."};
+      "SIGHUP reads the allowlist again (so does a change of its file).\n"
+      "Times are in milliseconds. `rlbus-broker keygen STEM` makes a CURVE key pair."};
   app.get_formatter()->column_width(34);
   app.add_option("--router", cfg.router_endpoint,
                  "ROUTER endpoint for peers (tcp://HOST:PORT, ipc://PATH; port 0 or * = any free)")
@@ -177,6 +220,62 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"always", "batch", "none"}))
       ->group(durability);
+  const auto* security = "Security and limits";
+  app.add_option("--curve-key", cfg.curve_key_path,
+                 "the broker's CURVE key pair (a .key file from keygen): both sockets encrypt, "
+                 "and only keys in --allowlist get in (default: plain, no CURVE)")
+      ->group(security);
+  app.add_option("--allowlist", cfg.allowlist_path,
+                 "TOML file of the public keys let in, each with its roles and optional id "
+                 "patterns; required with --curve-key; reloaded on SIGHUP or when it changes")
+      ->group(security);
+  app.add_flag("--insecure", cfg.insecure,
+               "allow binding an address other machines can reach without CURVE (anyone who "
+               "reaches it can join as any peer)")
+      ->group(security);
+  app.add_option("--max-connections", cfg.max_connections,
+                 "most connections at once on both sockets; more are refused at the handshake")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{10'000'000}))
+      ->group(security);
+  app.add_option("--max-connections-per-address", cfg.max_connections_per_address,
+                 "most connections at once from one source address")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{10'000'000}))
+      ->group(security);
+  app.add_option("--handshake-timeout", cfg.handshake_timeout_ms,
+                 "ms a new connection has to finish the ZeroMQ handshake before it is dropped")
+      ->capture_default_str()
+      ->check(CLI::Range(100U, day_ms))
+      ->group(security);
+  app.add_option("--max-collectors", cfg.max_collectors,
+                 "most collector sessions at once; more HELLOs get BUSY")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{10'000'000}))
+      ->group(security);
+  app.add_option("--max-learners", cfg.max_learners,
+                 "most learner sessions at once; more HELLOs get BUSY")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{10'000'000}))
+      ->group(security);
+  app.add_option("--max-coordinators", cfg.max_coordinators,
+                 "most coordinator sessions at once; more HELLOs get BUSY")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{10'000'000}))
+      ->group(security);
+  app.add_option("--max-tasks-per-coordinator", cfg.max_tasks_per_coordinator,
+                 "most live tasks (queued or running) of one coordinator; a SUBMIT past it is "
+                 "refused (416 TOO_MANY_TASKS)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{100'000'000}))
+      ->group(security);
+  std::string keygen_stem;
+  auto* keygen_cmd = app.add_subcommand(
+      "keygen",
+      "write a new CURVE key pair: STEM.key (public and secret key, mode 0600; never "
+      "overwritten) and STEM.pub (public key, for allowlists and peers), then exit");
+  keygen_cmd->add_option("stem", keygen_stem, "path without extension, e.g. keys/broker")
+      ->required();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
@@ -188,6 +287,7 @@ int main(int argc, char** argv) {
     app.exit(e);
     return 2;
   }
+  if (keygen_cmd->parsed()) return keygen(keygen_stem);
   // The window's default follows a small ring, so every ring size the flag allows works
   // without naming a window as well.
   if (window->count() == 0) cfg.stream_window = std::min<std::size_t>(1024, cfg.stream_ring / 2);
@@ -195,18 +295,21 @@ int main(int argc, char** argv) {
 
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+  signal_thread signals;  // first: every thread made later inherits the blocked signals
   try {
     zmq::context_t ctx(1);
     rlbus::broker::server server(ctx, cfg);
-    g_server = &server;
-    install_signal_handlers();
+    signals.serve(server);
+    struct stop_signals {  // destroyed before `server`
+      signal_thread& s;
+      ~stop_signals() { s.stop(); }
+    } stop_first{signals};
     // One line for whoever started the broker to read the endpoints from (SPEC §1.4.1): a
     // port 0 or * is resolved to the one bound. Written once signals stop the broker cleanly.
     std::printf("rlbus-broker listening router=%s events=%s\n", server.router_endpoint().c_str(),
                 server.events_endpoint().c_str());
     std::fflush(stdout);
     server.run();
-    g_server = nullptr;
     return 0;
   } catch (const std::invalid_argument& e) {
     spdlog::critical("bad configuration: {}", e.what());

@@ -527,8 +527,10 @@ TEST_CASE("a STARTED or a RESULT lost in a cut link is sent again and costs no a
   const auto finished = until("finished");
   CHECK(finished.attempt == 1);
   CHECK(cuts == 2);
-  // Back after each cut, on the same session (the resend can beat the count of its WELCOME).
-  CHECK(wait_until([&] { return w.welcomes() >= 3; }, 5s));
+  // Back after the cut that swallowed the RESULT, on the same session (the resend can beat
+  // the count of its WELCOME). The first cut needs a new connection only when the STARTED
+  // was still on the old one: under load it has often left by then.
+  CHECK(wait_until([&] { return w.welcomes() >= 2; }, 5s));
   CHECK(events == std::vector<std::string>{"assigned", "started", "finished"});
   // The event leaves before the broker's loop stores its counters.
   CHECK(wait_until([&] { return wld.b.get().snapshot().tasks_finished == 1; }, 5s));

@@ -247,8 +247,10 @@ TEST_CASE("a running task sees a newer policy version", "[worker-tasks]") {
     CHECK(task_id == "ct");
     told = p.version;
   };
+  std::atomic<bool> looked{false};
   h.run = [&](task_handle& t) {
     REQUIRE_FALSE(t.policy());  // none published when it started
+    looked = true;
     REQUIRE(wait_until([&] { return t.policy().has_value(); }));
     seen = t.policy()->version;
     REQUIRE(t.emit_data("d0", "b", flag_map("done", false)));
@@ -260,6 +262,8 @@ TEST_CASE("a running task sees a newer policy version", "[worker-tasks]") {
   s.policy_id = "pi";
   coord.send(s);
   until_event(coord, "started");
+  // Published once the handler has looked: its thread may start after STARTED went out.
+  REQUIRE(wait_until([&] { return looked.load(); }));
   l.send(codec::policy{"pi", 7, "/ckpt/7", std::nullopt});
   const auto data = until_event(coord, "data");
   CHECK(seen == 7);

@@ -31,9 +31,16 @@ std::string ipc_endpoint(const std::string& tag) {
          std::to_string(counter++);
 }
 
-raw_peer::raw_peer(zmq::context_t& ctx, const std::string& endpoint)
+void use_curve(zmq::socket_t& s, const rlbus::curve_keys& keys) {
+  s.set(zmq::sockopt::curve_serverkey, keys.server_key);
+  s.set(zmq::sockopt::curve_publickey, keys.public_key);
+  s.set(zmq::sockopt::curve_secretkey, keys.secret_key);
+}
+
+raw_peer::raw_peer(zmq::context_t& ctx, const std::string& endpoint, const rlbus::curve_keys* keys)
     : sock_(ctx, zmq::socket_type::dealer) {
   sock_.set(zmq::sockopt::linger, 0);
+  if (keys != nullptr) use_curve(sock_, *keys);
   sock_.connect(endpoint);
 }
 

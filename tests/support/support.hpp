@@ -42,7 +42,9 @@ std::vector<zmq::message_t> recv_frames(zmq::socket_t& sock, std::chrono::millis
 /// A DEALER that sends and receives protocol frames by hand.
 class raw_peer {
  public:
-  raw_peer(zmq::context_t& ctx, const std::string& endpoint);
+  /// With `keys`, the connection speaks CURVE (SPEC §15).
+  raw_peer(zmq::context_t& ctx, const std::string& endpoint,
+           const rlbus::curve_keys* keys = nullptr);
   void send_frames(const std::vector<std::string>& frames);
   void send(const codec::message& m);
   /// Next message (any type) within `timeout`; fails the test if it is malformed.
@@ -76,6 +78,9 @@ class raw_peer {
   zmq::socket_t sock_;
   bool keep_capacity_ = false;
 };
+
+/// Sets a socket's CURVE client keys (before it connects).
+void use_curve(zmq::socket_t& s, const rlbus::curve_keys& keys);
 
 /// A SUB on the broker's PUB that collects decoded events.
 class event_listener {

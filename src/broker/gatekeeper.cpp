@@ -1,0 +1,248 @@
+// See gatekeeper.hpp. The ZAP exchange (ZeroMQ RFC 27): a request is [version "1.0"]
+// [request id][domain][address][routing id][mechanism][credentials...], a reply is
+// [version][request id][status code][status text][user id][metadata].
+#include "broker/gatekeeper.hpp"
+
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <array>
+#include <cstring>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <zmq.h>
+
+#include "util/curve_keys.hpp"
+#include "util/poll.hpp"
+
+namespace rlbus::broker {
+
+namespace {
+
+constexpr const char* zap_endpoint = "inproc://zeromq.zap.01";
+constexpr std::size_t zap_request_frames = 7;  // with one credentials frame (CURVE)
+
+std::string_view view(const zmq::message_t& m) {
+  return {m.data<char>(), m.size()};
+}
+
+// The numeric address of a connection's peer, spelled as libzmq spells it in a ZAP request.
+std::string peer_address(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
+  if (ss.ss_family == AF_UNIX) return "";
+  std::array<char, NI_MAXHOST> host{};
+  if (::getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host.data(), host.size(), nullptr, 0,
+                    NI_NUMERICHOST) != 0)
+    return "?";
+  return host.data();
+}
+
+}  // namespace
+
+gatekeeper::gatekeeper(zmq::context_t& ctx, const config& cfg)
+    : ctx_(ctx), cfg_(cfg), curve_(!cfg.curve_key_path.empty()), zap_(ctx, zmq::socket_type::rep) {
+  if (curve_) {
+    if (!util::curve_available())
+      throw std::invalid_argument("CURVE asked for, but this libzmq was built without it");
+    try {
+      const auto pair = util::read_curve_file(cfg.curve_key_path);
+      if (pair.secret_key.empty())
+        throw std::runtime_error(
+            fmt::format("{}: holds no secret-key (the broker needs its .key file, not its .pub)",
+                        cfg.curve_key_path));
+      public_key_ = pair.public_key;
+      secret_key_ = pair.secret_key;
+      list_ = allowlist::load(cfg.allowlist_path);
+    } catch (const std::runtime_error& e) {
+      throw std::invalid_argument(e.what());
+    }
+    list_file_ = stat_allowlist();
+  }
+  zap_.set(zmq::sockopt::linger, 0);
+  zap_.bind(zap_endpoint);  // before any socket that asks it can accept a connection
+}
+
+int gatekeeper::secure(zmq::socket_t& s, std::string_view domain) {
+  s.set(zmq::sockopt::zap_domain, std::string(domain));
+  s.set(zmq::sockopt::handshake_ivl, static_cast<int>(cfg_.handshake_timeout_ms));
+  if (curve_) {
+    s.set(zmq::sockopt::curve_server, 1);
+    s.set(zmq::sockopt::curve_secretkey, secret_key_);
+  }
+  const auto endpoint = fmt::format("inproc://rlbus.gate.monitor.{}.{}",
+                                    static_cast<const void*>(this), monitors_.size());
+  if (zmq_socket_monitor(s.handle(), endpoint.c_str(),
+                         ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0)
+    throw zmq::error_t();
+  auto& mon = monitors_.emplace_back(ctx_, zmq::socket_type::pair);
+  mon.set(zmq::sockopt::linger, 0);
+  mon.connect(endpoint);
+  return static_cast<int>(monitors_.size() - 1);
+}
+
+void gatekeeper::release(zmq::socket_t& s, int handle) {
+  (void)zmq_socket_monitor(s.handle(), nullptr, 0);
+  monitors_[static_cast<std::size_t>(handle)].close();
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    const auto next = std::next(it);
+    if (it->second.monitor == handle) forget(it);
+    it = next;
+  }
+}
+
+void gatekeeper::forget(std::unordered_map<int, connection>::iterator it) {
+  const auto a = per_address_.find(it->second.address);
+  if (a != per_address_.end() && --a->second == 0) per_address_.erase(a);
+  connections_.erase(it);
+  --counts_.connections;
+}
+
+void gatekeeper::poll_items(std::vector<zmq::pollitem_t>& items) {
+  for (auto& m : monitors_)
+    if (m.handle() != nullptr) items.push_back({m.handle(), 0, ZMQ_POLLIN, 0});
+  items.push_back({zap_.handle(), 0, ZMQ_POLLIN, 0});
+}
+
+void gatekeeper::on_readable() {
+  for (std::size_t i = 0; i < monitors_.size(); ++i)
+    if (monitors_[i].handle() != nullptr) on_monitor(static_cast<int>(i));
+  on_zap();
+}
+
+void gatekeeper::on_monitor(int handle) {
+  auto& mon = monitors_[static_cast<std::size_t>(handle)];
+  while (true) {
+    zmq::message_t head, addr;
+    if (!util::try_recv(mon, head)) return;
+    if (head.more()) (void)mon.recv(addr, zmq::recv_flags::none);
+    if (head.size() < 6) continue;
+    std::uint16_t event = 0;
+    std::int32_t fd = -1;
+    std::memcpy(&event, head.data(), sizeof event);
+    std::memcpy(&fd, head.data<char>() + 2, sizeof fd);
+    if (event == ZMQ_EVENT_ACCEPTED) {
+      if (const auto old = connections_.find(fd); old != connections_.end()) forget(old);
+      auto address = peer_address(fd);
+      ++per_address_[address];
+      connections_[fd] = {handle, std::move(address)};
+      ++counts_.connections;
+    } else if (event == ZMQ_EVENT_DISCONNECTED) {
+      if (const auto it = connections_.find(fd); it != connections_.end()) forget(it);
+    }
+  }
+}
+
+void gatekeeper::on_zap() {
+  std::array<zmq::message_t, zap_request_frames + 1> f;
+  while (true) {
+    if (!util::try_recv(zap_, f[0])) return;
+    std::size_t n = 1;
+    bool more = f[0].more();
+    zmq::message_t rest;
+    while (more) {
+      auto& dst = n < f.size() ? f[n] : rest;
+      (void)zap_.recv(dst, zmq::recv_flags::none);
+      more = dst.more();
+      if (n < f.size()) ++n;
+    }
+    // The request comes from libzmq itself, so it is well formed; still, never trust it.
+    if (n < zap_request_frames - 1) {
+      (void)zap_.send(zmq::str_buffer("1.0"), zmq::send_flags::sndmore);
+      (void)zap_.send(zmq::message_t(), zmq::send_flags::sndmore);
+      (void)zap_.send(zmq::str_buffer("500"), zmq::send_flags::sndmore);
+      (void)zap_.send(zmq::str_buffer("malformed ZAP request"), zmq::send_flags::sndmore);
+      (void)zap_.send(zmq::message_t(), zmq::send_flags::sndmore);
+      (void)zap_.send(zmq::message_t(), zmq::send_flags::none);
+      continue;
+    }
+    std::string key;
+    if (view(f[5]) == "CURVE" && n >= zap_request_frames && f[6].size() == 32) {
+      std::array<char, 41> z85{};
+      zmq_z85_encode(z85.data(), f[6].data<std::uint8_t>(), 32);
+      key = z85.data();
+    }
+    const auto [status, text] = decide(view(f[2]), view(f[3]), view(f[5]), key);
+    (void)zap_.send(zmq::str_buffer("1.0"), zmq::send_flags::sndmore);
+    (void)zap_.send(f[1], zmq::send_flags::sndmore);
+    (void)zap_.send(zmq::buffer(status), zmq::send_flags::sndmore);
+    (void)zap_.send(zmq::buffer(text), zmq::send_flags::sndmore);
+    (void)zap_.send(zmq::buffer(status == "200" ? key : std::string()), zmq::send_flags::sndmore);
+    (void)zap_.send(zmq::message_t(), zmq::send_flags::none);
+  }
+}
+
+std::pair<std::string, std::string> gatekeeper::decide(std::string_view domain,
+                                                       std::string_view address,
+                                                       std::string_view mechanism,
+                                                       std::string& key) {
+  const auto refuse = [&](std::uint64_t& counter, std::string text) {
+    ++counter;
+    spdlog::debug("refused a connection from {} ({}): {}", address, domain, text);
+    return std::pair<std::string, std::string>{"400", std::move(text)};
+  };
+  if (counts_.connections > cfg_.max_connections)
+    return refuse(
+        counts_.refused_total,
+        fmt::format("the broker holds its maximum of {} connections", cfg_.max_connections));
+  if (const auto it = per_address_.find(std::string(address));
+      it != per_address_.end() && it->second > cfg_.max_connections_per_address)
+    return refuse(counts_.refused_address, fmt::format("{} holds its maximum of {} connections",
+                                                       address, cfg_.max_connections_per_address));
+  if (curve_) {
+    // libzmq asks only about the mechanism the socket serves; a request for another one
+    // would be a bug, and is refused like an unknown key.
+    const auto* e = mechanism == "CURVE" ? list_.find(key) : nullptr;
+    if (e == nullptr) return refuse(counts_.refused_key, "key not in the allowlist");
+    if (domain == zap_domain_events) {
+      if (!e->subscriber)
+        return refuse(counts_.refused_subscriber,
+                      fmt::format("key '{}' may not subscribe to events", e->name));
+      subscriber_keys_.insert(key);
+    }
+  }
+  ++counts_.admitted;
+  return {"200", "OK"};
+}
+
+std::optional<gatekeeper::file_id> gatekeeper::stat_allowlist() const {
+  struct stat st {};
+  if (::stat(cfg_.allowlist_path.c_str(), &st) != 0) return std::nullopt;
+  return file_id{st.st_dev, st.st_ino, st.st_size,
+                 std::int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec};
+}
+
+bool gatekeeper::allowlist_changed() const {
+  return curve_ && stat_allowlist() != list_file_;
+}
+
+bool gatekeeper::reload_allowlist() {
+  if (!curve_) {
+    spdlog::info("no allowlist to reload: CURVE is off");
+    return false;
+  }
+  list_file_ = stat_allowlist();  // a bad file is reported once, not every second
+  try {
+    list_ = allowlist::load(cfg_.allowlist_path);
+  } catch (const std::runtime_error& e) {
+    ++counts_.allowlist_errors;
+    spdlog::error("{}; the allowlist in force stays ({} keys)", e.what(), list_.size());
+    return false;
+  }
+  ++counts_.allowlist_reloads;
+  spdlog::info("allowlist {} reloaded: {} keys", cfg_.allowlist_path, list_.size());
+  return true;
+}
+
+bool gatekeeper::subscriber_revoked() const {
+  for (const auto& k : subscriber_keys_) {
+    const auto* e = list_.find(k);
+    if (e == nullptr || !e->subscriber) return true;
+  }
+  return false;
+}
+
+}  // namespace rlbus::broker

@@ -1,0 +1,122 @@
+// The broker's door (SPEC §15): the ZAP handler that libzmq asks about every new connection
+// on the ROUTER and the event socket, and the count of live connections per source address.
+//
+// With CURVE on, a connection gets in only when its public key is in the allowlist (and,
+// on the event socket, may subscribe); the key is handed to the broker as the connection's
+// ZAP user id, so a HELLO can be checked against what the key may be. With CURVE off
+// (plain), every key is the empty one and only the connection limits apply. Connections
+// are counted from the sockets' monitors (accepted, disconnected), so that a limit counts
+// every TCP connection, also one that never finishes its ZeroMQ handshake.
+//
+// libzmq allows one ZAP handler per context: a context that holds a broker holds only one.
+// Threads: the broker loop's, like the sockets it watches.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "broker/allowlist.hpp"
+#include "broker/config.hpp"
+
+namespace rlbus::broker {
+
+/// ZAP domains: which socket a connection is for.
+inline constexpr std::string_view zap_domain_router = "rlbus";
+inline constexpr std::string_view zap_domain_events = "rlbus.events";
+
+struct gate_counts {
+  std::uint64_t connections = 0;         // live TCP/IPC connections, both sockets
+  std::uint64_t admitted = 0;            // connections the ZAP handler let in
+  std::uint64_t refused_key = 0;         // CURVE key not in the allowlist
+  std::uint64_t refused_subscriber = 0;  // listed key without the subscriber role (events)
+  std::uint64_t refused_address = 0;     // past max-connections-per-address
+  std::uint64_t refused_total = 0;       // past max-connections
+  std::uint64_t allowlist_reloads = 0;   // successful loads after the first
+  std::uint64_t allowlist_errors = 0;    // reloads refused (the old list stays)
+};
+
+class gatekeeper {
+ public:
+  /// Binds the ZAP handler in `ctx` and, with CURVE on, reads the broker's key and the
+  /// allowlist. Throws std::invalid_argument for an unusable key or allowlist (the broker
+  /// must not start: CURVE without a handler admits everyone).
+  gatekeeper(zmq::context_t& ctx, const config& cfg);
+
+  /// Sets what a socket needs before it binds: its ZAP domain, the handshake timeout and,
+  /// with CURVE on, the server role and secret key. Then monitors it for connections;
+  /// returns the monitor's handle, for release().
+  int secure(zmq::socket_t& s, std::string_view domain);
+  /// Before a secured socket closes: stops its monitor and forgets its connections.
+  void release(zmq::socket_t& s, int handle);
+
+  [[nodiscard]] bool curve() const noexcept { return curve_; }
+  /// The broker's public key (Z85), "" in plain mode.
+  [[nodiscard]] const std::string& public_key() const noexcept { return public_key_; }
+  /// The allowlist entry of a connection's key; nullptr when it is not (or no longer)
+  /// listed. Always nullptr in plain mode.
+  [[nodiscard]] const allowlist_entry* entry(std::string_view key) const { return list_.find(key); }
+
+  /// For the loop's poll: the ZAP socket and the monitors.
+  void poll_items(std::vector<zmq::pollitem_t>& items);
+  /// Handles whatever is readable: monitor events first, so that a connection is counted
+  /// before it is asked about.
+  void on_readable();
+
+  /// Whether the allowlist file changed on disk since it was read (checked about once a
+  /// second by the loop).
+  [[nodiscard]] bool allowlist_changed() const;
+  /// Reads the allowlist again. On success returns true and the new list is in force; on
+  /// a bad file logs why, keeps the old list and returns false.
+  bool reload_allowlist();
+  /// Whether some subscriber let in earlier may no longer subscribe (after a reload): the
+  /// event socket must then be opened afresh, so every subscriber passes the door again.
+  [[nodiscard]] bool subscriber_revoked() const;
+  /// The event socket was opened afresh: its subscribers are let in again from scratch.
+  void forget_subscribers() { subscriber_keys_.clear(); }
+
+  [[nodiscard]] const gate_counts& counts() const noexcept { return counts_; }
+
+ private:
+  struct file_id {
+    dev_t dev = 0;
+    ino_t ino = 0;
+    off_t size = 0;
+    std::int64_t mtime_ns = 0;
+    bool operator==(const file_id&) const = default;
+  };
+  [[nodiscard]] std::optional<file_id> stat_allowlist() const;
+  void on_zap();
+  void on_monitor(int handle);
+  /// 200 with the key as user id, or a refusal: {status, text}.
+  std::pair<std::string, std::string> decide(std::string_view domain, std::string_view address,
+                                             std::string_view mechanism, std::string& key);
+
+  zmq::context_t& ctx_;
+  const config& cfg_;
+  bool curve_ = false;
+  std::string public_key_, secret_key_;
+  allowlist list_;
+  std::optional<file_id> list_file_;
+  zmq::socket_t zap_;
+  std::vector<zmq::socket_t> monitors_;
+  struct connection {
+    int monitor;          // which socket's
+    std::string address;  // source address
+  };
+  void forget(std::unordered_map<int, connection>::iterator it);
+  std::unordered_map<int, connection> connections_;             // by fd
+  std::unordered_map<std::string, std::uint32_t> per_address_;  // live connections
+  std::set<std::string> subscriber_keys_;                       // keys let in on the event socket
+  gate_counts counts_;
+};
+
+}  // namespace rlbus::broker
