@@ -127,9 +127,19 @@ void gatekeeper::on_monitor(int handle) {
     if (event == ZMQ_EVENT_ACCEPTED) {
       if (const auto old = connections_.find(fd); old != connections_.end()) forget(old);
       auto address = peer_address(fd);
-      ++per_address_[address];
-      connections_[fd] = {handle, std::move(address)};
+      const auto n = ++per_address_[address];
       ++counts_.connections;
+      // Past a limit, the connection is cut at once: one that never speaks would otherwise
+      // hold its memory until the handshake timeout. libzmq sees the end and cleans up (its
+      // DISCONNECTED event forgets it). The fd may meanwhile belong to another connection;
+      // it is cut only if that one's address is past its limit too.
+      const bool over_total = counts_.connections > cfg_.max_connections;
+      const bool over_address = n > cfg_.max_connections_per_address;
+      if ((over_total || over_address) && address != "?" && ::shutdown(fd, SHUT_RDWR) == 0) {
+        ++(over_total ? counts_.refused_total : counts_.refused_address);
+        note_refusal(address, over_total ? "max-connections" : "max-connections-per-address");
+      }
+      connections_[fd] = {handle, std::move(address)};
     } else if (event == ZMQ_EVENT_DISCONNECTED) {
       if (const auto it = connections_.find(fd); it != connections_.end()) forget(it);
     }
@@ -181,7 +191,7 @@ std::pair<std::string, std::string> gatekeeper::decide(std::string_view domain,
                                                        std::string& key) {
   const auto refuse = [&](std::uint64_t& counter, std::string text) {
     ++counter;
-    spdlog::debug("refused a connection from {} ({}): {}", address, domain, text);
+    note_refusal(address, text);
     return std::pair<std::string, std::string>{"400", std::move(text)};
   };
   if (counts_.connections > cfg_.max_connections)
@@ -206,6 +216,19 @@ std::pair<std::string, std::string> gatekeeper::decide(std::string_view domain,
   }
   ++counts_.admitted;
   return {"200", "OK"};
+}
+
+// A flood must not flood the log as well: one line per second at most, with a count of the
+// refusals it stands for.
+void gatekeeper::note_refusal(std::string_view address, std::string_view why) {
+  ++unlogged_;
+  const auto now = util::clock::now();
+  if (now < next_log_) return;
+  spdlog::warn("refused a connection from {}: {}{}", address, why,
+               unlogged_ > 1 ? fmt::format(" (and {} more since the last such line)", unlogged_ - 1)
+                             : "");
+  unlogged_ = 0;
+  next_log_ = now + std::chrono::seconds(1);
 }
 
 std::optional<gatekeeper::file_id> gatekeeper::stat_allowlist() const {

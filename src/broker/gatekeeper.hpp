@@ -26,6 +26,7 @@
 
 #include "broker/allowlist.hpp"
 #include "broker/config.hpp"
+#include "util/clock.hpp"
 
 namespace rlbus::broker {
 
@@ -95,6 +96,7 @@ class gatekeeper {
   };
   [[nodiscard]] std::optional<file_id> stat_allowlist() const;
   void on_zap();
+  void note_refusal(std::string_view address, std::string_view why);
   void on_monitor(int handle);
   /// 200 with the key as user id, or a refusal: {status, text}.
   std::pair<std::string, std::string> decide(std::string_view domain, std::string_view address,
@@ -117,6 +119,8 @@ class gatekeeper {
   std::unordered_map<std::string, std::uint32_t> per_address_;  // live connections
   std::set<std::string> subscriber_keys_;                       // keys let in on the event socket
   gate_counts counts_;
+  std::uint64_t unlogged_ = 0;  // refusals since the last log line about them
+  util::time_point next_log_{};
 };
 
 }  // namespace rlbus::broker

@@ -20,6 +20,8 @@ namespace {
 
 constexpr std::size_t max_frames = 3;    // routing id, header, body
 constexpr std::size_t max_batch = 1024;  // messages per poll wake-up before timers run
+constexpr std::size_t max_unintroduced_tracked = 65'536;
+constexpr std::uint32_t max_unintroduced_answers = 256;  // ERRORs to one sessionless connection
 
 std::string_view view(const zmq::message_t& m) {
   return {m.data<char>(), m.size()};
@@ -156,6 +158,7 @@ stats server::snapshot() const {
   s.sessions_revoked = c.revoked.load();
   s.allowlist_reloads = c.allowlist_reloads.load();
   s.allowlist_errors = c.allowlist_errors.load();
+  s.faults_unanswered = c.unanswered.load();
   return s;
 }
 
@@ -479,6 +482,7 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
   p.joined = now;
   p.last_seen = now;
   p.key = std::move(key);
+  unintroduced_.erase(routing_id);
   const peer& added = peers_.insert(std::move(p));
   counters_.peers.store(peers_.size(), std::memory_order_relaxed);
   spdlog::info("peer {} ({}) joined: session #{}, heartbeat {} ms, resources {}", added.id,
@@ -548,6 +552,16 @@ void server::fault(std::string_view routing_id, peer* p, codec::error_code code,
   counters_.faults.fetch_add(1, std::memory_order_relaxed);
   if (reason.size() > codec::max_reason_length) reason.resize(codec::max_reason_length);
   const auto code_num = static_cast<std::uint16_t>(code);
+  if (p == nullptr) {
+    // A connection without a session is answered so many times, then no more: one that
+    // sends garbage and never reads would otherwise fill its send queue with our ERRORs
+    // (SPEC §10.4). The count is kept for the last 64 K such connections.
+    if (unintroduced_.size() >= max_unintroduced_tracked) unintroduced_.clear();
+    if (++unintroduced_[std::string(routing_id)] > max_unintroduced_answers) {
+      counters_.unanswered.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+  }
   if (p == nullptr || !strike) {
     spdlog::debug("refused a message from {}: {} {}", p ? p->id : "an unintroduced connection",
                   code_num, reason);

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <unordered_map>
 #include <set>
 #include <string>
 #include <thread>
@@ -91,6 +92,8 @@ struct stats {
   std::uint64_t sessions_revoked = 0;      // sessions ended because their key was revoked
   std::uint64_t allowlist_reloads = 0;
   std::uint64_t allowlist_errors = 0;  // reloads refused: the old allowlist stayed
+  std::uint64_t faults_unanswered = 0;  // bad messages of a sessionless connection past its
+                                        // 256th: counted, no longer answered (SPEC §10.4)
 };
 
 class server : private task_sink {
@@ -129,7 +132,8 @@ class server : private task_sink {
         journal_torn{0}, journal_records{0}, journal_bytes{0}, journal_fsyncs{0},
         journal_compactions{0}, connections{0}, admitted{0}, refused_key{0}, refused_subscriber{0},
         refused_address{0}, refused_connections{0}, refused_unauthorized{0}, refused_role_limit{0},
-        refused_task_limit{0}, revoked{0}, allowlist_reloads{0}, allowlist_errors{0};
+        refused_task_limit{0}, revoked{0}, allowlist_reloads{0}, allowlist_errors{0},
+        unanswered{0};
     std::atomic<bool> draining{false};
   };
 
@@ -191,6 +195,8 @@ class server : private task_sink {
   // The key each coordinator id last had a session with: tasks it left for adoption go only
   // to a session of the same key (§15.3). Dropped once nothing is left to adopt.
   std::map<std::string, std::string> coordinator_keys_;
+  // ERRORs sent to connections that have no session, by routing id (bounded: see fault()).
+  std::unordered_map<std::string, std::uint32_t> unintroduced_;
 };
 
 /// Runs a server on a thread of its own: started by the constructor, stopped and joined by
