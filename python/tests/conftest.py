@@ -102,8 +102,9 @@ class Broker:
         # no drain at the end of a test unless the test asks for one: tasks left running
         # would otherwise hold the broker's exit for the default drain (10 s)
         drain = [] if "--drain-ms" in self.extra else ["--drain-ms", "0"]
-        cmd = [BROKER, "--router", self.router, "--events", self.events,
-               "--log-level", "warn"] + drain + self.extra
+        level = [] if "--log-level" in self.extra else ["--log-level", "warn"]
+        cmd = [BROKER, "--router", self.router, "--events", self.events] + level + drain \
+            + self.extra
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
         self.lines = []

@@ -141,7 +141,8 @@ def netns() -> Iterator[Namespace]:
 def test_a_cut_and_healed_link_between_hosts_loses_no_task(netns: Namespace) -> None:
     broker = subprocess.Popen([BROKER, "--router", f"tcp://{netns.host}:0", "--events",
                                "tcp://127.0.0.1:0", "--heartbeat-min", "50",
-                               "--quarantine-after", "0", "--log-level", "warn"],
+                               "--quarantine-after", "0", "--log-level", "warn",
+                               "--insecure"],  # plain, on an address other hosts reach
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     workers: List[subprocess.Popen] = []
     coord = None

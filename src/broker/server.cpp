@@ -700,6 +700,14 @@ void server::shutdown(const std::string& reason) {
   spdlog::info("broker stopped: {} messages in, {} out, {} refused, {} expired, {} quarantines",
                counters_.messages_in.load(), counters_.messages_out.load(), counters_.faults.load(),
                counters_.expired.load(), counters_.quarantines.load());
+  const auto& g = gate_.counts();
+  spdlog::info(
+      "connections: {} admitted; refused {} past max-connections, {} past "
+      "max-connections-per-address, {} unlisted keys, {} non-subscriber keys; {} HELLOs "
+      "unauthorized, {} past a role's limit; {} SUBMITs past the task limit; {} faults unanswered",
+      g.admitted, g.refused_total, g.refused_address, g.refused_key, g.refused_subscriber,
+      counters_.refused_unauthorized.load(), counters_.refused_role_limit.load(),
+      counters_.refused_task_limit.load(), counters_.unanswered.load());
 }
 
 server_thread::server_thread(config cfg)

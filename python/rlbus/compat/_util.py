@@ -15,6 +15,8 @@ import re
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:7235"
 ENDPOINT_ENV = "RLBUS_ENDPOINT"
 WORKER_ID_ENV = "RLBUS_WORKER_ID"
+CURVE_KEY_ENV = "RLBUS_CURVE_KEY"    # this process's .key file, for a broker with CURVE on
+BROKER_KEY_ENV = "RLBUS_BROKER_KEY"  # the broker's .pub file
 
 _ID_RE = re.compile(r"^[A-Za-z0-9._:@/-]{1,128}$")
 _ID_BAD_CHAR = re.compile(r"[^A-Za-z0-9._:@/-]")
@@ -66,6 +68,18 @@ def resolve_endpoint(cfg=None, explicit=None):
     if not value:
         value = os.environ.get(ENDPOINT_ENV)
     return str(value) if value else DEFAULT_ENDPOINT
+
+
+def curve_kwargs():
+    """`{"curve": keys}` when $RLBUS_CURVE_KEY and $RLBUS_BROKER_KEY name key files (the
+    broker has CURVE on), else `{}`; ValueError when only one is set or a file is bad."""
+    own, broker = os.environ.get(CURVE_KEY_ENV), os.environ.get(BROKER_KEY_ENV)
+    if not own and not broker:
+        return {}
+    if not own or not broker:
+        raise ValueError("set both {} (this process's .key file) and {} (the broker's .pub "
+                         "file), or neither".format(CURVE_KEY_ENV, BROKER_KEY_ENV))
+    return {"curve": sdk().curve_keys_from_files(own, broker)}
 
 
 def valid_id(text):

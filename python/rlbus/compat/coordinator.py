@@ -26,8 +26,8 @@ import logging
 import threading
 import time
 
-from ._util import (cfg_get, clean_id, plain, resolve_endpoint, sdk, seconds_to_ms,
-                    valid_id)
+from ._util import (cfg_get, clean_id, curve_kwargs, plain, resolve_endpoint, sdk,
+                    seconds_to_ms, valid_id)
 from .operator import OperatorClient, pod_name
 
 
@@ -105,7 +105,7 @@ class CommCoordinator:
         rlbus = sdk()
         try:
             self._client = rlbus.Coordinator(self._endpoint, id=self._id,
-                                             callbacks=self._sdk_callbacks())
+                                             callbacks=self._sdk_callbacks(), **curve_kwargs())
             if not _wait_ready(self._client, self._ready_timeout):
                 raise ConnectionError("rlbus broker at {} did not welcome coordinator {!r} "
                                       "within {:g} s (state {}, last error {!r})".format(

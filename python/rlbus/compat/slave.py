@@ -31,8 +31,8 @@ import queue
 import threading
 import time
 
-from ._util import (WORKER_ID_ENV, clean_id, coerce_resources, plain, resolve_endpoint,
-                    sdk)
+from ._util import (WORKER_ID_ENV, clean_id, coerce_resources, curve_kwargs, plain,
+                    resolve_endpoint, sdk)
 from .exceptions import is_named, is_task_fail
 
 _ABANDONED = object()
@@ -195,7 +195,7 @@ class Slave:
         self._rlbus_worker = sdk().Worker(
             self._rlbus_endpoint, role=self._rlbus_role, id=self._rlbus_id,
             run=self._rlbus_run, close=self._rlbus_close, resources=self._rlbus_resources,
-            heartbeat_ms=self._rlbus_heartbeat_ms)
+            heartbeat_ms=self._rlbus_heartbeat_ms, **curve_kwargs())
         self._rlbus_keeper = threading.Thread(target=self._rlbus_watch,
                                               name="rlbus-compat-slave-" + self._rlbus_id)
         self._rlbus_keeper.start()
