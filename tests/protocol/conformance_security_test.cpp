@@ -348,3 +348,38 @@ TEST_CASE("SPEC 15.5: connections past the per-address limit are refused at the 
   raw_peer later(b.ctx, b.router);
   join(later, "w-later", role::collector);
 }
+
+// §15.3 "A coordinator holds, sees and steers only its own tasks in any mode (§12.4.1, §12.8):
+// no TASK_EVENT, SUBMITTED or STREAM_GAP about another coordinator's task is ever sent to it"
+TEST_CASE("SPEC 15.3: a coordinator is told nothing about another's tasks, and cannot steer them",
+          "[spec]") {
+  broker_with b(test_config());
+  raw_peer a(b.ctx, b.router), other(b.ctx, b.router), w(b.ctx, b.router);
+  join(a, "crd-a", role::coordinator);
+  join(other, "crd-b", role::coordinator);
+  join(w, "w", role::collector);
+  a.send(codec::replay{1});  // both windowed: a replay would show any event held for them
+  other.send(codec::replay{1});
+  start_task(a, w, task_of("a1"));
+  w.send(codec::data_ready{"a1", 1, "d0", "buf", codec::empty_map_blob, std::nullopt});
+  next_event(a, "a1", "data");
+  submit_ok(a, task_of("a2", role::learner));  // queued: no learner
+
+  // Steering refused exactly as for a task that does not exist.
+  for (const codec::message& m :
+       {codec::message{codec::finish{"a1"}}, codec::message{codec::cancel{"a2"}},
+        codec::message{codec::data_reply{"a1", 1, codec::nil_blob, std::nullopt}}}) {
+    other.send(m);
+    CHECK(expect_error(other, error_code::unknown_task).reason.find("of yours") !=
+          std::string::npos);
+  }
+  // A SUBMIT of the same id is a duplicate (task ids are one namespace), which says only that.
+  other.send(task_of("a1"));
+  CHECK(next_a<codec::submitted>(other).code == code_of(error_code::duplicate_task));
+  // Its own stream, replayed from the start, holds nothing: nothing of a1 or a2 was made for it.
+  other.send(codec::replay{1});
+  expect_quiet(other);
+  CHECK(b.broker.get().snapshot().tasks_running == 1);  // a1 goes on, untouched
+  a.send(codec::finish{"a1"});
+  REQUIRE(w.recv_a<codec::task_close>());  // (after its DATA_CREDIT)
+}
