@@ -112,8 +112,9 @@ int main(int argc, char** argv) {
       "Scenarios: latency (a learner's data request through the broker and back) and\n"
       "throughput (collectors streaming data events to one coordinator); on their own,\n"
       "scale (idle heartbeating workers; a worker's death to its task's re-assignment),\n"
-      "cost (instructions per message under valgrind's callgrind) and journal (task\n"
-      "lifecycles per second with the journal under each fsync policy)."};
+      "cost (instructions per message under valgrind's callgrind), journal (task\n"
+      "lifecycles per second with the journal under each fsync policy) and curve (task step\n"
+      "latency and data events/s with CURVE on, beside plain)."};
   app.get_formatter()->column_width(30);
   app.fallthrough();
   app.require_subcommand(0, 1);
@@ -236,6 +237,10 @@ int main(int argc, char** argv) {
   journal->add_option("--trial-ms", s.journal_trial_ms, "how long each trial runs tasks")
       ->capture_default_str()
       ->check(CLI::Range(50U, 600'000U));
+  auto* curve = app.add_subcommand(
+      "curve",
+      "scenario 6: task step latency and data events/s with CURVE on, beside the same broker "
+      "plain");
   auto* python_cmd = app.add_subcommand(
       "python",
       "the Python SDK's rows (latency, data items/s) beside a bare pyzmq loop, the C++ SDK and "
@@ -270,7 +275,8 @@ int main(int argc, char** argv) {
   const bool run_scale_rows = scale->parsed();
   const bool run_cost_rows = cost->parsed();
   const bool run_journal_rows = journal->parsed();
-  const bool on_its_own = run_scale_rows || run_cost_rows || run_journal_rows;
+  const bool run_curve_rows = curve->parsed();
+  const bool on_its_own = run_scale_rows || run_cost_rows || run_journal_rows || run_curve_rows;
   const bool run_latency_rows = !throughput->parsed() && !on_its_own;
   const bool run_throughput_rows = !latency->parsed() && !on_its_own;
   try {
@@ -401,6 +407,10 @@ int main(int argc, char** argv) {
     }
     if (run_journal_rows) {
       auto r = run_journal(s);
+      rows.insert(rows.end(), r.begin(), r.end());
+    }
+    if (run_curve_rows) {
+      auto r = run_curve(s);
       rows.insert(rows.end(), r.begin(), r.end());
     }
   } catch (const std::exception& e) {

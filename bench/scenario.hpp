@@ -129,5 +129,7 @@ std::vector<row> run_scale(const settings& s);
 /// Scenario 5: task lifecycles per second with the journal under each fsync policy, beside
 /// the same broker without a journal.
 std::vector<row> run_journal(const settings& s);
+/// Scenario 6: task step latency and data events/s with CURVE on, beside plain.
+std::vector<row> run_curve(const settings& s);
 
 }  // namespace rlbus::bench

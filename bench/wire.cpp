@@ -59,9 +59,15 @@ std::optional<std::uint64_t> map_uint(std::string_view body, std::string_view ke
   return v;
 }
 
-wire_peer::wire_peer(zmq::context_t& ctx, const std::string& endpoint)
+wire_peer::wire_peer(zmq::context_t& ctx, const std::string& endpoint,
+                     const rlbus::curve_keys* keys)
     : sock_(ctx, zmq::socket_type::dealer) {
   sock_.set(zmq::sockopt::linger, 0);
+  if (keys != nullptr) {
+    sock_.set(zmq::sockopt::curve_serverkey, keys->server_key);
+    sock_.set(zmq::sockopt::curve_publickey, keys->public_key);
+    sock_.set(zmq::sockopt::curve_secretkey, keys->secret_key);
+  }
   // As deep as the broker's own queues, so pipelined runs are paced by the bench's window
   // and never by a client-side limit.
   sock_.set(zmq::sockopt::rcvhwm, 100'000);

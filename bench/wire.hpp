@@ -12,6 +12,7 @@
 #include <zmq.hpp>
 
 #include "codec/codec.hpp"
+#include "rlbus/types.hpp"
 
 namespace rlbus::bench {
 
@@ -38,7 +39,9 @@ std::optional<std::uint64_t> map_uint(std::string_view body, std::string_view ke
 /// time; setup errors (a refusal, a silent broker) throw std::runtime_error.
 class wire_peer {
  public:
-  wire_peer(zmq::context_t& ctx, const std::string& endpoint);
+  /// With `keys`, the connection speaks CURVE.
+  wire_peer(zmq::context_t& ctx, const std::string& endpoint,
+            const rlbus::curve_keys* keys = nullptr);
 
   void send(const codec::message& m);
   void send(const frames& f);

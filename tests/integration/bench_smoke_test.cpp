@@ -169,6 +169,26 @@ TEST_CASE("rlbus-bench journal --quick reports each fsync policy beside no journ
   CHECK(policies == std::set<std::string>{"none", "batch", "always"});
 }
 
+TEST_CASE("rlbus-bench curve --quick reports CURVE's step latency and data events beside plain",
+          "[bench-smoke]") {
+  const auto json_path = "/tmp/rlbus-bench-curve-smoke-" + std::to_string(::getpid()) + ".json";
+  const auto [status, out] = run_to_end(env("RLBUS_BENCH_BIN"),
+                                        {"curve", "--quick", "--trials", "1", "--broker",
+                                         env("RLBUS_BROKER_BIN"), "--json", json_path},
+                                        std::chrono::seconds(60));
+  INFO(out);
+  REQUIRE(status == 0);
+  const auto report = take_report(json_path);
+  std::set<std::string> metrics;
+  for (const auto& row : report.at("rows")) {
+    REQUIRE(row.at("scenario") == "curve");
+    CHECK(row.at("rlbus").at("median").get<double>() > 0);
+    CHECK(row.at("direct").at("median").get<double>() > 0);
+    metrics.insert(row.at("metric").get<std::string>());
+  }
+  CHECK(metrics == std::set<std::string>{"median us", "events/s"});
+}
+
 #ifndef RLBUS_SANITIZED_BUILD  // valgrind cannot run a sanitizer build of the broker
 // Scenario 4 (`cost`) runs each middle process under valgrind: its quick form (a thousand
 // messages, ~10-30 s) checks that every middle runs, exits and leaves a callgrind count the
