@@ -65,8 +65,8 @@ trial_result run_trial(const settings& s, const std::vector<std::string>& broker
         const auto m = coord.recv(50ms);
         const auto* e = m ? std::get_if<codec::task_event>(&*m) : nullptr;
         if (e == nullptr || e->event != "data_request") continue;
-        coord.send(codec::data_reply{e->task_id, map_uint(e->body, "request_id").value_or(0),
-                                     data});
+        coord.send(
+            codec::data_reply{e->task_id, map_uint(e->body, "request_id").value_or(0), data});
       }
     });
     std::vector<double> samples;
@@ -183,9 +183,8 @@ std::vector<row> run_curve(const settings& s) {
   events.rlbus = pick("curve", &trial_result::events_per_s);
   events.direct = pick("plain", &trial_result::events_per_s);
   events.lost = lost;
-  events.params = {{"collectors", collectors},
-                   {"messages", s.messages},
-                   {"data_payload", s.data_payload}};
+  events.params = {
+      {"collectors", collectors}, {"messages", s.messages}, {"data_payload", s.data_payload}};
   rows.push_back(std::move(events));
   return rows;
 }

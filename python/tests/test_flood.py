@@ -114,6 +114,16 @@ def test_good_peers_are_served_through_a_flood_and_memory_stays_bounded() -> Non
     threads: List[threading.Thread] = []
     rec = Collected()
     silent: List[zmq.Socket] = []
+
+    def end_flood() -> None:  # idempotent
+        stop.set()
+        for th in threads:
+            th.join(10)
+        for z in silent:
+            z.close(linger=0)
+        for sock in flood:
+            sock.close()
+
     try:
         pid = b.proc.pid
         before = rss_mb(pid)
@@ -185,26 +195,13 @@ def test_good_peers_are_served_through_a_flood_and_memory_stays_bounded() -> Non
         for t in range(TASKS):
             assert rec.items[f"t{t}"] == [f"t{t}#{i}" for i in range(ITEMS)]  # each once, in order
 
-        stop.set()
-        for th in threads:
-            th.join(10)
-        for z in silent:
-            z.close(linger=0)
-        for s in flood:
-            s.close()
-        flood = []
+        end_flood()
         after_close = rss_mb(pid)
         for w in coll:
             w.close()
         coord.close()
     finally:
-        stop.set()
-        for th in threads:
-            th.join(10)
-        for z in silent:
-            z.close(linger=0)
-        for s in flood:
-            s.close()
+        end_flood()
         b.stop()
         ctx.term()
 

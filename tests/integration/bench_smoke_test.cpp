@@ -23,10 +23,7 @@ using namespace rlbus::test;
 namespace {
 
 std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  INFO(name << " must name the binary");
-  REQUIRE(v != nullptr);
-  return v;
+  return binary_from_env(name);
 }
 
 // Whether the HTTP baseline can run here: the Python the bench uses imports flask and requests.

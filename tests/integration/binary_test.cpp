@@ -18,9 +18,7 @@ using namespace rlbus::test;
 namespace {
 
 std::string broker_bin() {
-  const char* p = std::getenv("RLBUS_BROKER_BIN");
-  REQUIRE(p != nullptr);
-  return p;
+  return binary_from_env("RLBUS_BROKER_BIN");
 }
 
 struct endpoints {

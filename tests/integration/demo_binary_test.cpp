@@ -17,14 +17,8 @@ using namespace rlbus::test;
 
 namespace {
 
-std::string env_path(const char* name) {
-  const char* p = std::getenv(name);
-  REQUIRE(p != nullptr);
-  return p;
-}
-
 std::string demo_bin() {
-  return env_path("RLBUS_DEMO_BIN");
+  return binary_from_env("RLBUS_DEMO_BIN");
 }
 
 // The number on the summary line that starts with `label` (-1 if there is none). Parsed by
@@ -65,8 +59,9 @@ TEST_CASE("the demo solves cart-pole through the bus although a collector is kil
           "[demo-binary]") {
   // Episodes twice as slow as the default, so that on a loaded machine too the kill lands
   // well before the collector could finish its task (it has 3 of 4 directions to go).
-  child demo(demo_bin(), {"run", "--port", "0", "--kill-collector-at", "2", "--episode-cost-ms",
-                          "40", "--broker", env_path("RLBUS_BROKER_BIN"), "--time-limit", "60"});
+  child demo(demo_bin(),
+             {"run", "--port", "0", "--kill-collector-at", "2", "--episode-cost-ms", "40",
+              "--broker", binary_from_env("RLBUS_BROKER_BIN"), "--time-limit", "60"});
   const auto status = demo.wait(40s);
   const auto& out = demo.output();
   INFO(out);
@@ -87,7 +82,7 @@ TEST_CASE("the demo solves cart-pole through the bus although a collector is kil
 TEST_CASE("the demo solves cart-pole although the broker is SIGKILLed and restarted mid-run",
           "[demo-binary]") {
   child demo(demo_bin(), {"run", "--port", "0", "--kill-broker-at", "2", "--episode-cost-ms", "40",
-                          "--broker", env_path("RLBUS_BROKER_BIN"), "--time-limit", "60"});
+                          "--broker", binary_from_env("RLBUS_BROKER_BIN"), "--time-limit", "60"});
   const auto status = demo.wait(40s);
   const auto& out = demo.output();
   INFO(out);
@@ -107,8 +102,8 @@ TEST_CASE("the demo solves cart-pole although the broker is SIGKILLed and restar
 
 TEST_CASE("Ctrl-C stops the demo and every process it started", "[demo-binary]") {
   // Slow collectors, so the run is surely still going when the signal comes.
-  child demo(demo_bin(),
-             {"--port", "0", "--episode-cost-ms", "200", "--broker", env_path("RLBUS_BROKER_BIN")});
+  child demo(demo_bin(), {"--port", "0", "--episode-cost-ms", "200", "--broker",
+                          binary_from_env("RLBUS_BROKER_BIN")});
   REQUIRE(demo.wait_for_line("iter   0", 20s));
   const auto pids = child_pids(demo.output());
   CHECK(pids.size() == 5);  // broker, learner, 3 collectors
@@ -128,8 +123,8 @@ TEST_CASE("a port in use is a clear error, not a hang", "[demo-binary]") {
   squatter.bind("tcp://127.0.0.1:*");
   const auto taken = squatter.get(zmq::sockopt::last_endpoint);
   const auto port = taken.substr(taken.rfind(':') + 1);
-  const auto [status, out] =
-      run_to_end(demo_bin(), {"run", "--port", port, "--broker", env_path("RLBUS_BROKER_BIN")});
+  const auto [status, out] = run_to_end(
+      demo_bin(), {"run", "--port", port, "--broker", binary_from_env("RLBUS_BROKER_BIN")});
   INFO(out);
   CHECK(status == 3);
   CHECK_THAT(out, Catch::Contains("the broker did not start"));

@@ -4,10 +4,18 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 
 #include <catch2/catch.hpp>
 
 namespace rlbus::test {
+
+std::string binary_from_env(const char* name) {
+  const char* v = std::getenv(name);
+  INFO(name << " must name the binary");
+  REQUIRE(v != nullptr);
+  return v;
+}
 
 broker::config test_config(const std::string& transport) {
   broker::config cfg;

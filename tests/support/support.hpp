@@ -33,6 +33,10 @@ bool wait_until(Pred&& pred, std::chrono::milliseconds timeout = 5000ms) {
 /// A broker config for tests: ephemeral tcp ports (or fresh ipc paths), fast timers.
 broker::config test_config(const std::string& transport = "tcp");
 
+/// The binary an environment variable names (the meson tests set RLBUS_BROKER_BIN and the
+/// like); fails the test when it is unset.
+std::string binary_from_env(const char* name);
+
 /// A fresh ipc:// endpoint path under /tmp.
 std::string ipc_endpoint(const std::string& tag);
 
