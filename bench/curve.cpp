@@ -2,10 +2,11 @@
 // encrypted, every key checked against an allowlist), in rotation, a fresh broker per trial.
 // Two figures per trial: the task step latency of scenario 1 (GET_DATA -> data_request ->
 // DATA_REPLY -> LEARN, one at a time, 64 B) and data events/s of scenario 2's shape (wire-level
-// collectors sending DATA as fast as the broker takes them, relayed to one coordinator).
+// collectors sending DATA, at most --window in flight, relayed to one coordinator).
 #include <atomic>
 #include <fstream>
 #include <stdexcept>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -104,6 +105,9 @@ trial_result run_trial(const settings& s, const std::vector<std::string>& broker
       throw std::runtime_error("the collectors' tasks did not start");
     else if (const auto* e = std::get_if<codec::task_event>(&*m); e && e->event == "started")
       ++started;
+  // At most --window events in flight (sent, not yet seen by the coordinator), as in scenario
+  // 2: the broker drops what a coordinator's queue cannot take, and the row would measure that.
+  std::atomic<std::uint64_t> sent{0}, seen{0};
   std::vector<std::unique_ptr<socket_thread>> senders;
   const auto t0 = clock::now();
   for (int k = 0; k < collectors; ++k) {
@@ -112,7 +116,13 @@ trial_result run_trial(const settings& s, const std::vector<std::string>& broker
       const auto& st = starts[static_cast<std::size_t>(k)];
       const auto f = encode(codec::data_ready{st.task_id, st.attempt, "d", "buf",
                                               codec::empty_map_blob, bin_blob(s.data_payload)});
-      for (std::uint64_t i = 0; i < per; ++i) peers[static_cast<std::size_t>(k)]->send(f);
+      for (std::uint64_t i = 0; i < per; ++i) {
+        while (sent.load(std::memory_order_relaxed) - seen.load(std::memory_order_relaxed) >=
+               s.window)
+          std::this_thread::yield();
+        sent.fetch_add(1, std::memory_order_relaxed);
+        peers[static_cast<std::size_t>(k)]->send(f);
+      }
     });
   }
   std::uint64_t got = 0;
@@ -121,7 +131,7 @@ trial_result run_trial(const settings& s, const std::vector<std::string>& broker
     const auto m = coord.recv(5s);
     if (!m) break;
     if (const auto* e = std::get_if<codec::task_event>(&*m); e && e->event == "data") {
-      ++got;
+      seen.store(++got, std::memory_order_relaxed);
       last = clock::now();
     }
   }
