@@ -246,7 +246,9 @@ void server::run() {
     util::poll(items.data(), items.size(), util::poll_timeout_ms(now, deadline));
     if ((items[1].revents & ZMQ_POLLIN) != 0) wake_.drain();
     // The door first: a connection is let in (or not) before its first message is read.
-    gate_.on_readable();
+    if (std::any_of(items.begin() + 3, items.end(),
+                    [](const zmq::pollitem_t& i) { return (i.revents & ZMQ_POLLIN) != 0; }))
+      gate_.on_readable();
     if (const auto r = reload_requests_.load(std::memory_order_relaxed); r != reloads_done_) {
       reloads_done_ = r;
       reload_allowlist();
