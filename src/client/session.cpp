@@ -12,6 +12,7 @@
 
 #include "codec/codec.hpp"
 #include "util/curve_keys.hpp"
+#include "util/poll.hpp"
 
 namespace rlbus::client::detail {
 
@@ -124,7 +125,7 @@ std::string session::handshake_failure() {
   std::string why;
   while (monitor_) {
     zmq::message_t head, addr;
-    if (!monitor_->recv(head, zmq::recv_flags::dontwait)) break;
+    if (!util::try_recv(*monitor_, head)) break;
     if (head.more()) (void)monitor_->recv(addr, zmq::recv_flags::none);
     if (head.size() < 6) continue;
     std::uint16_t event = 0;
