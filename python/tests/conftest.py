@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -69,6 +69,38 @@ def collector_process(endpoint: str, worker_id: str, heartbeat_ms: int, items: i
                               str(heartbeat_ms), str(items), str(pause_s)],
         env=dict(os.environ, PYTHONPATH=PYTHON_DIR), stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
+
+
+class Endings:
+    """How a coordinator's tasks ended, for the fault tests: :attr:`callbacks` records each
+    end (``finished``, ``failed: REASON``, ``cancelled: REASON``) under its task id, and the
+    reason of each re-queued attempt; every task must end exactly once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ended: Dict[str, List[str]] = {}
+        self.requeued: List[str] = []  # reasons, in order
+        self.callbacks = {
+            "deal_with_collector_finish_task": lambda t, r: self._record(t, "finished"),
+            "on_task_failed": lambda t, reason, result=None: self._record(t, "failed: " + reason),
+            "on_task_cancelled": lambda t, reason: self._record(t, "cancelled: " + reason),
+            "on_task_requeued": lambda t, attempt, reason, result=None:
+                self.requeued.append(reason),
+        }
+
+    def _record(self, task_id: str, how: str) -> None:
+        with self._lock:
+            self._ended.setdefault(task_id, []).append(how)
+
+    def count(self) -> int:
+        """Tasks that have ended (once or more)."""
+        with self._lock:
+            return len(self._ended)
+
+    def outcomes(self) -> Dict[str, List[str]]:
+        """A copy: task id -> every end it had."""
+        with self._lock:
+            return {t: list(v) for t, v in self._ended.items()}
 
 
 class Broker:

@@ -15,11 +15,11 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, Iterator, List
+from typing import Iterator, List
 
 import pytest
 
-from conftest import BROKER, PYTHON_DIR, collector_process, wait_until
+from conftest import BROKER, PYTHON_DIR, Endings, collector_process, wait_until
 from rlbus import Coordinator
 
 HEARTBEAT_MS = 300  # the workers': with liveness 3 the broker expires them after 0.9 s
@@ -158,20 +158,8 @@ def test_a_cut_and_healed_link_between_hosts_loses_no_task(netns: Namespace) -> 
         for k in range(2):
             workers.append(collector_process(endpoint, f"far-w{k}", HEARTBEAT_MS, 5, 0.05,
                                              prefix=["ip", "netns", "exec", netns.name]))
-        lock = threading.Lock()
-        ended: Dict[str, List[str]] = {}
-        requeued: List[str] = []
-
-        def record(task_id: str, how: str) -> None:
-            with lock:
-                ended.setdefault(task_id, []).append(how)
-
-        coord = Coordinator(endpoint, id="far-coord", callbacks={
-            "deal_with_collector_finish_task": lambda t, r: record(t, "finished"),
-            "on_task_failed": lambda t, reason, result=None: record(t, "failed: " + reason),
-            "on_task_cancelled": lambda t, reason: record(t, "cancelled: " + reason),
-            "on_task_requeued": lambda t, attempt, reason, result=None: requeued.append(reason),
-        })
+        ends = Endings()
+        coord = Coordinator(endpoint, id="far-coord", callbacks=ends.callbacks)
         assert coord.wait_for("ready", 10)
         assert wait_until(lambda: coord.collectors >= 2, 30)
         submitted = 0
@@ -180,8 +168,7 @@ def test_a_cut_and_healed_link_between_hosts_loses_no_task(netns: Namespace) -> 
             nonlocal submitted
             until = time.monotonic() + seconds
             while time.monotonic() < until:
-                with lock:
-                    done = len(ended)
+                done = ends.count()
                 if submitted - done < 4:
                     r = coord.submit(f"far-{submitted}", "collector", {}, max_attempts=8)
                     assert r is not None and r.accepted, r
@@ -207,7 +194,7 @@ def test_a_cut_and_healed_link_between_hosts_loses_no_task(netns: Namespace) -> 
         held = stale.stdout.readline().split()
         keep_going_until.join()
         assert held and held[0] == "holding", held
-        lost_before = len([r for r in requeued if "lost" in r])
+        lost_before = len([r for r in ends.requeued if "lost" in r])
         netns.cut()  # longer: the broker expires the workers and re-queues their attempts
         time.sleep(2.5)
         netns.heal()
@@ -218,16 +205,15 @@ def test_a_cut_and_healed_link_between_hosts_loses_no_task(netns: Namespace) -> 
         refused = stale.stdout.readline().split()
         assert refused and refused[0] == "refused", refused
         assert int(refused[1]) in (406, 407), "".join(blog)  # fenced: that attempt is over
-        assert wait_until(lambda: len(ended) >= submitted, 60), \
-            f"{len(ended)} of {submitted} tasks ended"
-        with lock:
-            outcomes = {t: list(v) for t, v in ended.items()}
+        assert wait_until(lambda: ends.count() >= submitted, 60), \
+            f"{ends.count()} of {submitted} tasks ended"
+        outcomes = ends.outcomes()
         print(f"partition: {submitted} tasks over a link with netem={netns.netem}, "
-              f"{len(requeued)} attempts re-queued")
+              f"{len(ends.requeued)} attempts re-queued")
         assert sorted(outcomes) == sorted(f"far-{i}" for i in range(submitted))
         assert all(v == ["finished"] for v in outcomes.values()), outcomes
         assert held[1] in outcomes  # the held task was finished by another worker, once
-        assert len([r for r in requeued if "lost" in r]) > lost_before  # the long cut did expire
+        assert len([r for r in ends.requeued if "lost" in r]) > lost_before  # the long cut did expire
     finally:
         if coord is not None:
             coord.close()

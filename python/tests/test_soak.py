@@ -20,11 +20,10 @@ import os
 import random
 import signal
 import subprocess
-import threading
 import time
-from typing import Callable, Dict, List
+from typing import Callable, List
 
-from conftest import collector_process, wait_until
+from conftest import Endings, collector_process, wait_until
 from relay import Relay
 from rlbus import Coordinator
 
@@ -85,21 +84,8 @@ def soak_round(endpoint: str, faults: int, fault: Callable[[], None], rng: rando
     """One round: a coordinator keeps IN_FLIGHT tasks going while `faults` faults are made
     at random moments (`fault()` makes one), then waits for every task; checks each ended
     exactly once."""
-    lock = threading.Lock()
-    ended: Dict[str, List[str]] = {}
-    requeued: List[str] = []
-
-    def record(task_id: str, how: str) -> None:
-        with lock:
-            ended.setdefault(task_id, []).append(how)
-
-    callbacks = {
-        "deal_with_collector_finish_task": lambda t, r: record(t, "finished"),
-        "on_task_failed": lambda t, reason, result=None: record(t, "failed: " + reason),
-        "on_task_cancelled": lambda t, reason: record(t, "cancelled: " + reason),
-        "on_task_requeued": lambda t, attempt, reason, result=None: requeued.append(t),
-    }
-    coord = Coordinator(endpoint, id="soak-coord", callbacks=callbacks, heartbeat_ms=200,
+    ends = Endings()
+    coord = Coordinator(endpoint, id="soak-coord", callbacks=ends.callbacks, heartbeat_ms=200,
                         reconnect_min=0.05, reconnect_max=0.3)
     try:
         assert coord.wait_for("ready", 10)
@@ -109,8 +95,7 @@ def soak_round(endpoint: str, faults: int, fault: Callable[[], None], rng: rando
         next_fault = time.monotonic() + 0.5
         deadline = time.monotonic() + 240 + 2 * faults
         while True:
-            with lock:
-                done = len(ended)
+            done = ends.count()
             faulting = made < faults
             if not faulting and done >= submitted:
                 break
@@ -130,18 +115,17 @@ def soak_round(endpoint: str, faults: int, fault: Callable[[], None], rng: rando
                 made += 1
                 next_fault = time.monotonic() + 0.3 + rng.random() * 0.4
             time.sleep(0.01)
-        with lock:
-            outcomes = {t: list(v) for t, v in ended.items()}
+        outcomes = ends.outcomes()
         finished = sum(1 for v in outcomes.values() if v == ["finished"])
         failed = sum(1 for v in outcomes.values() if len(v) == 1 and v[0].startswith("failed"))
         print(f"soak {tag}: {submitted} tasks, {finished} finished, {failed} failed after "
-              f"{ATTEMPTS} attempts, {faults} faults, {len(requeued)} attempts re-queued")
+              f"{ATTEMPTS} attempts, {faults} faults, {len(ends.requeued)} attempts re-queued")
         assert sorted(outcomes) == sorted(f"{tag}-{i}" for i in range(submitted))
         twice = {t: v for t, v in outcomes.items() if len(v) != 1}
         assert not twice, f"tasks that ended more than once: {twice}"
         assert finished + failed == submitted, outcomes  # none cancelled, none lost
         assert submitted > faults
-        assert requeued  # the faults did land on running tasks
+        assert ends.requeued  # the faults did land on running tasks
     finally:
         coord.close()
 
