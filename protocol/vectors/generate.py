@@ -29,7 +29,9 @@ TYPES = {"HELLO": 0x01, "WELCOME": 0x02, "HEARTBEAT": 0x03, "DISCONNECT": 0x04,
          # stream flow control and replay (SPEC §12.9)
          "REPLAY": 0x40, "ACK": 0x41, "STREAM_GAP": 0x42, "DATA_CREDIT": 0x48,
          # reliable data (SPEC §12.11)
-         "DATA_ACK": 0x49, "DATA_LOST": 0x4A}
+         "DATA_ACK": 0x49, "DATA_LOST": 0x4A,
+         # batched data (SPEC §12.12)
+         "DATA_BATCH": 0x4B}
 
 
 def header(type_id, version=1, sig=b"RL"):
@@ -440,6 +442,25 @@ def invalid_task(name, type_name, fields, note, code=402):
     return invalid(name, pack(fields), code, note, type_name)
 
 
+# batched data (SPEC §12.12): items stand for DATA first_index, first_index + 1, ...
+def batch_item(n, **extra):
+    return {"data_id": f"data_c0_{n:06d}", "buffer_id": BUFFER,
+            "meta": {"env_id": n % 4, "unroll_len": 32}, **extra}
+
+
+VALID.append(valid("data_batch_three", "DATA_BATCH",
+                   {"task_id": COLLECTOR_TASK, "attempt": 1, "first_index": 45,
+                    "items": [batch_item(45), batch_item(46, payload=b"\x00\x01\xfe\xff"),
+                              batch_item(47, policy_version=7)]},
+                   "DATA 45, 46 (with an inline payload) and 47 (collected with policy "
+                   "version 7) in one message"))
+VALID.append(valid("data_batch_meta_nests_12", "DATA_BATCH",
+                   {"task_id": COLLECTOR_TASK, "attempt": 2, "first_index": 2 ** 63,
+                    "items": [{"data_id": "", "buffer_id": "", "meta": {"x": nested(11)}}]},
+                   "the highest first index, empty ids, and meta with 11 arrays in it: the "
+                   "deepest meta a data_batch event can carry (SPEC §12.2.3.1)"))
+
+
 INVALID += [
     invalid_task("task_id_space", "STARTED", {"task_id": "collector task 0a1b2c", "attempt": 1},
                  "task ids follow the peer id rule: no spaces"),
@@ -546,6 +567,46 @@ INVALID += [
                  {"task_id": COLLECTOR_TASK, "attempt": 1, "reason": "x",
                   "result": {"x": nested(14)}},
                  "result and 14 arrays in it: one level more than the failed event can carry"),
+    invalid_task("data_batch_no_items", "DATA_BATCH",
+                 {"task_id": COLLECTOR_TASK, "attempt": 1, "first_index": 1, "items": []},
+                 "a batch carries at least one item"),
+    invalid_task("data_batch_items_not_array", "DATA_BATCH",
+                 {"task_id": COLLECTOR_TASK, "attempt": 1, "first_index": 1,
+                  "items": batch_item(1)},
+                 "items is an array of items, not one item"),
+    invalid_task("data_batch_item_not_map", "DATA_BATCH",
+                 {"task_id": COLLECTOR_TASK, "attempt": 1, "first_index": 1,
+                  "items": [batch_item(1), "data_c0_000002"]},
+                 "every item is a map"),
+    invalid_task("data_batch_item_no_buffer_id", "DATA_BATCH",
+                 {"task_id": COLLECTOR_TASK, "attempt": 1, "first_index": 1,
+                  "items": [batch_item(1), {"data_id": "d2", "meta": {}}]},
+                 "the second item lacks buffer_id"),
+    invalid_task("data_batch_item_meta_not_map", "DATA_BATCH",
+                 {"task_id": COLLECTOR_TASK, "attempt": 1, "first_index": 1,
+                  "items": [{"data_id": "d", "buffer_id": BUFFER, "meta": [1, 2]}]},
+                 "an item's meta is a map"),
+    invalid_task("data_batch_item_payload_str", "DATA_BATCH",
+                 {"task_id": COLLECTOR_TASK, "attempt": 1, "first_index": 1,
+                  "items": [batch_item(1, payload="text")]},
+                 "an item's payload is bin, not str"),
+    invalid_task("data_batch_item_meta_nests_13", "DATA_BATCH",
+                 {"task_id": COLLECTOR_TASK, "attempt": 1, "first_index": 1,
+                  "items": [{"data_id": "d", "buffer_id": BUFFER, "meta": {"x": nested(12)}}]},
+                 "meta and 12 arrays in it: 13 levels, one more than a data_batch event can "
+                 "carry"),
+    invalid_task("data_batch_first_index_zero", "DATA_BATCH",
+                 {"task_id": COLLECTOR_TASK, "attempt": 1, "first_index": 0,
+                  "items": [batch_item(1)]},
+                 "DATA indexes count from 1"),
+    invalid_task("data_batch_first_index_past_2_63", "DATA_BATCH",
+                 {"task_id": COLLECTOR_TASK, "attempt": 1, "first_index": 2 ** 63 + 1,
+                  "items": [batch_item(1)]},
+                 "first_index is at most 2^63, so no batch's last index overflows"),
+    invalid_task("data_batch_1025_items", "DATA_BATCH",
+                 {"task_id": COLLECTOR_TASK, "attempt": 1, "first_index": 1,
+                  "items": [{}] * 1025},
+                 "1025 items: past the array limit of SPEC §5.1", code=401),
 ]
 
 

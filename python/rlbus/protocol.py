@@ -140,7 +140,7 @@ class FieldSpec:
     """One field of a message or event body, as messages.json declares it."""
 
     __slots__ = ("name", "type", "required", "verbatim", "always_encoded", "key", "check",
-                 "rules", "is_resources", "is_bin")
+                 "rules", "is_resources", "is_bin", "is_items")
 
     def __init__(self, d: Mapping[str, Any]) -> None:
         self.name: str = str(d["name"])
@@ -153,6 +153,7 @@ class FieldSpec:
         self.key: bytes = msgpack.packb(self.name, use_bin_type=True)
         self.is_resources = self.type == "map<str,number>"
         self.is_bin = self.type == "bin"
+        self.is_items = self.type == "data-items"
         self.check: _Check = _make_check(self.name, self.type, d)
 
     def as_dict(self) -> Dict[str, Any]:
@@ -231,10 +232,38 @@ def _make_check(name: str, typ: str, d: Mapping[str, Any]) -> _Check:
                 levels = nesting(v)
                 if levels > max_nesting:
                     return (f"{name} nests {levels} levels of maps and arrays, more than the "
-                            f"{max_nesting} it may have, since the broker relays it one level "
-                            f"deeper")
+                            f"{max_nesting} it may have, since the broker relays it deeper inside "
+                            f"an event")
             return None
         return check_map
+    if typ == "data-items":
+        min_items = int(d.get("min_items", 1))
+        max_items = int(d.get("max_items", _MAX_ARRAY))
+        item_fields = tuple(FieldSpec(f) for f in d.get("item_fields", ()))
+
+        def check_items(v: Any) -> Optional[str]:
+            if isinstance(v, Raw):  # as it came: read with every map as its pairs
+                u = _make_unpacker(True, len(v))
+                u.feed(bytes(v))
+                v = u.unpack()
+            if not isinstance(v, list) or type(v) is _Pairs:
+                return f"{name} must be an array of items"
+            if not min_items <= len(v) <= max_items:
+                return f"{name} must hold {min_items}..{max_items} items"
+            for i, item in enumerate(v):
+                if type(item) is _Pairs:  # an item is a body of fields: str keys, no two alike
+                    keys = [k for k, _ in item]
+                    if not all(type(k) is str for k in keys) or len(set(keys)) != len(keys):
+                        return f"{name}: item {i} has a key that is not a str, or one twice"
+                    item = dict(item)
+                if not isinstance(item, dict):
+                    return f"{name}: item {i} is not a map"
+                try:
+                    _check_fields(f"{name} item {i}", item_fields, item)
+                except ProtocolError as e:
+                    return e.reason
+            return None
+        return check_items
     if typ == "msgpack-any":
         return lambda v: None
     if typ == "map<str,number>":
@@ -648,7 +677,7 @@ def _check_fields(spec_name: str, fields: Sequence[FieldSpec], values: Dict[str,
             continue
         if v is None and f.type != "msgpack-any":
             raise ProtocolError(402, f"{spec_name}: {f.name} must not be nil")
-        why = f.check(v.value() if f.verbatim and isinstance(v, Raw) else v)
+        why = f.check(v.value() if f.verbatim and isinstance(v, Raw) and not f.is_items else v)
         if why is not None:
             raise ProtocolError(402, f"{spec_name}: {why}")
         if f.is_resources and raw_counts is not None and raw_counts.get(f.name, -1) != len(v):

@@ -222,7 +222,22 @@ class Field:
             return rand_user_value(rng, 3, want_map=True)
         if t == "msgpack-any":
             return rand_user_value(rng, 3)
+        if t == "data-items":
+            return self.items(rng, rng.randrange(1, 4))
         raise AssertionError(f"unknown field type {t}")
+
+    def item(self, rng: random.Random, **override: bytes) -> bytes:
+        """One random valid data item (of a data-items field): every required field and some
+        optional ones, `override` replacing a field's value."""
+        fields = [Field(f) for f in self.d["item_fields"]]
+        pairs = [(m_str(f.name), override.get(f.name, f.valid(rng))) for f in fields
+                 if f.required or rng.random() < 0.5]
+        return m_map(pairs, rng.choice([0, 0, 2]))
+
+    def items(self, rng: random.Random, n: int, **override: bytes) -> bytes:
+        """An array of `n` random valid data items."""
+        return m_array_header(n, rng.choice([0, 0, 2])) + b"".join(
+            self.item(rng, **override) for _ in range(n))
 
     def edges(self) -> List[Tuple[str, bytes]]:
         """Values at the edges of the field's range and one past (label, bytes)."""
@@ -302,6 +317,28 @@ class Field:
                     ("res-utf8-key-65", m_map([(m_str("a" + "\u00e9" * 32), m_uint(1))])),
                     ("res-key-invalid-utf8", m_map([(m_str(b"c\xffu"), m_uint(1))])),
                     ("res-nested", m_map([(m_str("cpu"), m_map([]))]))]
+        elif t == "data-items":
+            rng = random.Random(7)
+            item = self.item(rng)
+            out += [("items-empty", m_array_header(0)), ("items-one", self.items(rng, 1)),
+                    ("items-1024", m_array_header(1024) + item * 1024),
+                    ("items-1025", m_array_header(1025) + item * 1025),
+                    ("items-array16", m_array_header(2, 2) + item * 2),
+                    ("items-not-array", item), ("item-not-map", b"\x92" + item + m_uint(1)),
+                    ("item-empty-map", b"\x91\x80"),
+                    ("item-no-buffer-id",
+                     b"\x91" + m_map([(m_str("data_id"), m_str("d")), (m_str("meta"), b"\x80")])),
+                    ("item-unknown-key",
+                     b"\x91" + m_map([(m_str("data_id"), m_str("d")), (m_str("buffer_id"), m_str("")),
+                                     (m_str("meta"), b"\x80"), (m_str("x"), m_uint(1))])),
+                    ("item-dup-key",
+                     b"\x91" + m_map([(m_str("data_id"), m_str("d")), (m_str("data_id"), m_str("e")),
+                                     (m_str("buffer_id"), m_str("")), (m_str("meta"), b"\x80")])),
+                    ("item-meta-depth-12", self.items(rng, 1, meta=m_map([(m_str("x"), m_nested(11))]))),
+                    ("item-meta-depth-13", self.items(rng, 1, meta=m_map([(m_str("x"), m_nested(12))]))),
+                    ("item-meta-array", self.items(rng, 1, meta=b"\x90")),
+                    ("item-payload-str", self.items(rng, 1, payload=m_str("x"))),
+                    ("item-version-0", self.items(rng, 1, policy_version=m_uint(0)))]
         elif t in ("msgpack-map", "msgpack-any"):
             out += [("user-empty-map", m_map([])), ("user-map16", m_map([], 2)),
                     ("user-array-key", m_map([(b"\x91\x01", m_uint(1))])),
@@ -339,7 +376,7 @@ class Field:
         takes = {
             "uint": {"uint"}, "bool": {"bool"}, "str": {"str"}, "bin": {"bin"},
             "map<str,number>": {"empty-map"}, "msgpack-map": {"map", "empty-map"},
-            "msgpack-any": set(kinds),
+            "msgpack-any": set(kinds), "data-items": set(),
         }[self.type]
         return [(k, v) for k, v in kinds.items() if k not in takes]
 
@@ -376,6 +413,10 @@ def plain_value(f: "Field", rng: random.Random) -> Any:
                 for name in rng.sample(["cpu", "gpu", "mem", "Z", "a_b"], rng.randrange(0, 5))}
     if t == "msgpack-map":
         return plain_user_value(rng, 3, want_map=True)
+    if t == "data-items":
+        fields = [Field(d) for d in f.d["item_fields"]]
+        return [{g.name: plain_value(g, rng) for g in fields if g.required or rng.random() < 0.5}
+                for _ in range(rng.randrange(1, 4))]
     return plain_user_value(rng, 3)
 
 

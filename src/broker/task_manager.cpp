@@ -3,10 +3,12 @@
 #include "broker/task_manager.hpp"
 
 #include <algorithm>
+#include <span>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "codec/codec.hpp"
 #include "codec/map_writer.hpp"
 
 namespace rlbus::broker {
@@ -412,7 +414,8 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
                       std::is_same_v<T, codec::learn_info> ||
                       std::is_same_v<T, codec::task_result> ||
                       std::is_same_v<T, codec::task_failed> ||
-                      std::is_same_v<T, codec::task_alive> || std::is_same_v<T, codec::data_lost>) {
+                      std::is_same_v<T, codec::task_alive> || std::is_same_v<T, codec::data_lost> ||
+                      std::is_same_v<T, codec::data_batch>) {
           task_id = &task_id_of(v);
           attempt = attempt_of(v);
         }
@@ -512,6 +515,8 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
     if (d->policy_version) body.uint("policy_version", *d->policy_version);
     emit(t, "data", body.done(), d->data_id);
     relayed(d->index, size);
+  } else if (const auto* b = std::get_if<codec::data_batch>(&m)) {
+    return on_data_batch(t, *b, now);
   } else if (std::holds_alternative<codec::task_alive>(m)) {
     // The worker is busy, not gone: its start or step deadline moves a full timeout on. The
     // task timeout still caps it (set_deadline), and nothing is emitted (§12.3.19).
@@ -614,6 +619,60 @@ std::optional<refusal> task_manager::on_data_lost(task& t, const codec::data_los
        codec::map_writer(2).uint("first_index", first).uint("last_index", l.last).done(),
        fmt::format("{}..{}", first, l.last));
   if (t.credited) grant(streams_[t.owner], nullptr);
+  return std::nullopt;
+}
+
+// Consecutive indexed DATA in one message (§12.12.3), judged as its items would be one by
+// one: duplicates at its front are dropped, the new items use credit and leave as one
+// `data_batch`, spliced from the batch's bytes.
+std::optional<refusal> task_manager::on_data_batch(task& t, const codec::data_batch& b,
+                                                   util::time_point now) {
+  if ((t.st != state::running && t.st != state::closing) || t.kind != rlbus::role::collector) {
+    auto r = refuse(codec::error_code::wrong_state,
+                    fmt::format("task '{}': DATA_BATCH belongs to a running collector task", t.id));
+    r.late = t.st == state::closing;
+    return r;
+  }
+  const auto items = codec::split_items(b.items);
+  const std::uint64_t n = items.size();
+  const auto last = b.first_index + n - 1;  // first_index <= 2^63: no overflow
+  if (last <= t.data_relayed) {
+    counts_.data_duplicates += n;
+    return std::nullopt;
+  }
+  if (past_next(t, b.first_index)) {
+    counts_.data_out_of_order += n - 1;  // past_next counted one
+    return std::nullopt;
+  }
+  const auto skip = t.data_relayed + 1 - b.first_index;  // duplicates at the front
+  const auto fresh = n - skip;
+  if (t.credited && fresh > t.data_limit - t.data_accepted)
+    return refuse(codec::error_code::no_credit,
+                  fmt::format("task '{}': attempt {} was granted {} DATA and has sent {}; a batch "
+                              "of {} more goes past it: wait for DATA_CREDIT",
+                              t.id, t.attempt, t.data_limit, t.data_accepted, fresh));
+  counts_.data_duplicates += skip;
+  t.data_accepted += fresh;
+  if (t.st == state::running) set_deadline(t, now + t.step_timeout);
+  const auto first = t.data_relayed + 1;
+  const std::span<const std::string_view> fresh_items(items.data() + skip, fresh);
+  std::size_t bytes = 0;
+  auto& s = streams_[t.owner];
+  for (const auto item : fresh_items) {
+    bytes += item.size();
+    // A unit of credit costs what the stream's largest item does (§12.12.3).
+    s.max_data_bytes = std::max(s.max_data_bytes, item.size());
+  }
+  emit(t, "data_batch",
+       codec::map_writer(2, 32 + bytes).uint("first_index", first).array("items", fresh_items).done(),
+       fmt::format("{}..{}", first, last));
+  t.data_relayed = last;
+  t.out_of_order = 0;
+  t.ack_pending += fresh;
+  t.ack_pending_bytes += bytes;
+  if (t.ack_pending >= data_ack_every || t.ack_pending_bytes >= data_ack_bytes)
+    send_data_ack(t, false);
+  if (t.credited && (t.data_limit - t.data_accepted) * 2 <= chunk_of(s)) grant(s, nullptr);
   return std::nullopt;
 }
 

@@ -213,6 +213,7 @@ class task_manager {
   std::optional<refusal> on_worker_message(const std::string& from, codec::message&& m,
                                            util::time_point now);
   std::optional<refusal> on_data_lost(task& t, const codec::data_lost& l, util::time_point now);
+  std::optional<refusal> on_data_batch(task& t, const codec::data_batch& b, util::time_point now);
   std::optional<refusal> on_leaving(const std::string& from, const codec::leaving& l,
                                     util::time_point now);
   /// Whether `index` lies past the attempt's next DATA index (a gap): counted, and a resend

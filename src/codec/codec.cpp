@@ -421,6 +421,8 @@ std::optional<std::string_view> type_name(std::uint8_t id) noexcept {
       return "DATA_ACK";
     case msg_type::data_lost:
       return "DATA_LOST";
+    case msg_type::data_batch:
+      return "DATA_BATCH";
     case msg_type::event:
       return "EVENT";
   }

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <utility>
 #include <variant>
+#include <vector>
 
 #include <msgpack.hpp>
 
@@ -79,6 +80,39 @@ bool is_task_type(std::uint8_t type) noexcept;
 /// maps and arrays (§12.2.3.1). What the broker's decoder would say, without a whole message.
 std::optional<decode_error> check_user_map(std::string_view value, std::size_t max_nesting = 0,
                                            const decode_limits& limits = {});
+
+/// A `data_batch` event's body (§12.5.6, §12.12): the index of its first item and each item's
+/// bytes (views into the body): a map of data_id, buffer_id, meta, payload?,
+/// policy_version?, the body a `data` event with that item would carry.
+struct batch_view {
+  std::uint64_t first_index = 1;
+  std::vector<std::string_view> items;
+};
+/// Reads and checks a `data_batch` body as the field rules of DATA_BATCH say. Never throws.
+result<batch_view> read_data_batch_body(std::string_view body);
+
+/// The items of `items`, an array that passed decoding (DATA_BATCH's): each item's bytes,
+/// in order. Views into `items`.
+std::vector<std::string_view> split_items(std::string_view items);
+
+/// Builds DATA_BATCH's `items` (§12.12.2) one item at a time, each in canonical form.
+class items_writer {
+ public:
+  items_writer();
+  /// The item a DATA stands for: its data_id, buffer_id, meta, payload and policy_version.
+  void add(const data_ready& d);
+  void add(const data_item& item);
+  [[nodiscard]] std::size_t count() const noexcept { return count_; }
+  /// The bytes written so far (the array's header aside).
+  [[nodiscard]] std::size_t bytes() const noexcept { return buf_.size() - header_room; }
+  /// The array, moved out; the writer is empty again.
+  [[nodiscard]] blob done();
+
+ private:
+  static constexpr std::size_t header_room = 3;  // an array16 header: up to 65535 items
+  blob buf_;
+  std::size_t count_ = 0;
+};
 
 /// True when `id` is a valid peer id: 1..128 bytes of [A-Za-z0-9._:@/-].
 bool valid_peer_id(std::string_view id) noexcept;

@@ -401,6 +401,8 @@ std::pair<std::size_t, std::size_t> nesting(std::string_view buf, std::size_t po
 
 }  // namespace
 
+std::size_t value_end(std::string_view buf, std::size_t pos) { return nesting(buf, pos).second; }
+
 std::optional<decode_error> check_user_map_impl(std::string_view value, std::size_t max_nesting,
                                                 const decode_limits& limits) {
   checker c(value, limits);
@@ -416,7 +418,7 @@ std::optional<decode_error> check_user_map_impl(std::string_view value, std::siz
     if (levels > max_nesting)
       return decode_error{error_code::bad_field,
                           fmt::format("nests {} levels of maps and arrays, more than the {} it "
-                                      "may have, since the broker relays it one level deeper",
+                                      "may have, since the broker relays it deeper inside an event",
                                       levels, max_nesting)};
   }
   return std::nullopt;
@@ -436,10 +438,33 @@ void field_reader::blob(std::string_view key, std::string& out, bool required, b
     const auto levels = nesting(body_, f.begin).first;
     if (levels > max_nesting)
       return fail(key, fmt::format("nests {} levels of maps and arrays, more than the {} it may "
-                                   "have, since the broker relays it one level deeper",
+                                   "have, since the broker relays it deeper inside an event",
                                    levels, max_nesting));
   }
   out.assign(body_.substr(f.begin, f.end - f.begin));
+}
+
+void field_reader::items(std::string_view key, std::string* out,
+                         std::vector<std::string_view>* views, std::size_t max_items,
+                         const std::function<std::optional<std::string>(std::string_view)>& check) {
+  const auto a = get(key, true);
+  if (!a) return;
+  if (a->k != head::kind::array) return fail(key, "expected an array of items");
+  if (a->n == 0) return fail(key, "holds no item: a batch carries at least one");
+  if (a->n > max_items) return fail(key, fmt::format("more than {} items", max_items));
+  const auto& f = at(next_ - 1);  // the field get() just found
+  if (views != nullptr) views->reserve(a->n);
+  auto pos = a->data;
+  for (std::uint64_t i = 0; i < a->n; ++i) {
+    const auto end = nesting(body_, pos).second;
+    const auto item = body_.substr(pos, end - pos);
+    if (read_head(body_, pos)->k != head::kind::map)
+      return fail(key, fmt::format("item {} is not a map", i));
+    if (auto why = check(item)) return fail(key, fmt::format("item {}: {}", i, *why));
+    if (views != nullptr) views->push_back(item);
+    pos = end;
+  }
+  if (out != nullptr) out->assign(body_.substr(f.begin, f.end - f.begin));
 }
 
 void field_reader::string_list(std::string_view key, std::vector<std::string>& out,

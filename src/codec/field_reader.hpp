@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cmath>
+#include <functional>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -37,6 +38,9 @@ struct head {
 /// The header of the value at `pos`, or nullopt when it runs past the end of `buf` or is the
 /// never-used byte 0xc1. Payload lengths are not checked against `buf`.
 std::optional<head> read_head(std::string_view buf, std::size_t pos);
+
+/// The offset just past the value at `pos` of bytes that passed the limits check.
+std::size_t value_end(std::string_view buf, std::size_t pos);
 
 /// codec::check_user_map's work (it needs the body checker of field_reader.cpp).
 std::optional<decode_error> check_user_map_impl(std::string_view value, std::size_t max_nesting,
@@ -133,6 +137,13 @@ class field_reader {
   /// and arrays in it, its own included.
   void blob(std::string_view key, std::string& out, bool required, bool want_map,
             bool allow_nil = false, std::size_t max_nesting = 0);
+
+  /// An array of 1..max_items maps (DATA_BATCH's `items`): kept as its exact bytes in `out`
+  /// and/or each item's bytes (views into the body) in `views`, either may be null. `check`
+  /// says why one item is not what the array must hold (nullopt: it is).
+  void items(std::string_view key, std::string* out, std::vector<std::string_view>* views,
+             std::size_t max_items,
+             const std::function<std::optional<std::string>(std::string_view)>& check);
 
   void string_list(std::string_view key, std::vector<std::string>& out, std::size_t max_items,
                    std::size_t max_len);

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <string_view>
 
 #include <msgpack.hpp>
@@ -38,6 +39,14 @@ class map_writer {
     pk_.pack(k);
     pk_.pack_bin(static_cast<std::uint32_t>(v.size()));
     pk_.pack_bin_body(v.data(), static_cast<std::uint32_t>(v.size()));
+    return *this;
+  }
+  /// An array of `items`, each one complete msgpack value, spliced in as they are.
+  template <class Items>
+  map_writer& array(std::string_view k, const Items& items) {
+    pk_.pack(k);
+    pk_.pack_array(static_cast<std::uint32_t>(std::size(items)));
+    for (const auto& item : items) buf_.bytes.append(item);
     return *this;
   }
   /// The map, moved out: call once, last.

@@ -67,6 +67,7 @@ using message =
                  policy,                                // (§13)
                  replay, ack, stream_gap, data_credit,  // stream flow control (§12.9)
                  data_ack, data_lost,                   // reliable data (§12.11)
+                 data_batch,                            // batched data (§12.12)
                  task_alive,                            // keep-alive of an attempt
                  leaving,                               // the worker will go away (§12.3.20)
                  policy_update>;                        // a newer policy version (§13.4.6)

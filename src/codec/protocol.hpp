@@ -59,6 +59,7 @@ enum class msg_type : std::uint8_t {
   data_credit = 0x48,
   data_ack = 0x49,   // broker -> collector: what the broker relayed (§12.11)
   data_lost = 0x4A,  // collector -> broker: DATA it dropped unconfirmed (§12.11)
+  data_batch = 0x4B,  // collector -> broker: consecutive DATA in one message (§12.12)
   event = 0x60,
 };
 

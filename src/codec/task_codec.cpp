@@ -47,6 +47,10 @@ struct writer {
     pk.pack(k);
     out.write(v.data(), v.size());  // already one complete msgpack value
   }
+  void operator()(std::string_view k, const blob& v, rule::items /*r*/) {
+    pk.pack(k);
+    out.write(v.data(), v.size());  // the array of items, as it travels
+  }
   void operator()(std::string_view k, const std::optional<blob>& v, rule::shape /*s*/) {
     if (!v) return;
     pk.pack(k);
@@ -93,10 +97,19 @@ struct reader {
     read_blob(k, v.emplace(), s);
   }
   void read_blob(std::string_view k, blob& v, rule::shape s) {
-    const bool map = s == rule::shape::map || s == rule::shape::relayed_map;
+    const bool map = s == rule::shape::map || s == rule::shape::relayed_map ||
+                     s == rule::shape::batched_map;
     r.blob(k, v, true, map, !map,
-           s == rule::shape::relayed_map ? rule::max_relayed_nesting : 0);
+           s == rule::shape::relayed_map   ? rule::max_relayed_nesting
+           : s == rule::shape::batched_map ? rule::max_batched_nesting
+                                           : 0);
   }
+  void operator()(std::string_view k, blob& v, rule::items it) {
+    r.items(k, &v, nullptr, it.max, check_item);
+  }
+  // Why one item of a DATA_BATCH is not a data item (§12.12.2), nullopt when it is. The
+  // batch passed the limits as a whole, so its items are within them too.
+  static std::optional<std::string> check_item(std::string_view bytes);
   void operator()(std::string_view k, rlbus::resources& v) { r.resources(k, v); }
   void operator()(std::string_view k, std::optional<std::string>& v, rule::id /*r*/) {
     if (!r.has(k)) return;
@@ -113,6 +126,14 @@ struct reader {
     v = std::move(bytes);
   }
 };
+
+std::optional<std::string> reader::check_item(std::string_view bytes) {
+  field_reader ir(bytes, decode_limits{});
+  data_item item;
+  data_item::fields(item, reader{ir});
+  if (ir.fault()) return ir.fault()->reason;
+  return std::nullopt;
+}
 
 template <class T>
 result<message> read_as(field_reader& r) {
@@ -188,6 +209,8 @@ result<message> read_task(std::uint8_t type, field_reader& r) {
       return read_as<data_ack>(r);
     case msg_type::data_lost:
       return read_as<data_lost>(r);
+    case msg_type::data_batch:
+      return read_as<data_batch>(r);
     default:
       break;
   }
@@ -232,6 +255,7 @@ RLBUS_INSTANTIATE(stream_gap)
 RLBUS_INSTANTIATE(data_credit)
 RLBUS_INSTANTIATE(data_ack)
 RLBUS_INSTANTIATE(data_lost)
+RLBUS_INSTANTIATE(data_batch)
 #undef RLBUS_INSTANTIATE
 
 }  // namespace rlbus::codec::detail
@@ -255,6 +279,84 @@ std::optional<capacity_change> parse_capacity_change(std::string_view text) noex
   if (text == "decrease") return capacity_change::decrease;
   if (text == "snapshot") return capacity_change::snapshot;
   return std::nullopt;
+}
+
+namespace {
+struct blob_sink {  // what msgpack::packer writes to
+  blob& bytes;
+  void write(const char* p, std::size_t n) { bytes.append(p, n); }
+};
+
+void write_item(blob& out, std::string_view data_id, std::string_view buffer_id, const blob& meta,
+                const std::optional<std::string>& payload,
+                const std::optional<std::uint64_t>& policy_version) {
+  blob_sink sink{out};
+  msgpack::packer<blob_sink> pk(sink);
+  pk.pack_map(3 + (payload ? 1 : 0) + (policy_version ? 1 : 0));
+  pk.pack(std::string_view("data_id")).pack(data_id);
+  pk.pack(std::string_view("buffer_id")).pack(buffer_id);
+  pk.pack(std::string_view("meta"));
+  out.append(meta);
+  if (payload) {
+    pk.pack(std::string_view("payload"));
+    pk.pack_bin(static_cast<std::uint32_t>(payload->size()));
+    pk.pack_bin_body(payload->data(), static_cast<std::uint32_t>(payload->size()));
+  }
+  if (policy_version) pk.pack(std::string_view("policy_version")).pack(*policy_version);
+}
+}  // namespace
+
+items_writer::items_writer() : buf_(header_room, '\0') {}
+
+void items_writer::add(const data_ready& d) {
+  write_item(buf_, d.data_id, d.buffer_id, d.meta, d.payload, d.policy_version);
+  ++count_;
+}
+
+void items_writer::add(const data_item& item) {
+  write_item(buf_, item.data_id, item.buffer_id, item.meta, item.payload, item.policy_version);
+  ++count_;
+}
+
+blob items_writer::done() {
+  // The header goes just before the first item, in its smallest form (§5.5).
+  std::size_t at = 0;
+  if (count_ <= 15) {
+    at = 2;
+    buf_[2] = static_cast<char>(0x90U | count_);
+  } else {
+    buf_[0] = static_cast<char>(0xdcU);
+    buf_[1] = static_cast<char>((count_ >> 8U) & 0xffU);
+    buf_[2] = static_cast<char>(count_ & 0xffU);
+  }
+  buf_.erase(0, at);
+  blob out = std::move(buf_);
+  buf_.assign(header_room, '\0');
+  count_ = 0;
+  return out;
+}
+
+result<batch_view> read_data_batch_body(std::string_view body) {
+  detail::field_reader r(body, decode_limits{});
+  batch_view out;
+  r.uint("first_index", out.first_index, 1, std::uint64_t{1} << 63U);
+  r.items("items", nullptr, &out.items, max_batch_items, detail::reader::check_item);
+  if (r.fault()) return *r.fault();
+  return out;
+}
+
+std::vector<std::string_view> split_items(std::string_view items) {
+  std::vector<std::string_view> out;
+  const auto a = detail::read_head(items, 0);
+  if (!a || a->k != detail::head::kind::array) return out;
+  out.reserve(a->n);
+  auto pos = a->data;
+  for (std::uint64_t i = 0; i < a->n && pos < items.size(); ++i) {
+    const auto end = detail::value_end(items, pos);
+    out.push_back(items.substr(pos, end - pos));
+    pos = end;
+  }
+  return out;
 }
 
 bool is_task_type(std::uint8_t type) noexcept {
@@ -288,6 +390,7 @@ bool is_task_type(std::uint8_t type) noexcept {
     case msg_type::data_credit:
     case msg_type::data_ack:
     case msg_type::data_lost:
+    case msg_type::data_batch:
       return true;
     default:
       return false;

@@ -31,8 +31,15 @@ struct range {
 };
 // relayed_map: a map the broker relays one level deeper than it came (DATA's meta inside a
 // `data` event's body, ...), so it may nest at most max_relayed_nesting levels (§12.2.3.1).
-enum class shape { map, any, map_or_nil, relayed_map };
+// batched_map: a DATA_BATCH item's meta, relayed three levels deeper than a DATA's meta
+// comes (inside the item, `items`, the event's body), so it nests at most 12 (§12.2.3.1).
+enum class shape { map, any, map_or_nil, relayed_map, batched_map };
 inline constexpr std::size_t max_relayed_nesting = 14;
+inline constexpr std::size_t max_batched_nesting = 12;
+// items: DATA_BATCH's array of 1..max data items, kept as its exact bytes (§12.12.2).
+struct items {
+  std::size_t max;
+};
 struct bin {
   std::size_t max;
 };
@@ -555,6 +562,47 @@ struct data_lost {
     f("attempt", s.attempt, rule::attempt);
     f("first", s.first, rule::range{1, ~std::uint64_t{0}});
     f("last", s.last, rule::range{1, ~std::uint64_t{0}});
+  }
+};
+
+/// One item of a DATA_BATCH (§12.12.2): the DATA it stands for, without the task, the
+/// attempt and the index, which the batch gives once. Not a message: its fields() drive the
+/// check of every item a batch carries, and the SDK's writing of them.
+struct data_item {
+  std::string data_id;
+  std::string buffer_id;
+  blob meta = empty_map_blob;
+  std::optional<std::string> payload;
+  std::optional<std::uint64_t> policy_version;
+  bool operator==(const data_item&) const = default;
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("data_id", s.data_id, rule::text{256});
+    f("buffer_id", s.buffer_id, rule::text{256});
+    f("meta", s.meta, rule::shape::batched_map);
+    f("payload", s.payload, rule::bin{~std::size_t{0}});
+    f("policy_version", s.policy_version, rule::version);
+  }
+};
+
+/// Items a DATA_BATCH carries at most (the array limit of §5.1).
+inline constexpr std::size_t max_batch_items = 1024;
+
+/// DATA_BATCH (collector -> broker): consecutive indexed DATA of an attempt in one message;
+/// item k has index first_index + k (§12.12). `items` is the msgpack array of data items
+/// exactly as it travels, so the broker relays items without decoding them into copies.
+struct data_batch {
+  std::string task_id;
+  std::uint32_t attempt = 1;
+  std::uint64_t first_index = 1;
+  blob items;
+  RLBUS_TASK_MESSAGE(data_batch, data_batch)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+    f("attempt", s.attempt, rule::attempt);
+    f("first_index", s.first_index, rule::range{1, std::uint64_t{1} << 63U});
+    f("items", s.items, rule::items{max_batch_items});
   }
 };
 
