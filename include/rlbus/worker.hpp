@@ -57,6 +57,12 @@ struct worker_options {
   /// missing in silence. DATA not sent yet wait in the outbox and are never dropped.
   std::size_t max_unconfirmed_data = 4096;
   std::size_t max_unconfirmed_bytes = std::size_t{16} << 20;
+  /// Batched data (SPEC §12.12): DATA that wait together in the outbox (emit_data called
+  /// faster than they leave) go as one DATA_BATCH of up to 1024 items and 64 KiB; one that
+  /// waits alone goes at once, as a DATA. No timer holds anything back, so there is nothing
+  /// to flush. The coordinator's callbacks see the same items either way. false: every DATA
+  /// alone (for a broker older than batched data).
+  bool batch_data = true;
   /// When set, SIGTERM makes the worker leave() with this deadline (the notice of a
   /// preempted machine or a cluster scheduler): the process installs a SIGTERM handler that
   /// only notes the signal, so the process goes on; wait for the task to end and stop().
@@ -201,6 +207,9 @@ class worker {
   [[nodiscard]] std::uint64_t data_dropped() const;
   /// DATA sent again after a reconnect, or because the broker asked (it drops duplicates).
   [[nodiscard]] std::uint64_t data_resent() const;
+  /// DATA_BATCH messages sent, and the DATA they carried (batch_data).
+  [[nodiscard]] std::uint64_t data_batches() const;
+  [[nodiscard]] std::uint64_t data_batched() const;
   /// The last error or refusal the broker sent, "" if none.
   [[nodiscard]] std::string last_error() const;
   [[nodiscard]] const worker_options& options() const;

@@ -33,7 +33,7 @@ constexpr std::uint64_t max_reconcile = 1'000'000;
 // Reads fields of a msgpack map body (from the broker: decoded under limits anyway).
 class body_fields {
  public:
-  explicit body_fields(const std::string& body) : body_(body), reader_(body_, {}) {}
+  explicit body_fields(std::string_view body) : reader_(body, {}) {}
   [[nodiscard]] bool ok() const { return !reader_.fault(); }
   std::string str(std::string_view key) {
     std::string out;
@@ -61,8 +61,7 @@ class body_fields {
   }
 
  private:
-  std::string body_;  // the reader's views point into it: body_fields is never moved
-  codec::detail::field_reader reader_;
+  codec::detail::field_reader reader_;  // views into the body: it outlives this
 };
 
 constexpr std::uint64_t ack_every = 32;  // processed events per ACK while more are queued
@@ -75,6 +74,14 @@ constexpr std::size_t max_early = 65'536;  // events kept that arrived ahead of 
 }  // namespace
 
 struct coordinator::impl {
+  // One item for the callback thread: a stream event, a range the broker lost, or a capacity
+  // report (which has no seq).
+  struct stream_item {
+    codec::task_event event;
+    std::uint64_t lost_first = 0, lost_last = 0;  // lost_last != 0: a lost range
+    std::optional<codec::capacity> capacity;      // set: a capacity report, not a stream step
+    std::uint64_t generation = 0;
+  };
   impl(coordinator_options o, coordinator_callbacks cb)
       : opts(std::move(o)), callbacks(std::move(cb)), ctx(1) {
     client::detail::validate(session_options());
@@ -123,6 +130,10 @@ struct coordinator::impl {
       if ((items[0].revents & ZMQ_POLLIN) != 0) s.on_readable(util::clock::now());
       s.on_timers(util::clock::now());
       std::lock_guard lock(mu);
+      if (notify_pending) {
+        notify_pending = false;
+        changed.notify_all();
+      }
       while (!outbox.empty() && s.send_ready(outbox.front())) outbox.pop_front();
     }
     s.stop();
@@ -148,7 +159,7 @@ struct coordinator::impl {
       item.generation = generation;
       events.push_back(std::move(item));
     }
-    changed.notify_all();
+    notify_pending = true;  // the callback thread is woken once the whole read is in
   }
 
   // ---- the stream (SPEC §12.9): I/O thread, `mu` held ----
@@ -252,48 +263,58 @@ struct coordinator::impl {
   }
 
   // ---- callback thread ----
+  // Takes everything queued at once: one wake-up and one lock for a whole turn of the I/O
+  // thread's reading, however many events it brought.
   void callback_loop() {
+    std::deque<stream_item> batch;
     while (true) {
-      stream_item item;
       {
         std::unique_lock lock(mu);
         changed.wait(lock, [&] { return cb_stop || !events.empty(); });
         if (cb_stop) return;
-        item = std::move(events.front());
-        events.pop_front();
+        batch.swap(events);
       }
-      if (item.capacity) {  // no seq: nothing to acknowledge
-        try {
-          on_capacity(*item.capacity);
-        } catch (const std::exception& ex) {
-          spdlog::error("coordinator {}: capacity callback threw: {}", opts.id, ex.what());
-        }
-        continue;
+      while (!batch.empty() && !cb_halt.load(std::memory_order_relaxed)) {
+        auto item = std::move(batch.front());
+        batch.pop_front();
+        handle(item, !batch.empty());
       }
-      const auto& e = item.event;
-      const bool lost = item.lost_last != 0;
-      try {
-        if (lost) {
-          if (callbacks.on_stream_lost) callbacks.on_stream_lost(item.lost_first, item.lost_last);
-        } else {
-          dispatch(e);
-        }
-      } catch (const std::exception& ex) {
-        spdlog::error("coordinator {}: callback for {} of task {} threw: {}", opts.id,
-                      lost ? "lost events" : e.event, e.task_id, ex.what());
-      }
-      processed_one(lost ? item.lost_last : e.seq, item.generation);
     }
+  }
+
+  // One item of the stream, on the callback thread; `more`: others are already in hand.
+  void handle(stream_item& item, bool more) {
+    if (item.capacity) {  // no seq: nothing to acknowledge
+      try {
+        on_capacity(*item.capacity);
+      } catch (const std::exception& ex) {
+        spdlog::error("coordinator {}: capacity callback threw: {}", opts.id, ex.what());
+      }
+      return;
+    }
+    const auto& e = item.event;
+    const bool lost = item.lost_last != 0;
+    try {
+      if (lost) {
+        if (callbacks.on_stream_lost) callbacks.on_stream_lost(item.lost_first, item.lost_last);
+      } else {
+        dispatch(e);
+      }
+    } catch (const std::exception& ex) {
+      spdlog::error("coordinator {}: callback for {} of task {} threw: {}", opts.id,
+                    lost ? "lost events" : e.event, e.task_id, ex.what());
+    }
+    processed_one(lost ? item.lost_last : e.seq, item.generation, more);
   }
 
   // Acknowledges processed events: every ack_every of them, and whenever the callback thread
   // has caught up, so a window smaller than ack_every never stalls.
-  void processed_one(std::uint64_t seq, std::uint64_t gen) {
+  void processed_one(std::uint64_t seq, std::uint64_t gen, bool more) {
     {
       std::lock_guard lock(mu);
       if (gen != generation) return;  // an event of a stream that has ended
       processed = seq;
-      if (++since_ack < ack_every && !events.empty()) return;
+      if (++since_ack < ack_every && (more || !events.empty())) return;
       since_ack = 0;
       // An ACK still waiting to go out is only made newer: ACKs are cumulative.
       if (!outbox.empty() && std::holds_alternative<codec::ack>(outbox.back())) {
@@ -324,6 +345,26 @@ struct coordinator::impl {
       body_fields f(e.body);
       if (cb.deal_with_collector_send_data)
         cb.deal_with_collector_send_data(e.task_id, f.str("buffer_id"), f.str("data_id"), e.body);
+    } else if (e.event == "data_batch") {
+      // Each item as the `data` it stands for, in order (§12.12.6).
+      const auto batch = codec::read_data_batch_body(e.body);
+      if (!batch) {
+        spdlog::error("coordinator {}: a data_batch of task {} is malformed: {}", opts.id,
+                      e.task_id, batch.error().reason);
+        return;
+      }
+      if (!cb.deal_with_collector_send_data) return;
+      std::string item;
+      for (const auto view : batch.value().items) {
+        body_fields f(view);
+        item.assign(view);
+        try {
+          cb.deal_with_collector_send_data(e.task_id, f.str("buffer_id"), f.str("data_id"), item);
+        } catch (const std::exception& ex) {  // one item's failure does not cost the others
+          spdlog::error("coordinator {}: callback for data of task {} threw: {}", opts.id,
+                        e.task_id, ex.what());
+        }
+      }
     } else if (e.event == "info") {
       if (cb.deal_with_collector_judge_finish(e.task_id, e.body)) post(codec::finish{e.task_id});
     } else if (e.event == "data_request") {
@@ -419,6 +460,7 @@ struct coordinator::impl {
     {
       std::lock_guard lock(mu);
       cb_stop = true;
+      cb_halt.store(true);
       changed.notify_all();
     }
     callback_thread.join();
@@ -434,14 +476,6 @@ struct coordinator::impl {
   mutable std::mutex mu;
   mutable std::condition_variable changed;
   std::deque<codec::message> outbox;
-  // One item for the callback thread: a stream event, a range the broker lost, or a capacity
-  // report (which has no seq).
-  struct stream_item {
-    codec::task_event event;
-    std::uint64_t lost_first = 0, lost_last = 0;  // lost_last != 0: a lost range
-    std::optional<codec::capacity> capacity;      // set: a capacity report, not a stream step
-    std::uint64_t generation = 0;
-  };
   std::deque<stream_item> events;  // in arrival order
   std::map<std::string, codec::submitted> acks;
   std::map<std::string, role> submitting;  // SUBMIT sent, SUBMITTED not yet here
@@ -463,6 +497,8 @@ struct coordinator::impl {
   std::uint64_t collectors = 0;  // as of the last capacity callback
   std::uint64_t learners = 0;
   bool cb_stop = false;
+  bool notify_pending = false;  // on_message queued something since the last notify
+  std::atomic<bool> cb_halt{false};  // cb_stop, seen without the lock by a batch in hand
   std::atomic<bool> io_stop{false};
   std::thread io_thread;
   std::thread callback_thread;

@@ -44,6 +44,10 @@ namespace {
 constexpr std::size_t max_outbox = 100'000;                  // messages waiting for the I/O thread
 constexpr std::chrono::milliseconds max_no_data_wait{2000};  // the longest NO_DATA hint obeyed
 constexpr std::size_t max_credit_entries = 16;               // attempts whose DATA_CREDIT is kept
+// A DATA_BATCH holds at most this many bytes of items (§12.12.5); an item's keys and headers
+// are counted at item_overhead.
+constexpr std::size_t max_batch_bytes = 64 * 1024;
+constexpr std::size_t item_overhead = 48;
 
 // SIGTERM for workers with leave_on_sigterm: the handler only notes it and wakes their I/O
 // loops through one pipe that is never drained, so every loop that still watches it wakes.
@@ -165,6 +169,8 @@ struct task_handle::owner {
   std::size_t max_bytes = std::size_t{16} << 20;
   std::uint64_t data_dropped = 0;
   std::uint64_t data_resent = 0;
+  std::uint64_t data_batches = 0;  // DATA_BATCH sent, and the DATA in them
+  std::uint64_t data_batched = 0;
 
   static std::size_t size_of(const codec::message& m) {
     if (const auto* i = std::get_if<codec::info>(&m)) return i->body.size();
@@ -238,13 +244,17 @@ struct task_handle::owner {
     }
   }
 
+  // The I/O thread is woken only when the outbox was empty: otherwise a wake-up is on its way,
+  // or the I/O thread is about to flush, or it waits for the socket to take more.
   bool post(codec::message m) {
+    bool first = false;
     {
       std::lock_guard lock(mu);
       if (outbox.size() >= max_outbox) return false;
+      first = outbox.empty();
       outbox.push_back(std::move(m));
     }
-    wake.notify();
+    if (first) wake.notify();
     return true;
   }
   // The RESULT or TASK_FAILED that ends an attempt: also kept, to go again after a resumption
@@ -276,6 +286,7 @@ struct task_handle::owner {
   // credit, or the outbox is full; what `make` throws leaves the sequence as it was.
   bool post_item(const task_handle& h,
                  const std::function<codec::message(std::uint64_t index)>& make) {
+    bool first = false;
     {
       std::unique_lock lock(mu);
       const auto key = std::make_pair(h.id_, h.attempt_);
@@ -290,9 +301,10 @@ struct task_handle::owner {
       if (!live(h) || !has_credit() || outbox.size() >= max_outbox) return false;
       auto m = make(data_sent + 1);
       ++data_sent;
+      first = outbox.empty();
       outbox.push_back(std::move(m));
     }
-    wake.notify();
+    if (first) wake.notify();  // as post() says
     return true;
   }
   // True while `h`'s attempt is the current one and not over.
@@ -460,9 +472,12 @@ struct worker::impl {
         [this](codec::message&& m) { on_task_message(std::move(m)); });
     s.start(util::clock::now());
     bool watching = opts.leave_on_sigterm.has_value();  // until SIGTERM made it leave
+    bool blocked = false;  // the socket's queue was full: wait until it takes more
     while (!stopping.load(std::memory_order_relaxed)) {
+      auto socket = s.pollitem();
+      if (blocked) socket.events |= ZMQ_POLLOUT;
       std::array<zmq::pollitem_t, 3> items{
-          s.pollitem(),
+          socket,
           {nullptr, tasks.wake.read_fd(), ZMQ_POLLIN, 0},
           {nullptr, watching ? g_sigterm_pipe->read_fd() : -1, ZMQ_POLLIN, 0}};
       const auto now = util::clock::now();
@@ -477,23 +492,73 @@ struct worker::impl {
       }
       if ((items[0].revents & ZMQ_POLLIN) != 0) s.on_readable(util::clock::now());
       s.on_timers(util::clock::now());
-      flush_outbox(s);
+      blocked = !flush_outbox(s);
     }
     flush_outbox(s);
     s.stop();
   }
 
   // Sends what the handler thread queued, in order, while the session is ready; the rest
-  // waits for the next wake-up (a reconnect in between keeps it).
-  void flush_outbox(client::detail::session& s) {
+  // waits for the next wake-up (a reconnect in between keeps it). Consecutive DATA that wait
+  // together leave as one DATA_BATCH (§12.12.5): batching happens exactly when data comes
+  // faster than it leaves. True when the socket took everything it was offered.
+  bool flush_outbox(client::detail::session& s) {
     std::lock_guard lock(tasks.mu);
     while (!tasks.outbox.empty()) {
       const bool worth = tasks.worth_sending(tasks.outbox.front());
-      if (worth && !s.send_ready(tasks.outbox.front())) break;
+      if (worth) {
+        if (const auto n = opts.batch_data ? batchable() : 0; n > 1) {
+          if (!s.send_ready(batch_of(n))) return s.state() != connection_state::ready;
+          for (std::size_t i = 0; i < n; ++i) {
+            tasks.sent(std::move(tasks.outbox.front()));
+            tasks.outbox.pop_front();
+          }
+          continue;
+        }
+        if (!s.send_ready(tasks.outbox.front())) return s.state() != connection_state::ready;
+      }
       auto m = std::move(tasks.outbox.front());
       tasks.outbox.pop_front();
       if (worth) tasks.sent(std::move(m));
     }
+    return true;
+  }
+
+  // How many DATA at the front of the outbox can share one DATA_BATCH: consecutive indexes of
+  // one attempt, within the batch bounds, each meta shallow enough for a batch (mu held).
+  std::size_t batchable() const {
+    // Well inside the broker's max-message, whatever it is (the WELCOME said).
+    const auto batch_bound =
+        tasks.max_message == 0 ? max_batch_bytes
+                               : std::min<std::size_t>(max_batch_bytes, tasks.max_message / 2);
+    std::size_t n = 0;
+    std::size_t bytes = 0;
+    const codec::data_ready* prev = nullptr;
+    for (const auto& m : tasks.outbox) {
+      const auto* d = std::get_if<codec::data_ready>(&m);
+      if (d == nullptr || !d->index || n == codec::max_batch_items) break;
+      if (prev != nullptr && (*d->index != *prev->index + 1 || d->attempt != prev->attempt ||
+                              d->task_id != prev->task_id))
+        break;
+      const auto size = task_handle::owner::size_of(m) + item_overhead;
+      if (bytes + size > batch_bound ||
+          codec::nesting_of(d->meta) > codec::rule::max_batched_nesting)
+        break;
+      bytes += size;
+      prev = d;
+      ++n;
+    }
+    return n;
+  }
+
+  // The first n DATA of the outbox as one DATA_BATCH (mu held).
+  codec::message batch_of(std::size_t n) {
+    const auto& first = std::get<codec::data_ready>(tasks.outbox.front());
+    for (std::size_t i = 0; i < n; ++i)
+      items.add(std::get<codec::data_ready>(tasks.outbox[i]));
+    ++tasks.data_batches;
+    tasks.data_batched += n;
+    return codec::data_batch{first.task_id, first.attempt, *first.index, items.done()};
   }
 
   void on_task_message(codec::message&& m) {
@@ -707,6 +772,7 @@ struct worker::impl {
   task_handlers handlers;
   zmq::context_t ctx;
   task_handle::owner tasks;
+  codec::items_writer items;  // the I/O thread's, reused for every DATA_BATCH
   std::atomic<bool> stopping{false};
   mutable std::mutex mu;
   mutable std::condition_variable changed;
@@ -760,6 +826,16 @@ std::uint64_t worker::credit_waits() const {
 std::uint64_t worker::data_dropped() const {
   std::lock_guard lock(impl_->tasks.mu);
   return impl_->tasks.data_dropped;
+}
+
+std::uint64_t worker::data_batches() const {
+  std::lock_guard lock(impl_->tasks.mu);
+  return impl_->tasks.data_batches;
+}
+
+std::uint64_t worker::data_batched() const {
+  std::lock_guard lock(impl_->tasks.mu);
+  return impl_->tasks.data_batched;
 }
 
 std::uint64_t worker::data_resent() const {

@@ -114,6 +114,10 @@ class items_writer {
   std::size_t count_ = 0;
 };
 
+/// The levels of maps and arrays in `value`, one complete msgpack value within the limits
+/// (its own level included: a scalar is 0, an empty map 1), as §12.2.3.1 counts them.
+std::size_t nesting_of(std::string_view value);
+
 /// True when `id` is a valid peer id: 1..128 bytes of [A-Za-z0-9._:@/-].
 bool valid_peer_id(std::string_view id) noexcept;
 

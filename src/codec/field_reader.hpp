@@ -41,6 +41,8 @@ std::optional<head> read_head(std::string_view buf, std::size_t pos);
 
 /// The offset just past the value at `pos` of bytes that passed the limits check.
 std::size_t value_end(std::string_view buf, std::size_t pos);
+/// The levels of maps and arrays in the value at the start of `buf` (checked bytes).
+std::size_t nesting_levels(std::string_view buf);
 
 /// codec::check_user_map's work (it needs the body checker of field_reader.cpp).
 std::optional<decode_error> check_user_map_impl(std::string_view value, std::size_t max_nesting,

@@ -345,6 +345,8 @@ result<batch_view> read_data_batch_body(std::string_view body) {
   return out;
 }
 
+std::size_t nesting_of(std::string_view value) { return detail::nesting_levels(value); }
+
 std::vector<std::string_view> split_items(std::string_view items) {
   std::vector<std::string_view> out;
   const auto a = detail::read_head(items, 0);

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "codec/codec.hpp"
 #include "rlbus/coordinator.hpp"
 #include "rlbus/worker.hpp"
 #include "support/link.hpp"
@@ -598,4 +599,85 @@ TEST_CASE("a LEARN_INFO lost in a cut link is sent again, once", "[stream]") {
   REQUIRE(next);
   CHECK(std::holds_alternative<codec::heartbeat>(*next));
   CHECK(wait_until([&] { return w.welcomes() >= 2; }, 5s));
+}
+
+// ---- batched data (SPEC §12.12) -----------------------------------------------------------
+
+// §12.12.5: DATA that wait together in the worker's outbox leave as DATA_BATCH; §12.12.6: the
+// coordinator hands each item on as the `data` it stands for. A collector that emits as fast
+// as it can (its handler outruns its I/O thread) batches by itself; one told not to sends every
+// DATA alone; the coordinator's callback sees the same items, each once and in order, with
+// the same bytes, either way.
+TEST_CASE("a collector that outruns its socket batches its DATA; the callbacks see each item",
+          "[stream]") {
+  const bool batching = GENERATE(true, false);
+  INFO("batch_data " << batching);
+  broker::server_thread b(test_config());
+  const auto ep = b.get().router_endpoint();
+  data_log log;
+  std::atomic<std::uint64_t> lost{0};
+  auto cb = logging(log, lost);
+  std::mutex mu;
+  std::vector<std::string> bodies;  // what the callback got as the data, every 1000th
+  auto record = cb.deal_with_collector_send_data;
+  cb.deal_with_collector_send_data = [&, record](const std::string& task_id, const std::string& buf,
+                                                 const std::string& data_id,
+                                                 const std::string& data) {
+    CHECK(buf == "buffer-0");
+    if (std::stoi(data_id.substr(2)) % 1000 == 0) {
+      std::lock_guard lock(mu);
+      bodies.push_back(data);
+    }
+    record(task_id, buf, data_id, data);
+  };
+  coordinator_options co;
+  co.endpoint = ep;
+  coordinator coord(co, cb);
+  REQUIRE(coord.wait_for(connection_state::ready, 5s));
+
+  constexpr int items = 20'000;
+  std::atomic<bool> emit_failed{false};
+  task_handlers h;
+  h.run = [&](task_handle& t) {
+    for (int i = 0; i < items; ++i)
+      if (!t.emit_data("d-" + std::to_string(i), "buffer-0", flag_map("eval_flag", i % 2 == 0),
+                       std::string(16, static_cast<char>('a' + i % 26))))
+        emit_failed = true;
+    t.emit_info(flag_map("collector_done", true));
+    while (!t.stop_requested()) std::this_thread::sleep_for(1ms);
+  };
+  auto o = collector_at(ep, "collector-0");
+  o.batch_data = batching;
+  worker w(o, h);
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+  REQUIRE(coord.submit(collector_task("fast"))->accepted);
+  REQUIRE(wait_until([&] { return log.done(1); }, 60s));
+
+  CHECK_FALSE(emit_failed);
+  log.check_exactly_once("fast", items);
+  CHECK(lost == 0);
+  CHECK(coord.stream_gaps() == 0);
+  {
+    // Each item's data is the body a `data` event would carry: its fields, payload included.
+    std::lock_guard lock(mu);
+    REQUIRE(bodies.size() == items / 1000);
+    for (std::size_t k = 0; k < bodies.size(); ++k) {
+      codec::data_item want{"d-" + std::to_string(k * 1000), "buffer-0",
+                            flag_map("eval_flag", true),
+                            std::string(16, static_cast<char>('a' + (k * 1000) % 26)), std::nullopt};
+      codec::items_writer one;
+      one.add(want);
+      CHECK(bodies[k] == one.done().substr(1));  // the item, without its array's header
+    }
+  }
+  INFO(w.data_batches() << " batches carried " << w.data_batched() << " DATA");
+  if (batching) {
+    CHECK(w.data_batches() > 0);
+    CHECK(w.data_batched() > w.data_batches());
+  } else {
+    CHECK(w.data_batches() == 0);
+  }
+  const auto s = b.get().snapshot();
+  CHECK(s.faults == 0);
+  CHECK(s.tasks_finished == 1);
 }

@@ -59,8 +59,9 @@ TEST_CASE("a collector's handlers stream data and return a result", "[worker-tas
   coord.send(task("ct", role::collector));
   std::vector<codec::task_event> seen;
   until_event(coord, "info", &seen);
-  CHECK(std::count_if(seen.begin(), seen.end(), [](const auto& e) { return e.event == "data"; }) ==
-        20);
+  std::vector<std::string> expected;
+  for (int i = 0; i < 20; ++i) expected.push_back("d" + std::to_string(i));
+  CHECK(data_ids(seen) == expected);  // each once, in order, batched or not
   coord.send(codec::finish{"ct"});
   const auto done = until_event(coord, "finished");
   CHECK(done.body == flag_map("collector_done", true));

@@ -8,6 +8,9 @@
 
 #include <catch2/catch.hpp>
 
+#include "codec/codec.hpp"
+#include "codec/field_reader.hpp"
+
 namespace rlbus::test {
 
 std::string binary_from_env(const char* name) {
@@ -177,6 +180,25 @@ std::string flag_map(std::string_view key, bool value) {
 std::string nested_map(std::size_t levels) {
   if (levels <= 1) return "\x80";
   return "\x81\xa1x" + std::string(levels - 2, '\x91') + "\x90";
+}
+
+std::vector<std::string> data_ids(const std::vector<codec::task_event>& events) {
+  std::vector<std::string> out;
+  const auto id_of = [&](std::string_view item) {
+    codec::detail::field_reader r(item, {});
+    std::string id;
+    r.str("data_id", id, 256);
+    REQUIRE_FALSE(r.fault());
+    out.push_back(std::move(id));
+  };
+  for (const auto& e : events) {
+    if (e.event == "data") id_of(e.body);
+    if (e.event != "data_batch") continue;
+    const auto batch = codec::read_data_batch_body(e.body);
+    REQUIRE(batch);
+    for (const auto item : batch.value().items) id_of(item);
+  }
+  return out;
 }
 
 std::string event_peer_id(const codec::event& e) {

@@ -143,6 +143,10 @@ std::string flag_map(std::string_view key, bool value);
 /// {"x": [[...[]...]]}.
 std::string nested_map(std::size_t levels);
 
+/// The data_id of every item the `data` and `data_batch` events among `events` carry, in
+/// stream order (a worker batches DATA by itself when they wait together, SPEC §12.12.5).
+std::vector<std::string> data_ids(const std::vector<codec::task_event>& events);
+
 /// The id a peer_joined / peer_gone / worker_quarantine event is about ("" for others).
 std::string event_peer_id(const codec::event& e);
 
