@@ -160,6 +160,84 @@ rlbus::task_handlers sdk_collector(sdk_job& job, std::size_t index, const std::s
   return h;
 }
 
+// Items per trial of the batched SDK row, against the others' events: batched items flow
+// several times faster, and a trial should last about as long as the others.
+constexpr std::uint64_t batched_factor = 5;
+
+// N SDK collectors and the SDK coordinator that owns their tasks, on tasks that need
+// `resource` (so each group's tasks go to its own collectors).
+struct sdk_group {
+  sdk_job job;
+  flow_counter flow;
+  std::vector<std::unique_ptr<rlbus::worker>> workers;
+  std::optional<rlbus::coordinator> coord;
+
+  sdk_group(const std::string& router, const std::string& resource, int n, bool batch,
+            const std::string& payload, std::uint64_t window) {
+    const auto un = static_cast<std::size_t>(n);
+    job.share.resize(un);
+    rlbus::coordinator_callbacks cb;
+    cb.deal_with_collector_send_data = [this](const std::string&, const std::string&,
+                                              const std::string&,
+                                              const std::string&) { flow.tick(); };
+    coord.emplace(rlbus::coordinator_options{router, "bench-" + resource + "-coord"},
+                  std::move(cb));
+    for (std::size_t i = 0; i < un; ++i) {
+      rlbus::worker_options wo;
+      wo.endpoint = router;
+      wo.role = rlbus::role::collector;
+      wo.id = fmt::format("bench-{}-c{}", resource, i);
+      wo.resources = {{resource, 1}};
+      wo.batch_data = batch;
+      workers.push_back(
+          std::make_unique<rlbus::worker>(wo, sdk_collector(job, i, payload, window, flow)));
+    }
+    if (!coord->wait_for(rlbus::connection_state::ready, 10s))
+      throw std::runtime_error("the SDK coordinator did not connect");
+    for (auto& w : workers)
+      if (!w->wait_for(rlbus::connection_state::ready, 10s))
+        throw std::runtime_error("an SDK collector did not connect");
+    for (std::size_t i = 0; i < un; ++i) {
+      const auto t = collector_task(fmt::format("{}-collect-{}", resource, i), resource);
+      rlbus::task_spec spec{t.task_id,          t.kind,
+                            t.task_info,        t.requirements,
+                            t.start_timeout_ms, t.step_timeout_ms,
+                            t.close_timeout_ms, t.task_timeout_ms};
+      const auto r = coord->submit(spec);
+      if (!r || !r->accepted) throw std::runtime_error("the SDK coordinator's task was refused");
+    }
+    std::unique_lock lock(job.mu);
+    if (!job.cv.wait_for(lock, 10s, [&] { return job.running == n; }))
+      throw std::runtime_error("the SDK collectors' tasks did not start");
+  }
+  ~sdk_group() {
+    coord.reset();  // first: the broker cancels its tasks, the collectors wind down
+    workers.clear();
+  }
+  sdk_group(const sdk_group&) = delete;
+  sdk_group& operator=(const sdk_group&) = delete;
+
+  // One trial: `total` items shared among the collectors.
+  trial run(std::uint64_t total) {
+    const auto un = workers.size();
+    const auto gaps0 = coord->stream_gaps();
+    const auto base = flow.received.load();
+    clock::time_point t0;
+    {
+      std::lock_guard lock(job.mu);
+      for (std::size_t i = 0; i < un; ++i) job.share[i] = total / un + (i < total % un ? 1 : 0);
+      job.base = base;
+      job.sent.store(0);
+      ++job.generation;
+      t0 = clock::now();
+    }
+    job.cv.notify_all();
+    auto t = finish(flow, base, total, t0);
+    t.gaps = coord->stream_gaps() - gaps0;
+    return t;
+  }
+};
+
 std::vector<row> throughput_rows(const settings& s, int n, http_baseline* http) {
   const auto label = fmt::format("throughput {} collector{}", n, n == 1 ? "" : "s");
   const auto count = s.messages;
@@ -232,65 +310,17 @@ std::vector<row> throughput_rows(const settings& s, int n, http_baseline* http) 
   }
 
   // rlbus through the SDK: N workers (an I/O and a handler thread each) and a coordinator
-  // whose callback thread counts.
-  sdk_job job;
-  job.share.resize(un);
-  flow_counter sdk_flow;
-  // Declared in this order so the coordinator stops first: the broker then cancels its
+  // whose callback thread counts. Two groups on the same broker: `sdk` sends every DATA
+  // alone (batch_data off: the SDK's per-message path), `batched` lets the SDK batch DATA
+  // that wait together (its default), and counts items.
+  // Declared in this order so the coordinators stop first: the broker then cancels their
   // tasks and the collectors wind down without their tasks being re-queued.
-  std::vector<std::unique_ptr<rlbus::worker>> sdk_workers;
-  std::optional<rlbus::coordinator> sdk_coord;
+  std::vector<std::unique_ptr<sdk_group>> groups;
   if (s.sdk) {
-    rlbus::coordinator_callbacks cb;
-    cb.deal_with_collector_send_data = [&sdk_flow](const std::string&, const std::string&,
-                                                   const std::string&,
-                                                   const std::string&) { sdk_flow.tick(); };
-    sdk_coord.emplace(rlbus::coordinator_options{mb.router, "bench-sdk-coord"}, std::move(cb));
-    for (std::size_t i = 0; i < un; ++i) {
-      rlbus::worker_options wo;
-      wo.endpoint = mb.router;
-      wo.role = rlbus::role::collector;
-      wo.id = fmt::format("bench-sdk-c{}", i);
-      wo.resources = {{"sdk", 1}};
-      sdk_workers.push_back(
-          std::make_unique<rlbus::worker>(wo, sdk_collector(job, i, payload, s.window, sdk_flow)));
-    }
-    if (!sdk_coord->wait_for(rlbus::connection_state::ready, 10s))
-      throw std::runtime_error("the SDK coordinator did not connect");
-    for (auto& w : sdk_workers)
-      if (!w->wait_for(rlbus::connection_state::ready, 10s))
-        throw std::runtime_error("an SDK collector did not connect");
-    for (std::size_t i = 0; i < un; ++i) {
-      const auto t = collector_task(fmt::format("sdk-collect-{}", i), "sdk");
-      rlbus::task_spec spec{t.task_id,          t.kind,
-                            t.task_info,        t.requirements,
-                            t.start_timeout_ms, t.step_timeout_ms,
-                            t.close_timeout_ms, t.task_timeout_ms};
-      const auto r = sdk_coord->submit(spec);
-      if (!r || !r->accepted) throw std::runtime_error("the SDK coordinator's task was refused");
-    }
-    std::unique_lock lock(job.mu);
-    if (!job.cv.wait_for(lock, 10s, [&] { return job.running == n; }))
-      throw std::runtime_error("the SDK collectors' tasks did not start");
+    groups.push_back(std::make_unique<sdk_group>(mb.router, "sdk", n, false, payload, s.window));
+    groups.push_back(
+        std::make_unique<sdk_group>(mb.router, "sdkb", n, true, payload, s.window));
   }
-  const auto sdk = [&](std::uint64_t total) {
-    const auto gaps0 = sdk_coord->stream_gaps();
-    const auto base = sdk_flow.received.load();
-    clock::time_point t0;
-    {
-      std::lock_guard lock(job.mu);
-      for (std::size_t i = 0; i < un; ++i) job.share[i] = total / un + (i < total % un ? 1 : 0);
-      job.base = base;
-      job.sent.store(0);
-      ++job.generation;
-      t0 = clock::now();
-    }
-    job.cv.notify_all();
-    auto t = finish(sdk_flow, base, total, t0);
-    t.gaps = sdk_coord->stream_gaps() - gaps0;
-    return t;
-  };
-
   // The CPU time the middle process (broker or proxy) spent per event received, around
   // one trial.
   const auto with_cpu = [](pid_t pid, std::uint64_t c, auto&& run) {
@@ -339,7 +369,12 @@ std::vector<row> throughput_rows(const settings& s, int n, http_baseline* http) 
   if (s.sdk) {
     variants.emplace_back("sdk", [&](bool w) {
       const auto c = w ? warm : count;
-      return with_cpu(mb.broker_pid(), c, [&] { return sdk(c); });
+      return with_cpu(mb.broker_pid(), c, [&] { return groups[0]->run(c); });
+    });
+    // Batched: more items per trial, so a trial lasts about as long as the others.
+    variants.emplace_back("sdk batched", [&](bool w) {
+      const auto c = (w ? warm : count) * batched_factor;
+      return with_cpu(mb.broker_pid(), c, [&] { return groups[1]->run(c); });
     });
   }
   if (http != nullptr) variants.emplace_back("http", http_run);
@@ -356,25 +391,38 @@ std::vector<row> throughput_rows(const settings& s, int n, http_baseline* http) 
     return out;
   };
   std::uint64_t reconnects = 0;  // SDK collectors that gave up on the broker and reconnected
-  for (const auto& w : sdk_workers) reconnects += w->welcomes() - 1;
+  for (const auto& g : groups)
+    for (const auto& w : g->workers) reconnects += w->welcomes() - 1;
   const auto total = [&](const std::string& v, std::uint64_t trial::*field) {
     std::uint64_t sum = 0;
     for (const auto& t : res[v]) sum += t.*field;
     return sum;
   };
   std::vector<row> rows;
-  for (const std::string client : {"wire", "sdk"}) {
+  for (const std::string client : {"wire", "sdk", "sdk batched"}) {
     if (res.count(client) == 0) continue;
+    const bool batched = client == "sdk batched";
     const auto variant = fmt::format("{} collector{}, {}", n, n == 1 ? "" : "s", client);
     nlohmann::json params{{"collectors", n},
                           {"payload_bytes", s.data_payload},
-                          {"messages", count},
+                          {"messages", batched ? count * batched_factor : count},
                           {"window", s.window},
                           {"client", client},
                           {"proxy_lost", total("proxy", &trial::lost)},
                           {"direct_lost", total("direct", &trial::lost)},
                           {"lost_trials", pick(client, &trial::lost)}};
-    if (client == "sdk") params["sdk_reconnects"] = reconnects;
+    if (client != "wire") params["sdk_reconnects"] = reconnects;
+    if (batched) {
+      // What the batching did: DATA_BATCH messages and the DATA they carried, over the run.
+      std::uint64_t batches = 0, in_batches = 0;
+      for (const auto& w : groups[1]->workers) {
+        batches += w->data_batches();
+        in_batches += w->data_batched();
+      }
+      params["data_batches"] = batches;
+      params["data_in_batches"] = in_batches;
+      params["note"] = "rlbus column: data items/s; proxy and direct: messages/s";
+    }
     if (http_ok) {
       params["http_steps"] = s.http_steps;
       params["http_threads"] = n;
@@ -382,7 +430,7 @@ std::vector<row> throughput_rows(const settings& s, int n, http_baseline* http) 
     row r;
     r.scenario = "throughput";
     r.variant = variant;
-    r.metric = "events/s";
+    r.metric = batched ? "items/s" : "events/s";
     r.higher_is_better = true;
     r.rlbus = pick(client, &trial::rate);
     r.proxy = pick("proxy", &trial::rate);
@@ -397,7 +445,7 @@ std::vector<row> throughput_rows(const settings& s, int n, http_baseline* http) 
     row cpu;
     cpu.scenario = "throughput";
     cpu.variant = variant;
-    cpu.metric = "cpu us/ev";
+    cpu.metric = batched ? "cpu us/item" : "cpu us/ev";
     cpu.rlbus = pick(client, &trial::cpu_us);
     cpu.proxy = pick("proxy", &trial::cpu_us);
     cpu.params = params;

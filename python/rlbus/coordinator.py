@@ -758,6 +758,13 @@ class Coordinator:
             self._set_kind(task_id, "collector")
             self._call("deal_with_collector_send_data", task_id, fields.get("buffer_id", ""),
                        fields.get("data_id", ""), body)
+        elif event == "data_batch":
+            # each item as the `data` it stands for, in order (SPEC §12.12.6)
+            self._set_kind(task_id, "collector")
+            for item in fields.get("items", ()):
+                if isinstance(item, dict):
+                    self._call("deal_with_collector_send_data", task_id,
+                               item.get("buffer_id", ""), item.get("data_id", ""), item)
         elif event == "info":
             self._set_kind(task_id, "collector")
             if self._guard("deal_with_collector_judge_finish", self._judge_collector,

@@ -52,7 +52,35 @@ _MAX_REASON = 1024          # bytes of a TASK_FAILED reason
 _RETRY_SEND_S = 0.01        # a full socket queue is tried again after this
 _SLOW_HANDLER_WARN_S = 5.0  # close() says so when a handler takes this long to stop
 
+# Batched data (SPEC §12.12.5): DATA that wait together leave as one DATA_BATCH of at most
+# this many items and bytes of items (an item's keys counted at _ITEM_OVERHEAD); a meta
+# deeper than _BATCH_NESTING goes alone.
+_BATCH_ITEMS = 1024
+_BATCH_BYTES = 64 * 1024
+_ITEM_OVERHEAD = 48
+_BATCH_NESTING = 12
+
 _Out = Tuple[str, Dict[str, Any], Optional["Task"]]  # (message, fields, task it is about)
+
+
+def _uint_len(v: int) -> int:
+    """Bytes of a uint in its smallest msgpack form."""
+    return 1 if v < 0x80 else 2 if v < 0x100 else 3 if v < 0x10000 else 5 if v < 2 ** 32 else 9
+
+
+_TASK_KEY = len(P.pack_value("task_id"))
+_ATTEMPT_KEY = len(P.pack_value("attempt"))
+_INDEX_KEY = len(P.pack_value("index"))
+
+
+def _item_of(data: P.Encoded) -> bytes:
+    """The DATA_BATCH item a DATA stands for, cut from the DATA's canonical body: its fields
+    but task_id, attempt (the first two) and index (the last), under a header of 3 fewer."""
+    body = data.body
+    head = 1 + _TASK_KEY + len(P.pack_value(data["task_id"])) + _ATTEMPT_KEY + \
+        _uint_len(data["attempt"])
+    tail = _INDEX_KEY + _uint_len(data["index"])
+    return bytes((body[0] - 3,)) + body[head:len(body) - tail]
 
 
 def _cut(text: str, limit: int = _MAX_REASON) -> str:
@@ -403,6 +431,11 @@ class _IoHandler:
     def on_close(self) -> None:
         self._w._io_flush()
 
+    def on_idle(self) -> None:
+        # after each turn: what the turn queued leaves together, batched (§12.12.5)
+        if self._w._outbox:
+            self._w._io_flush()
+
 
 def _is_callable_or_none(v: Any) -> bool:
     return v is None or callable(v)
@@ -442,7 +475,7 @@ class Worker:
                  max_unconfirmed_data: int = 4096,
                  max_unconfirmed_bytes: int = 16 << 20,
                  leave_on_sigterm: Optional[float] = None,
-                 curve: Optional[CurveKeys] = None) -> None:
+                 curve: Optional[CurveKeys] = None, batch_data: bool = True) -> None:
         if role not in ("collector", "learner"):
             raise ValueError(f"role: a worker is a collector or a learner, got {role!r}")
         if not callable(run):
@@ -471,6 +504,9 @@ class Worker:
         self._on_policy = on_policy
         self._max_items = max_unconfirmed_data
         self._max_bytes = max_unconfirmed_bytes
+        self._batch_data = bool(batch_data)
+        self._data_batches = 0  # DATA_BATCH sent, and the DATA they carried
+        self._data_batched = 0
         # validates endpoint, id, resources, heartbeat and reconnect options (ValueError)
         self._session = Session(endpoint, role, id, _IoHandler(self), resources=resources,
                                 heartbeat_ms=heartbeat_ms, reconnect_min=reconnect_min,
@@ -558,6 +594,16 @@ class Worker:
     def data_resent(self) -> int:
         """DATA sent again after a resumed session, or because the broker asked."""
         return self._data_resent
+
+    @property
+    def data_batches(self) -> int:
+        """DATA_BATCH messages sent (``batch_data``): DATA that waited together went as one."""
+        return self._data_batches
+
+    @property
+    def data_batched(self) -> int:
+        """The DATA those DATA_BATCH messages carried."""
+        return self._data_batched
 
     @property
     def last_error(self) -> str:
@@ -795,10 +841,13 @@ class Worker:
         if task is not None and (a is None or a.task is not task or task._aborted):
             return  # about an attempt that is over: the broker would refuse it
         self._outbox.append((name, fields, task))
-        self._io_flush()
+        if name != "DATA" or not self._batch_data:
+            self._io_flush()
+        # a DATA waits for the end of the turn (on_idle), with whatever else the turn brings
 
     def _io_flush(self) -> None:
-        """Sends what waits in the outbox, in order, while the session is ready."""
+        """Sends what waits in the outbox, in order, while the session is ready; consecutive
+        DATA go as one DATA_BATCH (§12.12.5)."""
         s = self._session
         while self._outbox:
             name, fields, task = self._outbox[0]
@@ -808,6 +857,12 @@ class Worker:
                          or (name == "DATA_LOST" and fields["last"] <= a.confirmed)):
                 self._outbox.popleft()  # confirmed meanwhile: nothing to send
                 continue
+            if name == "DATA" and mine and self._batch_data:
+                n = self._batchable()
+                if n > 1:
+                    if not self._send_batch(n, a):
+                        return
+                    continue
             try:
                 sent = s.send(name, fields)
             except Exception:  # noqa: BLE001 - a message that cannot be encoded is dropped
@@ -821,6 +876,49 @@ class Worker:
             self._outbox.popleft()
             if mine and name in _INDEXED:
                 self._keep(a, name, fields)
+
+    def _batchable(self) -> int:
+        """How many DATA at the front of the outbox can share one DATA_BATCH: consecutive
+        indexes of one attempt, within the bounds, each meta shallow enough."""
+        n = 0
+        size = 0
+        limit = _BATCH_BYTES
+        if self._session.max_message:
+            limit = min(limit, self._session.max_message // 2)
+        first = self._outbox[0]
+        for name, fields, task in self._outbox:
+            if name != "DATA" or task is not first[2] or n == _BATCH_ITEMS \
+                    or fields["index"] != first[1]["index"] + n:
+                break
+            size += len(fields.body) + _ITEM_OVERHEAD
+            meta = fields["meta"]
+            if size > limit or P.nesting(meta.value() if isinstance(meta, P.Raw) else meta) \
+                    > _BATCH_NESTING:
+                break
+            n += 1
+        return n
+
+    def _send_batch(self, n: int, a: _Attempt) -> bool:
+        """Sends the first ``n`` DATA of the outbox as one DATA_BATCH; False when the
+        socket's queue is full (they stay)."""
+        first = self._outbox[0][1]
+        items = [_item_of(self._outbox[i][1]) for i in range(n)]
+        header = bytes((0x90 | n,)) if n < 16 else b"\xdc" + n.to_bytes(2, "big")
+        batch = P.Encoded("DATA_BATCH", {
+            "task_id": first["task_id"], "attempt": first["attempt"],
+            "first_index": first["index"], "items": P.Raw(header + b"".join(items))},
+            check=False)
+        s = self._session
+        if not s.send("DATA_BATCH", batch):
+            if s.ready and self._retry_timer is None:  # the socket's queue is full
+                self._retry_timer = s.call_later(_RETRY_SEND_S, self._io_retry)
+            return False
+        self._data_batches += 1
+        self._data_batched += n
+        for _ in range(n):
+            name, fields, _task = self._outbox.popleft()
+            self._keep(a, name, fields)
+        return True
 
     def _io_retry(self) -> None:
         self._retry_timer = None

@@ -35,6 +35,7 @@ class Coord:
         self.events: List[P.Message] = []
         self.submitted: Dict[str, P.Message] = {}
         self.others: List[P.Message] = []
+        self.batches = 0  # data_batch events received
         # a long heartbeat: this coordinator may stay silent for the whole test
         self.send("HELLO", {"role": "coordinator", "id": id, "heartbeat_ms": 60000})
         assert self.wait(lambda: any(m.name == "WELCOME" for m in self.others)), "no WELCOME"
@@ -53,7 +54,13 @@ class Coord:
             except zmq.Again:
                 return
             m = P.decode(frames)
-            if m.name == "TASK_EVENT":
+            if m.name == "TASK_EVENT" and m["event"] == "data_batch":
+                # recorded as the `data` events its items stand for (SPEC §12.12.6)
+                self.batches += 1
+                for item in m["body"].value()["items"]:
+                    self.events.append(P.Message(m.name, m.type_id, dict(
+                        m.fields, event="data", body=P.Raw.of(item))))
+            elif m.name == "TASK_EVENT":
                 self.events.append(m)
             elif m.name == "SUBMITTED":
                 self.submitted[m["task_id"]] = m

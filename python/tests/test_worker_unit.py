@@ -83,12 +83,23 @@ class FakeSession:
             if fn is None:
                 return
             fn()
+            if self._q.empty():  # the end of a turn, as the real session has it
+                self._idle()
+
+    def _idle(self) -> None:
+        idle = getattr(self.handler, "on_idle", None)
+        if idle is not None:
+            idle()
 
     # ---- the test plays the broker
     def sync(self) -> None:
         """Waits until everything posted so far has run on the I/O thread."""
         done = threading.Event()
-        assert self.post(done.set)
+
+        def last() -> None:  # a turn ends here: what it queued has left
+            self._idle()
+            done.set()
+        assert self.post(last)
         assert done.wait(5)
 
     def welcome(self, resumed: bool) -> None:
@@ -127,6 +138,8 @@ def fake(monkeypatch):
 
     def make(run: Callable[[Task], Any], **kw: Any) -> Tuple[Worker, FakeSession]:
         kw.setdefault("role", "collector")
+        # one DATA per message, whatever the threads' timing (batching has its own test)
+        kw.setdefault("batch_data", False)
         w = Worker("tcp://127.0.0.1:1", id="w-unit", run=run, **kw)
         made.append(w)
         s = FakeSession.last
@@ -285,6 +298,39 @@ def test_messages_wait_while_disconnected_and_go_in_order_on_resume(fake) -> Non
     assert [f["index"] for f in s.of("DATA")][-1:] == [4]
     assert [f["index"] for f in s.of("INFO")] == [5, 5]
     assert w.data_resent == 3  # d4 and the INFO
+
+
+def test_data_that_wait_together_leave_as_one_batch_and_are_kept_item_by_item(fake) -> None:
+    run, cmds, tasks = scripted()
+    w, s = fake(run, batch_data=True)
+    start(s, "t1")
+    assert wait_until(lambda: bool(tasks))
+    s.drop()  # what is emitted now waits in the outbox together
+    for i in range(1, 6):
+        assert do(cmds, lambda t, i=i: t.emit_data(f"d{i}", "b", {"i": i},
+                                                   b"p" * i if i % 2 else None))
+    deep = {"x": [[[[[[[[[[[[0]]]]]]]]]]]]}  # meta of 13 levels: too deep for a batch
+    assert do(cmds, lambda t: t.emit_data("d6", "b", deep))
+    assert do(cmds, lambda t: t.emit_data("d7", "b", {}))
+    s.sync()
+    before = len(s.sent)
+    s.welcome(True)
+    after = s.sent[before:]
+    assert [n for n, _ in after] == ["STARTED", "DATA_BATCH", "DATA", "DATA"]
+    batch = after[1][1]
+    assert batch["first_index"] == 1 and batch["attempt"] == 1
+    items = batch["items"].value()
+    # each item is the DATA it stands for, without task, attempt and index
+    assert items == [dict({"data_id": f"d{i}", "buffer_id": "b", "meta": {"i": i}},
+                          **({"payload": b"p" * i} if i % 2 else {})) for i in range(1, 6)]
+    assert [f["index"] for _, f in after[2:]] == [6, 7]
+    assert w.data_batches == 1 and w.data_batched == 5
+    # kept item by item: a partial confirmation lets go of 1..3, the rest go again, batched
+    s.deliver("DATA_ACK", task_id="t1", attempt=1, relayed=3, resend=True)
+    again = s.sent[before + 4:]
+    assert [n for n, _ in again] == ["DATA_BATCH", "DATA", "DATA"]
+    assert again[0][1]["first_index"] == 4 and len(again[0][1]["items"].value()) == 2
+    assert w.data_resent == 4
 
 
 def test_the_last_outcome_goes_again_after_a_resumption_until_the_next_task(fake) -> None:
