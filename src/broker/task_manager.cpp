@@ -665,7 +665,7 @@ std::optional<refusal> task_manager::on_data_batch(task& t, const codec::data_ba
   }
   emit(t, "data_batch",
        codec::map_writer(2, 32 + bytes).uint("first_index", first).array("items", fresh_items).done(),
-       fmt::format("{}..{}", first, last));
+       fmt::format("{}..{}", first, last), static_cast<std::uint32_t>(fresh));
   t.data_relayed = last;
   t.out_of_order = 0;
   t.ack_pending += fresh;
@@ -955,11 +955,12 @@ void task_manager::erase_task(const std::string& id) {
 }
 
 void task_manager::emit(task& t, std::string_view event, codec::blob body,
-                        std::string_view detail) {
+                        std::string_view detail, std::uint32_t items) {
   auto& s = streams_[t.owner];
   const auto size = body.size();
-  s.ring.emplace_back(
-      codec::task_event{++s.seq, t.id, t.attempt, std::string(event), t.worker, std::move(body)});
+  s.push({codec::task_event{++s.seq, t.id, t.attempt, std::string(event), t.worker,
+                            std::move(body)},
+          items});
   if (journal_ != nullptr) {  // written before the event can leave (§14)
     if (s.seq > s.reserved) {
       s.reserved = s.seq + seq_reserve;
@@ -968,20 +969,14 @@ void task_manager::emit(task& t, std::string_view event, codec::blob body,
     if (ends_task(event)) journal_->end_event(t.owner, stream::event(s.ring.back()));
   }
   if (!s.windowed) {  // v1: sent as made; an undeliverable one leaves a gap (§12.8.2)
-    sink_.send_to(t.owner, s.ring.back());
+    sink_.send_to(t.owner, s.ring.back().msg);
     s.next = s.seq + 1;
     s.sent_max = s.seq;
   }
   if (event == "data") s.max_data_bytes = std::max(s.max_data_bytes, size);
   // The ring is bounded in events and in bytes (payloads can be large).
-  s.ring_bytes += size;
-  while (s.ring.size() > cfg_.stream_ring || s.ring_bytes > cfg_.stream_ring_bytes) {
-    const auto& oldest = stream::event(s.ring.front());
-    const auto bytes = oldest.body.size();
-    if (oldest.seq <= s.acked) s.acked_bytes -= bytes;
-    s.ring_bytes -= bytes;
-    s.ring.pop_front();
-  }
+  while (s.ring.size() > cfg_.stream_ring || s.ring_bytes > cfg_.stream_ring_bytes)
+    s.pop_front();
   pump(t.owner, s);
   std::string topic;
   topic.reserve(6 + t.owner.size() + event.size());
@@ -994,6 +989,24 @@ void task_manager::emit(task& t, std::string_view event, codec::blob body,
 
 // ---- replay and flow control (§12.9) ---------------------------------------------------
 
+void task_manager::stream::push(held h) {
+  ring_bytes += event(h).body.size();
+  ring_items += h.items;
+  ring.push_back(std::move(h));
+}
+
+void task_manager::stream::pop_front() {
+  const auto& oldest = ring.front();
+  const auto bytes = event(oldest).body.size();
+  if (event(oldest).seq <= acked) {
+    acked_bytes -= bytes;
+    acked_items -= oldest.items;
+  }
+  ring_bytes -= bytes;
+  ring_items -= oldest.items;
+  ring.pop_front();
+}
+
 void task_manager::stream::set_acked(std::uint64_t seq) {
   // acked_bytes stays the bytes of the ring's events at or below `acked`.
   const auto count_upto = [&](std::uint64_t v) -> std::size_t {
@@ -1003,8 +1016,14 @@ void task_manager::stream::set_acked(std::uint64_t seq) {
   };
   const auto from = count_upto(acked);
   const auto to = count_upto(seq);
-  for (auto i = from; i < to; ++i) acked_bytes += event(ring[i]).body.size();
-  for (auto i = to; i < from; ++i) acked_bytes -= event(ring[i]).body.size();
+  for (auto i = from; i < to; ++i) {
+    acked_bytes += event(ring[i]).body.size();
+    acked_items += ring[i].items;
+  }
+  for (auto i = to; i < from; ++i) {
+    acked_bytes -= event(ring[i]).body.size();
+    acked_items -= ring[i].items;
+  }
   acked = seq;
 }
 
@@ -1074,7 +1093,7 @@ void task_manager::pump(const std::string& owner, stream& s) {
       continue;
     }
     // Not sent (the connection is gone or full): held, sent again on the next ACK or REPLAY.
-    if (!sink_.send_to(owner, s.ring[s.next - front])) return;
+    if (!sink_.send_to(owner, s.ring[s.next - front].msg)) return;
     if (s.next <= s.sent_max)
       ++counts_.resent;
     else
@@ -1100,7 +1119,7 @@ void task_manager::grant(stream& s, const task* announce) {
     const auto& t = tasks_.at(id);
     outstanding += std::min(t.data_limit - t.data_accepted, chunk);
   }
-  const std::uint64_t backlog = s.seq - s.acked;
+  const std::uint64_t backlog = s.unacked_items();
   const std::size_t byte_budget = cfg_.stream_ring_bytes / 2;
   for (const auto& id : s.credited) {
     auto& t = tasks_.at(id);
@@ -1220,12 +1239,15 @@ void task_manager::restore(const journal_state& js, util::time_point now) {
     for (auto seq = first; seq <= st.head; ++seq) {
       while (end != st.ends.end() && end->seq < seq) ++end;
       if (end != st.ends.end() && end->seq == seq) {
-        s.ring.emplace_back(*end);
-        s.ring_bytes += end->body.size();
+        s.push({*end});
       } else {
-        s.ring.emplace_back(codec::task_event{seq, "", 0, "", "", ""});
+        s.push({codec::task_event{seq, "", 0, "", "", ""}});
       }
     }
+    // What the ring holds at or below acked counts as acknowledged, as it does in a live run.
+    const auto acked = s.acked;
+    s.acked = 0;
+    s.set_acked(acked);
   }
   for (const auto& jt : js.tasks) {
     task t;

@@ -169,12 +169,20 @@ class task_manager {
   };
   struct stream {
     std::uint64_t seq = 0;  // the last event made: the head
-    // Each a TASK_EVENT, held as the message it is sent as, so sending never copies it.
-    std::deque<codec::message> ring;
-    [[nodiscard]] static const codec::task_event& event(const codec::message& m) {
-      return std::get<codec::task_event>(m);
+    // Each a TASK_EVENT, held as the message it is sent as, so sending never copies it, with
+    // the data items it carries (a data_batch its items, any other event 1): the window and
+    // data credit count items, so batching DATA cannot stretch them (§12.12.3).
+    struct held {
+      codec::message msg;
+      std::uint32_t items = 1;
+    };
+    std::deque<held> ring;
+    [[nodiscard]] static const codec::task_event& event(const held& h) {
+      return std::get<codec::task_event>(h.msg);
     }
     std::size_t ring_bytes = 0;
+    std::uint64_t ring_items = 0;   // the items of the ring's events
+    std::uint64_t acked_items = 0;  // ... of those at or below `acked`
     // Flow control (§12.9), off until the coordinator's first ACK or REPLAY: until then
     // every event is sent as it is made, as in v1.
     bool windowed = false;
@@ -188,7 +196,16 @@ class task_manager {
     std::uint64_t reserved = 0;      // the journal allows seqs up to here (§14)
 
     void set_acked(std::uint64_t seq);
+    void push(held h);
+    void pop_front();
     [[nodiscard]] std::size_t unacked_bytes() const { return ring_bytes - acked_bytes; }
+    /// The items of the unacknowledged events: the ring's, and 1 for each event the ring
+    /// dropped before it was acknowledged.
+    [[nodiscard]] std::uint64_t unacked_items() const {
+      const auto front = ring.empty() ? seq + 1 : event(ring.front()).seq;
+      const auto dropped = front - 1 > acked ? front - 1 - acked : 0;
+      return ring_items - acked_items + dropped;
+    }
   };
   struct check {
     util::time_point due;
@@ -244,7 +261,8 @@ class task_manager {
   /// Cancels a coordinator's tasks without events and drops its stream (§12.5.8).
   void drop_coordinator(const std::string& id, util::time_point now);
   void cancel(task& t, const std::string& reason);
-  void emit(task& t, std::string_view event, codec::blob body, std::string_view detail = {});
+  void emit(task& t, std::string_view event, codec::blob body, std::string_view detail = {},
+            std::uint32_t items = 1);
   // flow control (§12.9)
   void pump(const std::string& owner, stream& s);
   void grant(stream& s, const task* announce);

@@ -355,11 +355,10 @@ struct coordinator::impl {
       }
       if (!cb.deal_with_collector_send_data) return;
       std::string item;
-      for (const auto view : batch.value().items) {
-        body_fields f(view);
-        item.assign(view);
+      for (const auto& it : batch.value().items) {
+        item.assign(it.bytes);
         try {
-          cb.deal_with_collector_send_data(e.task_id, f.str("buffer_id"), f.str("data_id"), item);
+          cb.deal_with_collector_send_data(e.task_id, it.buffer_id, it.data_id, item);
         } catch (const std::exception& ex) {  // one item's failure does not cost the others
           spdlog::error("coordinator {}: callback for data of task {} threw: {}", opts.id,
                         e.task_id, ex.what());

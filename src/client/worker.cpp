@@ -542,7 +542,8 @@ struct worker::impl {
         break;
       const auto size = task_handle::owner::size_of(m) + item_overhead;
       if (bytes + size > batch_bound ||
-          codec::nesting_of(d->meta) > codec::rule::max_batched_nesting)
+          (d->meta.size() > codec::rule::max_batched_nesting &&  // a level takes a byte
+           codec::nesting_of(d->meta) > codec::rule::max_batched_nesting))
         break;
       bytes += size;
       prev = d;

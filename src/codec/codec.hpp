@@ -85,15 +85,19 @@ std::optional<decode_error> check_user_map(std::string_view value, std::size_t m
 /// bytes (views into the body): a map of data_id, buffer_id, meta, payload?,
 /// policy_version?, the body a `data` event with that item would carry.
 struct batch_view {
+  struct item {
+    std::string_view bytes;  // the item, as the coordinator's data callback gets it
+    std::string data_id, buffer_id;
+  };
   std::uint64_t first_index = 1;
-  std::vector<std::string_view> items;
+  std::vector<item> items;
 };
 /// Reads and checks a `data_batch` body as the field rules of DATA_BATCH say. Never throws.
 result<batch_view> read_data_batch_body(std::string_view body);
 
-/// The items of `items`, an array that passed decoding (DATA_BATCH's): each item's bytes,
-/// in order. Views into `items`.
-std::vector<std::string_view> split_items(std::string_view items);
+/// The items of a DATA_BATCH's `items` (decoded, or made by items_writer): each item's
+/// bytes, in order. Views into `items`.
+std::vector<std::string_view> split_items(const item_array& items);
 
 /// Builds DATA_BATCH's `items` (§12.12.2) one item at a time, each in canonical form.
 class items_writer {
@@ -102,16 +106,16 @@ class items_writer {
   /// The item a DATA stands for: its data_id, buffer_id, meta, payload and policy_version.
   void add(const data_ready& d);
   void add(const data_item& item);
-  [[nodiscard]] std::size_t count() const noexcept { return count_; }
+  [[nodiscard]] std::size_t count() const noexcept { return ends_.size(); }
   /// The bytes written so far (the array's header aside).
   [[nodiscard]] std::size_t bytes() const noexcept { return buf_.size() - header_room; }
   /// The array, moved out; the writer is empty again.
-  [[nodiscard]] blob done();
+  [[nodiscard]] item_array done();
 
  private:
   static constexpr std::size_t header_room = 3;  // an array16 header: up to 65535 items
   blob buf_;
-  std::size_t count_ = 0;
+  std::vector<std::uint32_t> ends_;
 };
 
 /// The levels of maps and arrays in `value`, one complete msgpack value within the limits

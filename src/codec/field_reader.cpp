@@ -257,7 +257,10 @@ std::uint64_t signature(std::string_view s) {
 field_reader::field_reader(std::string_view body, const decode_limits& lim)
     : body_(body), fault_(index(lim)) {}
 
-std::optional<decode_error> field_reader::index(const decode_limits& lim) {
+field_reader::field_reader(std::string_view body, const decode_limits& lim, bool prefix)
+    : body_(body), fault_(index(lim, prefix)) {}
+
+std::optional<decode_error> field_reader::index(const decode_limits& lim, bool prefix) {
   const auto refuse = [](std::string reason) {
     return decode_error{error_code::bad_body, std::move(reason)};
   };
@@ -297,8 +300,11 @@ std::optional<decode_error> field_reader::index(const decode_limits& lim) {
     ++count_;
     pos = *value_end;
   }
-  if (pos != body_.size())
+  if (prefix) {
+    body_ = body_.substr(0, pos);
+  } else if (pos != body_.size()) {
     return refuse(fmt::format("{} trailing bytes after the msgpack body", body_.size() - pos));
+  }
   return std::nullopt;
 }
 
@@ -414,7 +420,7 @@ std::optional<decode_error> check_user_map_impl(std::string_view value, std::siz
                         fmt::format("{} trailing bytes after the value", value.size() - *end)};
   if (read_head(value, 0)->k != head::kind::map)
     return decode_error{error_code::bad_field, "expected a map"};
-  if (max_nesting != 0) {
+  if (max_nesting != 0 && value.size() > max_nesting) {  // as field_reader::blob says
     const auto levels = nesting(value, 0).first;
     if (levels > max_nesting)
       return decode_error{error_code::bad_field,
@@ -435,7 +441,8 @@ void field_reader::blob(std::string_view key, std::string& out, bool required, b
     return fail(key, "expected a map");
   }
   const auto& f = at(next_ - 1);  // the field get() just found
-  if (max_nesting != 0) {
+  // Every level takes a byte at least: a value no longer than the bound cannot pass it.
+  if (max_nesting != 0 && f.end - f.begin > max_nesting) {
     const auto levels = nesting(body_, f.begin).first;
     if (levels > max_nesting)
       return fail(key, fmt::format("nests {} levels of maps and arrays, more than the {} it may "
@@ -445,27 +452,32 @@ void field_reader::blob(std::string_view key, std::string& out, bool required, b
   out.assign(body_.substr(f.begin, f.end - f.begin));
 }
 
-void field_reader::items(std::string_view key, std::string* out,
-                         std::vector<std::string_view>* views, std::size_t max_items,
-                         const std::function<std::optional<std::string>(std::string_view)>& check) {
+void field_reader::items(std::string_view key, std::string* out, std::vector<std::uint32_t>* ends,
+                         std::size_t max_items,
+                         const std::function<std::optional<std::string>(field_reader& item)>& check) {
   const auto a = get(key, true);
   if (!a) return;
   if (a->k != head::kind::array) return fail(key, "expected an array of items");
   if (a->n == 0) return fail(key, "holds no item: a batch carries at least one");
   if (a->n > max_items) return fail(key, fmt::format("more than {} items", max_items));
   const auto& f = at(next_ - 1);  // the field get() just found
-  if (views != nullptr) views->reserve(a->n);
-  auto pos = a->data;
-  for (std::uint64_t i = 0; i < a->n; ++i) {
-    const auto end = nesting(body_, pos).second;
-    const auto item = body_.substr(pos, end - pos);
-    if (read_head(body_, pos)->k != head::kind::map)
-      return fail(key, fmt::format("item {} is not a map", i));
-    if (auto why = check(item)) return fail(key, fmt::format("item {}: {}", i, *why));
-    if (views != nullptr) views->push_back(item);
-    pos = end;
+  const auto value = body_.substr(f.begin, f.end - f.begin);
+  if (ends != nullptr) {
+    ends->clear();
+    ends->reserve(a->n);
   }
-  if (out != nullptr) out->assign(body_.substr(f.begin, f.end - f.begin));
+  // The body passed the limits as a whole: each item's own reader finds where it ends.
+  auto pos = a->data - f.begin;
+  for (std::uint64_t i = 0; i < a->n; ++i) {
+    if (read_head(value, pos)->k != head::kind::map)
+      return fail(key, fmt::format("item {} is not a map", i));
+    field_reader item(value.substr(pos), decode_limits{}, true);
+    if (item.fault()) return fail(key, fmt::format("item {}: {}", i, item.fault()->reason));
+    if (auto why = check(item)) return fail(key, fmt::format("item {}: {}", i, *why));
+    pos += item.bytes().size();
+    if (ends != nullptr) ends->push_back(static_cast<std::uint32_t>(pos));
+  }
+  if (out != nullptr) out->assign(value);
 }
 
 void field_reader::string_list(std::string_view key, std::vector<std::string>& out,

@@ -67,6 +67,11 @@ class field_reader {
   /// with string keys, no two alike; fault() is a BAD_BODY saying what is wrong otherwise.
   /// The reader keeps views into `body`.
   field_reader(std::string_view body, const decode_limits& lim);
+  /// With `prefix`, the map may be followed by more bytes: it reads the map at the start of
+  /// `body` only, and bytes() is then just the map (at most as deep as `lim` allows).
+  field_reader(std::string_view body, const decode_limits& lim, bool prefix);
+  /// The bytes of the map read.
+  [[nodiscard]] std::string_view bytes() const { return body_; }
 
   [[nodiscard]] const std::optional<decode_error>& fault() const { return fault_; }
   [[nodiscard]] bool has(std::string_view key) const { return find(key).has_value(); }
@@ -140,12 +145,12 @@ class field_reader {
   void blob(std::string_view key, std::string& out, bool required, bool want_map,
             bool allow_nil = false, std::size_t max_nesting = 0);
 
-  /// An array of 1..max_items maps (DATA_BATCH's `items`): kept as its exact bytes in `out`
-  /// and/or each item's bytes (views into the body) in `views`, either may be null. `check`
-  /// says why one item is not what the array must hold (nullopt: it is).
-  void items(std::string_view key, std::string* out, std::vector<std::string_view>* views,
+  /// An array of 1..max_items maps (DATA_BATCH's `items`), kept as its exact bytes in `out`
+  /// and where each item ends in `ends` (either may be null). `check` reads one item's fields
+  /// from its own reader and says why it is not what the array must hold (nullopt: it is).
+  void items(std::string_view key, std::string* out, std::vector<std::uint32_t>* ends,
              std::size_t max_items,
-             const std::function<std::optional<std::string>(std::string_view)>& check);
+             const std::function<std::optional<std::string>(field_reader& item)>& check);
 
   void string_list(std::string_view key, std::vector<std::string>& out, std::size_t max_items,
                    std::size_t max_len);
@@ -164,7 +169,7 @@ class field_reader {
     return i < inline_fields ? fields_[i] : more_[i - inline_fields];
   }
   /// Checks the body and notes where its fields lie (the constructor's work).
-  std::optional<decode_error> index(const decode_limits& lim);
+  std::optional<decode_error> index(const decode_limits& lim, bool prefix = false);
   /// Looks from just after the last field found: fields read in the order they were written
   /// (canonical order, on both sides) are found at the first try.
   [[nodiscard]] std::optional<std::size_t> find(std::string_view key) const;

@@ -47,9 +47,9 @@ struct writer {
     pk.pack(k);
     out.write(v.data(), v.size());  // already one complete msgpack value
   }
-  void operator()(std::string_view k, const blob& v, rule::items /*r*/) {
+  void operator()(std::string_view k, const item_array& v, rule::items /*r*/) {
     pk.pack(k);
-    out.write(v.data(), v.size());  // the array of items, as it travels
+    out.write(v.bytes.data(), v.bytes.size());  // the array of items, as it travels
   }
   void operator()(std::string_view k, const std::optional<blob>& v, rule::shape /*s*/) {
     if (!v) return;
@@ -104,12 +104,12 @@ struct reader {
            : s == rule::shape::batched_map ? rule::max_batched_nesting
                                            : 0);
   }
-  void operator()(std::string_view k, blob& v, rule::items it) {
-    r.items(k, &v, nullptr, it.max, check_item);
+  void operator()(std::string_view k, item_array& v, rule::items it) {
+    r.items(k, &v.bytes, &v.ends, it.max, [](field_reader& ir) { return check_item(ir, nullptr); });
   }
-  // Why one item of a DATA_BATCH is not a data item (§12.12.2), nullopt when it is. The
-  // batch passed the limits as a whole, so its items are within them too.
-  static std::optional<std::string> check_item(std::string_view bytes);
+  // Why one item of a DATA_BATCH is not a data item (§12.12.2), nullopt when it is; its
+  // fields go to `out` when given.
+  static std::optional<std::string> check_item(field_reader& ir, data_item* out);
   void operator()(std::string_view k, rlbus::resources& v) { r.resources(k, v); }
   void operator()(std::string_view k, std::optional<std::string>& v, rule::id /*r*/) {
     if (!r.has(k)) return;
@@ -127,11 +127,11 @@ struct reader {
   }
 };
 
-std::optional<std::string> reader::check_item(std::string_view bytes) {
-  field_reader ir(bytes, decode_limits{});
+std::optional<std::string> reader::check_item(field_reader& ir, data_item* out) {
   data_item item;
   data_item::fields(item, reader{ir});
   if (ir.fault()) return ir.fault()->reason;
+  if (out != nullptr) *out = std::move(item);
   return std::nullopt;
 }
 
@@ -310,29 +310,31 @@ items_writer::items_writer() : buf_(header_room, '\0') {}
 
 void items_writer::add(const data_ready& d) {
   write_item(buf_, d.data_id, d.buffer_id, d.meta, d.payload, d.policy_version);
-  ++count_;
+  ends_.push_back(static_cast<std::uint32_t>(buf_.size()));
 }
 
 void items_writer::add(const data_item& item) {
   write_item(buf_, item.data_id, item.buffer_id, item.meta, item.payload, item.policy_version);
-  ++count_;
+  ends_.push_back(static_cast<std::uint32_t>(buf_.size()));
 }
 
-blob items_writer::done() {
+item_array items_writer::done() {
   // The header goes just before the first item, in its smallest form (§5.5).
-  std::size_t at = 0;
-  if (count_ <= 15) {
+  const auto count = ends_.size();
+  std::uint32_t at = 0;
+  if (count <= 15) {
     at = 2;
-    buf_[2] = static_cast<char>(0x90U | count_);
+    buf_[2] = static_cast<char>(0x90U | count);
   } else {
     buf_[0] = static_cast<char>(0xdcU);
-    buf_[1] = static_cast<char>((count_ >> 8U) & 0xffU);
-    buf_[2] = static_cast<char>(count_ & 0xffU);
+    buf_[1] = static_cast<char>((count >> 8U) & 0xffU);
+    buf_[2] = static_cast<char>(count & 0xffU);
   }
   buf_.erase(0, at);
-  blob out = std::move(buf_);
+  for (auto& e : ends_) e -= at;
+  item_array out{std::move(buf_), std::move(ends_)};
   buf_.assign(header_room, '\0');
-  count_ = 0;
+  ends_.clear();
   return out;
 }
 
@@ -340,22 +342,38 @@ result<batch_view> read_data_batch_body(std::string_view body) {
   detail::field_reader r(body, decode_limits{});
   batch_view out;
   r.uint("first_index", out.first_index, 1, std::uint64_t{1} << 63U);
-  r.items("items", nullptr, &out.items, max_batch_items, detail::reader::check_item);
+  r.items("items", nullptr, nullptr, max_batch_items, [&](detail::field_reader& ir) {
+    data_item item;
+    auto why = detail::reader::check_item(ir, &item);
+    if (!why)
+      out.items.push_back({ir.bytes(), std::move(item.data_id), std::move(item.buffer_id)});
+    return why;
+  });
   if (r.fault()) return *r.fault();
   return out;
 }
 
 std::size_t nesting_of(std::string_view value) { return detail::nesting_levels(value); }
 
-std::vector<std::string_view> split_items(std::string_view items) {
+std::vector<std::string_view> split_items(const item_array& items) {
   std::vector<std::string_view> out;
-  const auto a = detail::read_head(items, 0);
+  const std::string_view bytes = items.bytes;
+  if (!items.ends.empty()) {  // known: no walk
+    out.reserve(items.ends.size());
+    std::size_t pos = detail::read_head(bytes, 0)->data;
+    for (const auto end : items.ends) {
+      out.push_back(bytes.substr(pos, end - pos));
+      pos = end;
+    }
+    return out;
+  }
+  const auto a = detail::read_head(bytes, 0);
   if (!a || a->k != detail::head::kind::array) return out;
   out.reserve(a->n);
   auto pos = a->data;
-  for (std::uint64_t i = 0; i < a->n && pos < items.size(); ++i) {
-    const auto end = detail::value_end(items, pos);
-    out.push_back(items.substr(pos, end - pos));
+  for (std::uint64_t i = 0; i < a->n && pos < bytes.size(); ++i) {
+    const auto end = detail::value_end(bytes, pos);
+    out.push_back(bytes.substr(pos, end - pos));
     pos = end;
   }
   return out;

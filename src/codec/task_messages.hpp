@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "codec/protocol.hpp"
 #include "rlbus/types.hpp"
@@ -588,6 +589,15 @@ struct data_item {
 /// Items a DATA_BATCH carries at most (the array limit of §5.1).
 inline constexpr std::size_t max_batch_items = 1024;
 
+/// DATA_BATCH's `items`: the msgpack array exactly as it travels, and where each item ends
+/// in it (offsets past each item, noted by the decoder and by items_writer, so that nobody
+/// walks the bytes again to find them; empty when unknown). Only the bytes travel and count.
+struct item_array {
+  blob bytes;
+  std::vector<std::uint32_t> ends;
+  bool operator==(const item_array& o) const { return bytes == o.bytes; }
+};
+
 /// DATA_BATCH (collector -> broker): consecutive indexed DATA of an attempt in one message;
 /// item k has index first_index + k (§12.12). `items` is the msgpack array of data items
 /// exactly as it travels, so the broker relays items without decoding them into copies.
@@ -595,7 +605,7 @@ struct data_batch {
   std::string task_id;
   std::uint32_t attempt = 1;
   std::uint64_t first_index = 1;
-  blob items;
+  item_array items;
   RLBUS_TASK_MESSAGE(data_batch, data_batch)
   template <class S, class F>
   static void fields(S& s, F&& f) {

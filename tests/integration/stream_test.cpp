@@ -667,7 +667,7 @@ TEST_CASE("a collector that outruns its socket batches its DATA; the callbacks s
                             std::string(16, static_cast<char>('a' + (k * 1000) % 26)), std::nullopt};
       codec::items_writer one;
       one.add(want);
-      CHECK(bodies[k] == one.done().substr(1));  // the item, without its array's header
+      CHECK(bodies[k] == one.done().bytes.substr(1));  // the item, without its array's header
     }
   }
   INFO(w.data_batches() << " batches carried " << w.data_batched() << " DATA");

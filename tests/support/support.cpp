@@ -196,7 +196,7 @@ std::vector<std::string> data_ids(const std::vector<codec::task_event>& events) 
     if (e.event != "data_batch") continue;
     const auto batch = codec::read_data_batch_body(e.body);
     REQUIRE(batch);
-    for (const auto item : batch.value().items) id_of(item);
+    for (const auto& item : batch.value().items) id_of(item.bytes);
   }
   return out;
 }
