@@ -27,11 +27,6 @@ bool ends_task(std::string_view event) {
   return event == "finished" || event == "failed" || event == "cancelled";
 }
 
-// A seq of a stream the broker restarted without: it was an event nobody kept (§14).
-bool placeholder(const codec::task_event& e) {
-  return e.event.empty();
-}
-
 std::size_t slot(rlbus::role kind) {
   return kind == rlbus::role::learner ? 1 : 0;
 }
@@ -975,11 +970,10 @@ void task_manager::emit(task& t, std::string_view event, codec::blob body,
   }
   if (event == "data") s.max_data_bytes = std::max(s.max_data_bytes, size);
   // The ring is bounded in events and in bytes (payloads can be large).
-  while (s.ring.size() > cfg_.stream_ring || s.ring_bytes > cfg_.stream_ring_bytes)
-    s.pop_front();
+  s.trim(cfg_.stream_ring, cfg_.stream_ring_bytes);
   pump(t.owner, s);
-  std::string topic;
-  topic.reserve(6 + t.owner.size() + event.size());
+  auto& topic = topic_;  // reused: no allocation per event
+  topic.clear();
   topic.append("task.").append(t.owner).append(".").append(event);
   // Nobody subscribed: the event still takes its seq (SPEC §2.5) but its body is not built.
   if (!sink_.wanted(topic)) return sink_.publish(topic, std::monostate{});
@@ -989,56 +983,10 @@ void task_manager::emit(task& t, std::string_view event, codec::blob body,
 
 // ---- replay and flow control (§12.9) ---------------------------------------------------
 
-void task_manager::stream::push(held h) {
-  ring_bytes += event(h).body.size();
-  ring_items += h.items;
-  ring.push_back(std::move(h));
-}
-
-void task_manager::stream::pop_front() {
-  const auto& oldest = ring.front();
-  const auto bytes = event(oldest).body.size();
-  if (event(oldest).seq <= acked) {
-    acked_bytes -= bytes;
-    acked_items -= oldest.items;
-  }
-  ring_bytes -= bytes;
-  ring_items -= oldest.items;
-  ring.pop_front();
-}
-
-void task_manager::stream::set_acked(std::uint64_t seq) {
-  // acked_bytes stays the bytes of the ring's events at or below `acked`.
-  const auto count_upto = [&](std::uint64_t v) -> std::size_t {
-    if (ring.empty() || v < event(ring.front()).seq) return 0;
-    return static_cast<std::size_t>(
-        std::min<std::uint64_t>(v - event(ring.front()).seq + 1, ring.size()));
-  };
-  const auto from = count_upto(acked);
-  const auto to = count_upto(seq);
-  for (auto i = from; i < to; ++i) {
-    acked_bytes += event(ring[i]).body.size();
-    acked_items += ring[i].items;
-  }
-  for (auto i = to; i < from; ++i) {
-    acked_bytes -= event(ring[i]).body.size();
-    acked_items -= ring[i].items;
-  }
-  acked = seq;
-}
-
 std::optional<refusal> task_manager::on_replay(const std::string& from, const codec::replay& r) {
   auto& s = streams_[from];
-  if (r.from_seq > s.seq + 1)
-    return refuse(codec::error_code::bad_seq,
-                  fmt::format("REPLAY from {}: your stream's last event is {}, so from_seq is "
-                              "1..{}",
-                              r.from_seq, s.seq, s.seq + 1));
+  if (auto no = s.replay(r.from_seq)) return no;
   ++counts_.replays;
-  // "Everything before from_seq is processed, nothing from it on": the stream restarts there.
-  s.windowed = true;
-  s.set_acked(r.from_seq - 1);
-  s.next = r.from_seq;
   if (journal_ != nullptr) journal_->acked(from, s.acked);
   pump(from, s);
   grant(s, nullptr);
@@ -1047,59 +995,12 @@ std::optional<refusal> task_manager::on_replay(const std::string& from, const co
 
 std::optional<refusal> task_manager::on_ack(const std::string& from, const codec::ack& a) {
   auto& s = streams_[from];
-  if (a.seq > s.seq)
-    return refuse(codec::error_code::bad_seq,
-                  fmt::format("ACK of {}: your stream's last event is {}", a.seq, s.seq));
-  s.windowed = true;
-  if (a.seq > s.acked) {  // an older ACK tells nothing new
-    s.set_acked(a.seq);
-    if (journal_ != nullptr) journal_->acked(from, s.acked);
-  }
-  if (s.next <= s.acked) s.next = s.acked + 1;
+  const auto before = s.acked;
+  if (auto no = s.ack(a.seq)) return no;
+  if (journal_ != nullptr && s.acked != before) journal_->acked(from, s.acked);
   pump(from, s);
   grant(s, nullptr);
   return std::nullopt;
-}
-
-// Sends held events while the window has room: at most stream-window per call, so one
-// REPLAY or ACK never makes a burst larger than the window. Events the ring no longer holds
-// are reported with STREAM_GAP, never skipped in silence.
-void task_manager::pump(const std::string& owner, stream& s) {
-  if (!s.windowed) return;
-  const auto window = static_cast<std::uint64_t>(cfg_.stream_window);
-  const auto limit = [&] {
-    return s.acked > ~std::uint64_t{0} - window ? ~std::uint64_t{0} : s.acked + window;
-  };
-  while (s.next <= s.seq && s.next <= limit()) {
-    const auto front = s.ring.empty() ? s.seq + 1 : stream::event(s.ring.front()).seq;
-    if (s.next < front) {
-      if (!sink_.send_to(owner, codec::stream_gap{s.next, front - 1})) return;
-      spdlog::warn("coordinator {}: events {}..{} of its stream are gone from the ring", owner,
-                   s.next, front - 1);
-      counts_.lost += front - s.next;
-      s.next = front;
-      // Nothing to process in them: they count as acknowledged, out of the window's way.
-      if (s.acked < front - 1) s.set_acked(front - 1);
-      continue;
-    }
-    if (placeholder(stream::event(s.ring[s.next - front]))) {
-      // Seqs the broker restarted without (§14): reported lost, as the ring's own losses.
-      auto last = s.next;
-      while (last < s.seq && placeholder(stream::event(s.ring[last + 1 - front]))) ++last;
-      if (!sink_.send_to(owner, codec::stream_gap{s.next, last})) return;
-      counts_.lost += last - s.next + 1;
-      s.next = last + 1;
-      if (s.acked < last) s.set_acked(last);
-      continue;
-    }
-    // Not sent (the connection is gone or full): held, sent again on the next ACK or REPLAY.
-    if (!sink_.send_to(owner, s.ring[s.next - front].msg)) return;
-    if (s.next <= s.sent_max)
-      ++counts_.resent;
-    else
-      s.sent_max = s.next;
-    ++s.next;
-  }
 }
 
 // Tops up the data credit of the stream's collector attempts out of the window's room: the

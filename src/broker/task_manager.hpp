@@ -34,38 +34,11 @@
 #include "broker/policy_store.hpp"
 #include "broker/quarantine.hpp"
 #include "broker/refusal.hpp"
+#include "broker/stream.hpp"
 #include "codec/messages.hpp"
 #include "util/clock.hpp"
 
 namespace rlbus::broker {
-
-/// What the task manager needs from the broker loop.
-class task_sink {
- public:
-  virtual ~task_sink() = default;
-  /// Sends to the live session of `peer_id`; false if there is none or it cannot take more.
-  virtual bool send_to(std::string_view peer_id, const codec::message& m) = 0;
-  /// Publishes an event on the PUB.
-  virtual void publish(std::string_view topic, decltype(codec::event::body) body) = 0;
-  /// Whether any subscriber asked for `topic`: when not, a body need not be built.
-  virtual bool wanted(std::string_view topic) = 0;
-};
-
-struct task_counts {
-  std::uint64_t queued = 0, running = 0, finished = 0, failed = 0, requeued = 0, cancelled = 0,
-                stale = 0;
-  // streams (§12.9): REPLAYs served, events sent again, events reported lost (STREAM_GAP)
-  std::uint64_t replays = 0, resent = 0, lost = 0;
-  // reliable data (§12.11): indexed DATA dropped as already relayed, dropped as past the
-  // next index, and DATA declared lost by their collectors
-  std::uint64_t data_duplicates = 0, data_out_of_order = 0, data_lost = 0;
-  // quarantine (§12.6.9): workers in quarantine now, and quarantines begun in all
-  std::uint64_t quarantined = 0, quarantines = 0;
-  // coordinator grace (§12.5.8): coordinators whose tasks await adoption now, adoptions made
-  std::uint64_t orphaned = 0, adoptions = 0;
-  // SUBMITs refused because their coordinator held max-tasks-per-coordinator (§15.5)
-  std::uint64_t task_limit = 0;
-};
 
 class task_manager {
  public:
@@ -167,46 +140,7 @@ class task_manager {
     std::string task;      // "" = free
     bool leaving = false;  // it sent LEAVING: no new task for this session (§12.6.10)
   };
-  struct stream {
-    std::uint64_t seq = 0;  // the last event made: the head
-    // Each a TASK_EVENT, held as the message it is sent as, so sending never copies it, with
-    // the data items it carries (a data_batch its items, any other event 1): the window and
-    // data credit count items, so batching DATA cannot stretch them (§12.12.3).
-    struct held {
-      codec::message msg;
-      std::uint32_t items = 1;
-    };
-    std::deque<held> ring;
-    [[nodiscard]] static const codec::task_event& event(const held& h) {
-      return std::get<codec::task_event>(h.msg);
-    }
-    std::size_t ring_bytes = 0;
-    std::uint64_t ring_items = 0;   // the items of the ring's events
-    std::uint64_t acked_items = 0;  // ... of those at or below `acked`
-    // Flow control (§12.9), off until the coordinator's first ACK or REPLAY: until then
-    // every event is sent as it is made, as in v1.
-    bool windowed = false;
-    std::uint64_t acked = 0;      // the coordinator has processed every event up to here
-    std::uint64_t next = 1;       // the next event to send
-    std::uint64_t sent_max = 0;   // the highest seq ever sent: sending one at or below is a resend
-    std::size_t acked_bytes = 0;  // body bytes of the ring's events at or below `acked`
-    std::size_t max_data_bytes =
-        0;  // the largest `data` body so far: what a unit of credit may cost
-    std::set<std::string> credited;  // tasks whose current attempt holds data credit
-    std::uint64_t reserved = 0;      // the journal allows seqs up to here (§14)
-
-    void set_acked(std::uint64_t seq);
-    void push(held h);
-    void pop_front();
-    [[nodiscard]] std::size_t unacked_bytes() const { return ring_bytes - acked_bytes; }
-    /// The items of the unacknowledged events: the ring's, and 1 for each event the ring
-    /// dropped before it was acknowledged.
-    [[nodiscard]] std::uint64_t unacked_items() const {
-      const auto front = ring.empty() ? seq + 1 : event(ring.front()).seq;
-      const auto dropped = front - 1 > acked ? front - 1 - acked : 0;
-      return ring_items - acked_items + dropped;
-    }
-  };
+  using stream = coordinator_stream;
   struct check {
     util::time_point due;
     std::string task_id;
@@ -264,7 +198,9 @@ class task_manager {
   void emit(task& t, std::string_view event, codec::blob body, std::string_view detail = {},
             std::uint32_t items = 1);
   // flow control (§12.9)
-  void pump(const std::string& owner, stream& s);
+  void pump(const std::string& owner, stream& s) {
+    s.pump(sink_, owner, cfg_.stream_window, counts_);
+  }
   void grant(stream& s, const task* announce);
   void uncredit(task& t);
 
@@ -276,6 +212,7 @@ class task_manager {
   std::unordered_map<std::string, worker_info> workers_;
   std::map<std::uint64_t, std::string> free_[2];  // per kind (collector, learner): serial -> id
   std::unordered_map<std::string, stream> streams_;
+  std::string topic_;  // emit()'s, reused for every event's topic
   std::map<std::string, util::time_point> orphans_;     // coordinator id -> end of its grace
   std::unordered_map<std::string, std::size_t> owned_;  // coordinator id -> its live tasks
   policy_store policies_;
