@@ -127,6 +127,7 @@ int main(int argc, char** argv) {
   std::string broker_flag;
   std::string payloads = "64,4096";
   std::string collectors = "1,4,16";
+  std::string large_payloads = "65536,1048576";
   bool no_sdk = false;
   bool no_http = false;
   std::string http_script_flag;
@@ -148,6 +149,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1'000'000'000));
   app.add_option("--payloads", payloads, "latency: payload sizes in bytes")->capture_default_str();
   app.add_option("--collectors", collectors, "throughput: collector counts")->capture_default_str();
+  app.add_option("--large-payloads", large_payloads,
+                 "throughput: payload sizes (bytes, at most 1048576) of the MB/s rows; 0: none")
+      ->capture_default_str();
   app.add_option("--data-payload", s.data_payload, "throughput: DATA payload bytes")
       ->capture_default_str()
       ->check(CLI::Range(0, 1'000'000));
@@ -282,6 +286,11 @@ int main(int argc, char** argv) {
   try {
     s.payloads = parse_list<std::size_t>(payloads, "payload");
     s.collectors = parse_list<int>(collectors, "collector");
+    s.large_payloads.clear();
+    if (large_payloads != "0") s.large_payloads = parse_list<std::size_t>(large_payloads, "payload");
+    for (const auto p : s.large_payloads)
+      if (p > 1'048'576)
+        throw std::invalid_argument("a payload is at most 1048576 bytes, not " + std::to_string(p));
     s.scale_workers = parse_list<int>(scale_workers, "worker");
     for (const auto n : s.scale_workers)
       if (n > 100'000)
@@ -315,6 +324,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   } else if (quick) {
+    s.quick = true;
     if (app.count("--trials") == 0) s.trials = 2;
     if (app.count("--rounds") == 0) s.rounds = 50;
     if (app.count("--messages") == 0) s.messages = 2000;

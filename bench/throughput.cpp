@@ -95,6 +95,8 @@ void coordinator_loop(zmq::socket_t& sock, std::uint64_t last_seq, flow_counter&
     if (head.more()) (void)sock.recv(body, zmq::recv_flags::none);
     while (body.more()) (void)sock.recv(body, zmq::recv_flags::none);
     const auto h = codec::parse_header(head.to_string_view());
+    // CAPACITY: collectors of the SDK rows joining the same broker, nothing unexpected.
+    if (h && h->type == static_cast<std::uint8_t>(codec::msg_type::capacity)) continue;
     auto seq = peek_seq(body.to_string_view());
     if (!h || h->type != static_cast<std::uint8_t>(codec::msg_type::task_event) || !seq) {
       c.unexpected.fetch_add(1);
@@ -238,10 +240,16 @@ struct sdk_group {
   }
 };
 
-std::vector<row> throughput_rows(const settings& s, int n, http_baseline* http) {
-  const auto label = fmt::format("throughput {} collector{}", n, n == 1 ? "" : "s");
+// `large`: the large-payload rows (one collector, MB/s, a broker whose max-message takes a
+// 1 MiB payload, no batched or HTTP column).
+std::vector<row> throughput_rows(const settings& s, int n, http_baseline* http,
+                                 bool large = false) {
+  const auto label = large ? fmt::format("throughput {} B payloads", s.data_payload)
+                           : fmt::format("throughput {} collector{}", n, n == 1 ? "" : "s");
   const auto count = s.messages;
-  middle_boxes mb(s, true, false);
+  middle_boxes mb(s, true, false,
+                  large ? std::vector<std::string>{"--max-message", "4194304"}
+                        : std::vector<std::string>{});
   const std::string payload(s.data_payload, 'x');
   const auto un = static_cast<std::size_t>(n);
 
@@ -318,8 +326,9 @@ std::vector<row> throughput_rows(const settings& s, int n, http_baseline* http) 
   std::vector<std::unique_ptr<sdk_group>> groups;
   if (s.sdk) {
     groups.push_back(std::make_unique<sdk_group>(mb.router, "sdk", n, false, payload, s.window));
-    groups.push_back(
-        std::make_unique<sdk_group>(mb.router, "sdkb", n, true, payload, s.window));
+    if (!large)
+      groups.push_back(
+          std::make_unique<sdk_group>(mb.router, "sdkb", n, true, payload, s.window));
   }
   // The CPU time the middle process (broker or proxy) spent per event received, around
   // one trial.
@@ -372,7 +381,8 @@ std::vector<row> throughput_rows(const settings& s, int n, http_baseline* http) 
       return with_cpu(mb.broker_pid(), c, [&] { return groups[0]->run(c); });
     });
     // Batched: more items per trial, so a trial lasts about as long as the others.
-    variants.emplace_back("sdk batched", [&](bool w) {
+    if (!large)
+      variants.emplace_back("sdk batched", [&](bool w) {
       const auto c = (w ? warm : count) * batched_factor;
       return with_cpu(mb.broker_pid(), c, [&] { return groups[1]->run(c); });
     });
@@ -402,7 +412,9 @@ std::vector<row> throughput_rows(const settings& s, int n, http_baseline* http) 
   for (const std::string client : {"wire", "sdk", "sdk batched"}) {
     if (res.count(client) == 0) continue;
     const bool batched = client == "sdk batched";
-    const auto variant = fmt::format("{} collector{}, {}", n, n == 1 ? "" : "s", client);
+    const auto variant =
+        large ? fmt::format("{} KiB payload, {}", s.data_payload / 1024, client)
+              : fmt::format("{} collector{}, {}", n, n == 1 ? "" : "s", client);
     nlohmann::json params{{"collectors", n},
                           {"payload_bytes", s.data_payload},
                           {"messages", batched ? count * batched_factor : count},
@@ -430,11 +442,14 @@ std::vector<row> throughput_rows(const settings& s, int n, http_baseline* http) 
     row r;
     r.scenario = "throughput";
     r.variant = variant;
-    r.metric = batched ? "items/s" : "events/s";
+    r.metric = large ? "MB/s" : batched ? "items/s" : "events/s";
     r.higher_is_better = true;
     r.rlbus = pick(client, &trial::rate);
     r.proxy = pick("proxy", &trial::rate);
     r.direct = pick("direct", &trial::rate);
+    if (large)  // payload bytes delivered per second, in MB (10^6 bytes)
+      for (auto* v : {&r.rlbus, &r.proxy, &r.direct})
+        for (auto& x : *v) x *= static_cast<double>(s.data_payload) / 1e6;
     if (http_ok) r.http = pick("http", &trial::rate);
     r.lost = total(client, &trial::lost);
     r.gaps = total(client, &trial::gaps);
@@ -460,6 +475,17 @@ std::vector<row> run_throughput(const settings& s, http_baseline* http) {
   std::vector<row> rows;
   for (const auto n : s.collectors) {
     auto r = throughput_rows(s, n, http);
+    rows.insert(rows.end(), r.begin(), r.end());
+  }
+  // Large payloads: the same path with 64 KiB and 1 MiB payloads, about 512 MiB a trial
+  // (--quick: 1/64 of it), at most 32 MiB in flight.
+  for (const auto size : s.large_payloads) {
+    settings big = s;
+    big.data_payload = size;
+    const std::uint64_t budget = s.quick ? (8U << 20U) : (512U << 20U);
+    big.messages = std::max<std::uint64_t>(16, budget / size);
+    big.window = std::clamp<std::uint64_t>((32U << 20U) / size, 4, s.window);
+    auto r = throughput_rows(big, 1, nullptr, true);
     rows.insert(rows.end(), r.begin(), r.end());
   }
   return rows;
