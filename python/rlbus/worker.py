@@ -465,6 +465,11 @@ class Worker:
 
     ``curve=rlbus.curve_keys_from_files("me.key", "broker.pub")`` connects with CURVE, to a
     broker that has it on; without it the connection is plain.
+
+    ``batch_data`` (on by default, SPEC §12.12): the DATA that one turn of the I/O thread
+    finds waiting together leave as one DATA_BATCH of up to 1024 items and 64 KiB; a DATA
+    emitted alone leaves alone, at once. The coordinator's callbacks see the same items either
+    way. Off, every DATA travels alone (for a broker older than batched data).
     """
 
     def __init__(self, endpoint: str, role: str, id: str, run: Callable[[Task], Any],

@@ -64,6 +64,7 @@ gatekeeper::gatekeeper(zmq::context_t& ctx, const config& cfg)
   }
   zap_.set(zmq::sockopt::linger, 0);
   zap_.bind(zap_endpoint);  // before any socket that asks it can accept a connection
+  zap_fd_ = zap_.get(zmq::sockopt::fd);
 }
 
 int gatekeeper::secure(zmq::socket_t& s, std::string_view domain) {
@@ -81,12 +82,14 @@ int gatekeeper::secure(zmq::socket_t& s, std::string_view domain) {
   auto& mon = monitors_.emplace_back(ctx_, zmq::socket_type::pair);
   mon.set(zmq::sockopt::linger, 0);
   mon.connect(endpoint);
+  monitor_fds_.push_back(mon.get(zmq::sockopt::fd));
   return static_cast<int>(monitors_.size() - 1);
 }
 
 void gatekeeper::release(zmq::socket_t& s, int handle) {
   (void)zmq_socket_monitor(s.handle(), nullptr, 0);
   monitors_[static_cast<std::size_t>(handle)].close();
+  monitor_fds_[static_cast<std::size_t>(handle)] = -1;
   for (auto it = connections_.begin(); it != connections_.end();) {
     const auto next = std::next(it);
     if (it->second.monitor == handle) forget(it);
@@ -101,10 +104,13 @@ void gatekeeper::forget(std::unordered_map<int, connection>::iterator it) {
   --counts_.connections;
 }
 
+// A socket's descriptor signals "look again", edge-style: on_readable() therefore reads each
+// socket until it has nothing more (the last call on it a receive that found nothing), and
+// the broker loop also calls it now and then without a signal.
 void gatekeeper::poll_items(std::vector<zmq::pollitem_t>& items) {
-  for (auto& m : monitors_)
-    if (m.handle() != nullptr) items.push_back({m.handle(), 0, ZMQ_POLLIN, 0});
-  items.push_back({zap_.handle(), 0, ZMQ_POLLIN, 0});
+  for (const int fd : monitor_fds_)
+    if (fd >= 0) items.push_back({nullptr, fd, ZMQ_POLLIN, 0});
+  items.push_back({nullptr, zap_fd_, ZMQ_POLLIN, 0});
 }
 
 void gatekeeper::on_readable() {

@@ -110,6 +110,11 @@ class gatekeeper {
   std::optional<file_id> list_file_;
   zmq::socket_t zap_;
   std::vector<zmq::socket_t> monitors_;
+  // Their descriptors, polled as plain fds: zmq_poll would ask each socket for its state
+  // (two getsockopt calls) on every turn of the broker loop, for sockets that speak only
+  // when a connection comes or goes. -1: a monitor released.
+  int zap_fd_ = -1;
+  std::vector<int> monitor_fds_;
   struct connection {
     int monitor;          // which socket's
     std::string address;  // source address

@@ -269,6 +269,7 @@ void server::run() {
       if (journal_->wants_compaction()) compact_journal();
     }
     if (now >= next_status_) {
+      gate_.on_readable();  // besides its descriptors' signals (gatekeeper::poll_items)
       if (gate_.allowlist_changed()) reload_allowlist();
       forget_coordinator_keys();
       publish_status(now);

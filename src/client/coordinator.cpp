@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 #include <zmq.hpp>
 
+#include "client/io_loop.hpp"
 #include "client/session.hpp"
 #include "codec/field_reader.hpp"
 #include "util/poll.hpp"
@@ -121,22 +122,24 @@ struct coordinator::impl {
           changed.notify_all();
         },
         [this](codec::message&& m) { on_message(std::move(m)); });
-    s.start(util::clock::now());
-    while (!io_stop.load(std::memory_order_relaxed)) {
-      std::array<zmq::pollitem_t, 2> items{s.pollitem(), {nullptr, wake.read_fd(), ZMQ_POLLIN, 0}};
-      util::poll(items.data(), items.size(),
-                 util::poll_timeout_ms(util::clock::now(), s.next_timer()));
-      if ((items[1].revents & ZMQ_POLLIN) != 0) wake.drain();
-      if ((items[0].revents & ZMQ_POLLIN) != 0) s.on_readable(util::clock::now());
-      s.on_timers(util::clock::now());
-      std::lock_guard lock(mu);
-      if (notify_pending) {
-        notify_pending = false;
-        changed.notify_all();
-      }
-      while (!outbox.empty() && s.send_ready(outbox.front())) outbox.pop_front();
+    client::detail::run_io_loop(s, wake, io_stop, {[this](client::detail::session& ss) {
+      return flush(ss);
+    }});
+  }
+
+  // After each turn: the callback thread is woken once for all the turn brought, and what the
+  // other threads queued goes out. False when the socket's queue is full with more to send.
+  bool flush(client::detail::session& s) {
+    std::lock_guard lock(mu);
+    if (notify_pending) {
+      notify_pending = false;
+      changed.notify_all();
     }
-    s.stop();
+    while (!outbox.empty()) {
+      if (!s.send_ready(outbox.front())) return s.state() != connection_state::ready;
+      outbox.pop_front();
+    }
+    return true;
   }
 
   void on_message(codec::message&& m) {

@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 #include <zmq.hpp>
 
+#include "client/io_loop.hpp"
 #include "client/session.hpp"
 #include "codec/codec.hpp"
 #include "util/poll.hpp"
@@ -470,32 +471,19 @@ struct worker::impl {
           changed.notify_all();
         },
         [this](codec::message&& m) { on_task_message(std::move(m)); });
-    s.start(util::clock::now());
-    bool watching = opts.leave_on_sigterm.has_value();  // until SIGTERM made it leave
-    bool blocked = false;  // the socket's queue was full: wait until it takes more
-    while (!stopping.load(std::memory_order_relaxed)) {
-      auto socket = s.pollitem();
-      if (blocked) socket.events |= ZMQ_POLLOUT;
-      std::array<zmq::pollitem_t, 3> items{
-          socket,
-          {nullptr, tasks.wake.read_fd(), ZMQ_POLLIN, 0},
-          {nullptr, watching ? g_sigterm_pipe->read_fd() : -1, ZMQ_POLLIN, 0}};
-      const auto now = util::clock::now();
-      util::poll(items.data(), watching ? 3 : 2, util::poll_timeout_ms(now, s.next_timer()));
-      if ((items[1].revents & ZMQ_POLLIN) != 0) tasks.wake.drain();
-      if (watching && g_sigterm.load()) {
-        watching = false;
+    client::detail::io_hooks hooks{[this](client::detail::session& ss) { return flush_outbox(ss); }};
+    if (opts.leave_on_sigterm) {  // watched until SIGTERM made it leave
+      hooks.extra_fd = g_sigterm_pipe->read_fd();
+      hooks.on_extra = [this] {
+        if (!g_sigterm.load()) return true;
         spdlog::info("{}: SIGTERM: leaving (the task may take {} ms more)", opts.id,
                      opts.leave_on_sigterm->count());
         std::lock_guard lock(tasks.mu);
         tasks.leave_locked(*opts.leave_on_sigterm);
-      }
-      if ((items[0].revents & ZMQ_POLLIN) != 0) s.on_readable(util::clock::now());
-      s.on_timers(util::clock::now());
-      blocked = !flush_outbox(s);
+        return false;
+      };
     }
-    flush_outbox(s);
-    s.stop();
+    client::detail::run_io_loop(s, tasks.wake, stopping, std::move(hooks));
   }
 
   // Sends what the handler thread queued, in order, while the session is ready; the rest

@@ -78,9 +78,10 @@ TEST_CASE("rlbus-bench --quick runs and writes a report that parses", "[bench-sm
     CHECK(row.at("rlbus").at("trials").size() == static_cast<std::size_t>(trials));
     CHECK(row.at("proxy").is_object());
     CHECK(row.at("ratio_proxy").is_number());
-    // The HTTP baseline has a value beside each latency and events/s row (not beside the
-    // middle process's CPU time).
-    if (http && row.at("metric") != "cpu us/ev") {
+    // The HTTP baseline has a value beside each latency, events/s and items/s row (not beside
+    // the middle process's CPU time, nor the large-payload rows' MB/s).
+    const auto metric = row.at("metric").get<std::string>();
+    if (http && metric.rfind("cpu", 0) != 0 && metric != "MB/s") {
       CHECK(row.at("http").is_object());
       CHECK(row.at("http").at("trials").size() == static_cast<std::size_t>(trials));
       CHECK(row.at("ratio_http").is_number());
@@ -88,7 +89,7 @@ TEST_CASE("rlbus-bench --quick runs and writes a report that parses", "[bench-sm
       CHECK(row.at("http").is_null());
       CHECK(row.at("ratio_http").is_null());
     }
-    if (row.at("metric") == "events/s") {
+    if (metric == "events/s" || metric == "items/s" || metric == "MB/s") {
       // Windowed far below the broker's queue: every event must arrive, in sequence.
       CHECK(row.at("lost") == 0);
       CHECK(row.at("gaps") == 0);
@@ -99,10 +100,18 @@ TEST_CASE("rlbus-bench --quick runs and writes a report that parses", "[bench-sm
     for (const char* client : {"wire", "sdk"})
       for (const char* metric : {"median us", "p99 us"})
         expected.insert(std::string("latency | step ") + size + ", " + client + " | " + metric);
-  for (const char* n : {"1 collector", "4 collectors", "16 collectors"})
+  for (const char* n : {"1 collector", "4 collectors", "16 collectors"}) {
     for (const char* client : {"wire", "sdk"})
       for (const char* metric : {"events/s", "cpu us/ev"})
         expected.insert(std::string("throughput | ") + n + ", " + client + " | " + metric);
+    for (const char* metric : {"items/s", "cpu us/item"})
+      expected.insert(std::string("throughput | ") + n + ", sdk batched | " + metric);
+  }
+  for (const char* size : {"64 KiB", "1024 KiB"})
+    for (const char* client : {"wire", "sdk"})
+      for (const char* metric : {"MB/s", "cpu us/ev"})
+        expected.insert(std::string("throughput | ") + size + " payload, " + client + " | " +
+                        metric);
   CHECK(seen == expected);
 }
 
