@@ -12,6 +12,7 @@
 
 #include "codec/codec.hpp"
 #include "util/poll.hpp"
+#include "util/zmq_send.hpp"
 #include "util/random.hpp"
 
 namespace rlbus::broker {
@@ -616,7 +617,7 @@ bool server::send(std::string_view routing_id, const codec::message& m) {
     return false;
   }
   router_.send(zmq::buffer(header), zmq::send_flags::sndmore);
-  router_.send(zmq::const_buffer(out_.data(), out_.size()), zmq::send_flags::none);
+  util::send_last_frame(router_, out_);
   counters_.messages_out.fetch_add(1, std::memory_order_relaxed);
   return true;
 }

@@ -13,6 +13,7 @@
 #include "codec/codec.hpp"
 #include "util/curve_keys.hpp"
 #include "util/poll.hpp"
+#include "util/zmq_send.hpp"
 
 namespace rlbus::client::detail {
 
@@ -289,7 +290,7 @@ bool session::send(const codec::message& m) {
   const auto header = codec::make_header(codec::type_of(m));
   if (!socket_->send(zmq::buffer(header), zmq::send_flags::sndmore | zmq::send_flags::dontwait))
     return false;
-  socket_->send(zmq::const_buffer(out_.data(), out_.size()), zmq::send_flags::none);
+  util::send_last_frame(*socket_, out_);
   return true;
 }
 
