@@ -196,12 +196,7 @@ std::vector<row> latency_rows(const settings& s, std::size_t payload, http_basel
     if (!sdk_coord->wait_for(rlbus::connection_state::ready, 10s) ||
         !sdk_worker->wait_for(rlbus::connection_state::ready, 10s))
       throw std::runtime_error("the SDK clients did not connect");
-    const auto t = learner_task("sdk-learn", "sdk");
-    rlbus::task_spec spec{t.task_id,          t.kind,
-                          t.task_info,        t.requirements,
-                          t.start_timeout_ms, t.step_timeout_ms,
-                          t.close_timeout_ms, t.task_timeout_ms};
-    const auto r = sdk_coord->submit(spec);
+    const auto r = sdk_coord->submit(spec_of(learner_task("sdk-learn", "sdk")));
     if (!r || !r->accepted) throw std::runtime_error("the SDK coordinator's task was refused");
     std::unique_lock lock(job.mu);
     if (!job.cv.wait_for(lock, 10s, [&] { return job.running; }))

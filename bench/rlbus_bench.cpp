@@ -287,7 +287,8 @@ int main(int argc, char** argv) {
     s.payloads = parse_list<std::size_t>(payloads, "payload");
     s.collectors = parse_list<int>(collectors, "collector");
     s.large_payloads.clear();
-    if (large_payloads != "0") s.large_payloads = parse_list<std::size_t>(large_payloads, "payload");
+    if (large_payloads != "0")
+      s.large_payloads = parse_list<std::size_t>(large_payloads, "payload");
     for (const auto p : s.large_payloads)
       if (p > 1'048'576)
         throw std::invalid_argument("a payload is at most 1048576 bytes, not " + std::to_string(p));

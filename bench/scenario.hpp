@@ -26,10 +26,10 @@ struct settings {
   std::uint64_t window = 10'000;     // throughput: most events in flight
   std::vector<std::size_t> payloads{64, 4096};
   std::vector<int> collectors{1, 4, 16};
-  std::size_t data_payload = 64;    // throughput: DATA payload bytes
+  std::size_t data_payload = 64;  // throughput: DATA payload bytes
   // throughput: payload sizes of the large-payload rows (MB/s), after the collector rows
   std::vector<std::size_t> large_payloads{64 * 1024, 1024 * 1024};
-  bool quick = false;  // --quick: the large-payload rows move less
+  bool quick = false;               // --quick: the large-payload rows move less
   bool sdk = true;                  // also run the SDK rows
   bool http = true;                 // run the HTTP baseline (bench/http_baseline.py) if it can
   int http_rounds = 500;            // HTTP latency: task steps per trial

@@ -200,12 +200,8 @@ struct sdk_group {
       if (!w->wait_for(rlbus::connection_state::ready, 10s))
         throw std::runtime_error("an SDK collector did not connect");
     for (std::size_t i = 0; i < un; ++i) {
-      const auto t = collector_task(fmt::format("{}-collect-{}", resource, i), resource);
-      rlbus::task_spec spec{t.task_id,          t.kind,
-                            t.task_info,        t.requirements,
-                            t.start_timeout_ms, t.step_timeout_ms,
-                            t.close_timeout_ms, t.task_timeout_ms};
-      const auto r = coord->submit(spec);
+      const auto r = coord->submit(
+          spec_of(collector_task(fmt::format("{}-collect-{}", resource, i), resource)));
       if (!r || !r->accepted) throw std::runtime_error("the SDK coordinator's task was refused");
     }
     std::unique_lock lock(job.mu);
@@ -247,9 +243,9 @@ std::vector<row> throughput_rows(const settings& s, int n, http_baseline* http,
   const auto label = large ? fmt::format("throughput {} B payloads", s.data_payload)
                            : fmt::format("throughput {} collector{}", n, n == 1 ? "" : "s");
   const auto count = s.messages;
-  middle_boxes mb(s, true, false,
-                  large ? std::vector<std::string>{"--max-message", "4194304"}
-                        : std::vector<std::string>{});
+  middle_boxes mb(
+      s, true, false,
+      large ? std::vector<std::string>{"--max-message", "4194304"} : std::vector<std::string>{});
   const std::string payload(s.data_payload, 'x');
   const auto un = static_cast<std::size_t>(n);
 
@@ -327,8 +323,7 @@ std::vector<row> throughput_rows(const settings& s, int n, http_baseline* http,
   if (s.sdk) {
     groups.push_back(std::make_unique<sdk_group>(mb.router, "sdk", n, false, payload, s.window));
     if (!large)
-      groups.push_back(
-          std::make_unique<sdk_group>(mb.router, "sdkb", n, true, payload, s.window));
+      groups.push_back(std::make_unique<sdk_group>(mb.router, "sdkb", n, true, payload, s.window));
   }
   // The CPU time the middle process (broker or proxy) spent per event received, around
   // one trial.
@@ -383,9 +378,9 @@ std::vector<row> throughput_rows(const settings& s, int n, http_baseline* http,
     // Batched: more items per trial, so a trial lasts about as long as the others.
     if (!large)
       variants.emplace_back("sdk batched", [&](bool w) {
-      const auto c = (w ? warm : count) * batched_factor;
-      return with_cpu(mb.broker_pid(), c, [&] { return groups[1]->run(c); });
-    });
+        const auto c = (w ? warm : count) * batched_factor;
+        return with_cpu(mb.broker_pid(), c, [&] { return groups[1]->run(c); });
+      });
   }
   if (http != nullptr) variants.emplace_back("http", http_run);
   auto res = interleave<trial>(s.trials, variants, label);
@@ -412,9 +407,8 @@ std::vector<row> throughput_rows(const settings& s, int n, http_baseline* http,
   for (const std::string client : {"wire", "sdk", "sdk batched"}) {
     if (res.count(client) == 0) continue;
     const bool batched = client == "sdk batched";
-    const auto variant =
-        large ? fmt::format("{} KiB payload, {}", s.data_payload / 1024, client)
-              : fmt::format("{} collector{}, {}", n, n == 1 ? "" : "s", client);
+    const auto variant = large ? fmt::format("{} KiB payload, {}", s.data_payload / 1024, client)
+                               : fmt::format("{} collector{}, {}", n, n == 1 ? "" : "s", client);
     nlohmann::json params{{"collectors", n},
                           {"payload_bytes", s.data_payload},
                           {"messages", batched ? count * batched_factor : count},

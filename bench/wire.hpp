@@ -12,6 +12,7 @@
 #include <zmq.hpp>
 
 #include "codec/codec.hpp"
+#include "rlbus/coordinator.hpp"
 #include "rlbus/types.hpp"
 
 namespace rlbus::bench {
@@ -76,5 +77,13 @@ class wire_peer {
   std::uint64_t gaps_ = 0;
   int rcvtimeo_ = -1;
 };
+
+/// The SDK coordinator's task_spec for the same task as the protocol-level SUBMIT `t`.
+inline rlbus::task_spec spec_of(const codec::submit& t) {
+  return {t.task_id,          t.kind,
+          t.task_info,        t.requirements,
+          t.start_timeout_ms, t.step_timeout_ms,
+          t.close_timeout_ms, t.task_timeout_ms};
+}
 
 }  // namespace rlbus::bench

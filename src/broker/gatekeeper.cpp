@@ -230,9 +230,9 @@ void gatekeeper::note_refusal(std::string_view address, std::string_view why) {
   ++unlogged_;
   const auto now = util::clock::now();
   if (now < next_log_) return;
-  spdlog::warn("refused a connection from {}: {}{}", address, why,
-               unlogged_ > 1 ? fmt::format(" (and {} more since the last such line)", unlogged_ - 1)
-                             : "");
+  spdlog::warn(
+      "refused a connection from {}: {}{}", address, why,
+      unlogged_ > 1 ? fmt::format(" (and {} more since the last such line)", unlogged_ - 1) : "");
   unlogged_ = 0;
   next_log_ = now + std::chrono::seconds(1);
 }

@@ -12,8 +12,8 @@
 
 #include "codec/codec.hpp"
 #include "util/poll.hpp"
-#include "util/zmq_send.hpp"
 #include "util/random.hpp"
+#include "util/zmq_send.hpp"
 
 namespace rlbus::broker {
 

@@ -10,7 +10,9 @@ namespace rlbus::broker {
 
 namespace {
 // A seq the broker restarted without (§14): held in the ring as an event with no name.
-bool placeholder(const codec::task_event& e) { return e.event.empty(); }
+bool placeholder(const codec::task_event& e) {
+  return e.event.empty();
+}
 }  // namespace
 
 void coordinator_stream::push(held h) {

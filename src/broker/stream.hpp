@@ -64,12 +64,11 @@ struct coordinator_stream {
   // Flow control (§12.9), off until the coordinator's first ACK or REPLAY: until then
   // every event is sent as it is made, as in v1.
   bool windowed = false;
-  std::uint64_t acked = 0;      // the coordinator has processed every event up to here
-  std::uint64_t next = 1;       // the next event to send
-  std::uint64_t sent_max = 0;   // the highest seq ever sent: sending one at or below is a resend
-  std::size_t acked_bytes = 0;  // body bytes of the ring's events at or below `acked`
-  std::size_t max_data_bytes =
-      0;  // the largest `data` body so far: what a unit of credit may cost
+  std::uint64_t acked = 0;         // the coordinator has processed every event up to here
+  std::uint64_t next = 1;          // the next event to send
+  std::uint64_t sent_max = 0;      // the highest seq ever sent: sending one at or below is a resend
+  std::size_t acked_bytes = 0;     // body bytes of the ring's events at or below `acked`
+  std::size_t max_data_bytes = 0;  // the largest `data` body so far: what a unit of credit may cost
   std::set<std::string> credited;  // tasks whose current attempt holds data credit
   std::uint64_t reserved = 0;      // the journal allows seqs up to here (§14)
 

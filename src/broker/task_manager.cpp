@@ -659,7 +659,10 @@ std::optional<refusal> task_manager::on_data_batch(task& t, const codec::data_ba
     s.max_data_bytes = std::max(s.max_data_bytes, item.size());
   }
   emit(t, "data_batch",
-       codec::map_writer(2, 32 + bytes).uint("first_index", first).array("items", fresh_items).done(),
+       codec::map_writer(2, 32 + bytes)
+           .uint("first_index", first)
+           .array("items", fresh_items)
+           .done(),
        fmt::format("{}..{}", first, last), static_cast<std::uint32_t>(fresh));
   t.data_relayed = last;
   t.out_of_order = 0;
@@ -949,13 +952,13 @@ void task_manager::erase_task(const std::string& id) {
   tasks_.erase(it);
 }
 
-void task_manager::emit(task& t, std::string_view event, codec::blob body,
-                        std::string_view detail, std::uint32_t items) {
+void task_manager::emit(task& t, std::string_view event, codec::blob body, std::string_view detail,
+                        std::uint32_t items) {
   auto& s = streams_[t.owner];
   const auto size = body.size();
-  s.push({codec::task_event{++s.seq, t.id, t.attempt, std::string(event), t.worker,
-                            std::move(body)},
-          items});
+  s.push(
+      {codec::task_event{++s.seq, t.id, t.attempt, std::string(event), t.worker, std::move(body)},
+       items});
   if (journal_ != nullptr) {  // written before the event can leave (§14)
     if (s.seq > s.reserved) {
       s.reserved = s.seq + seq_reserve;

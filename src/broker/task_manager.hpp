@@ -212,7 +212,7 @@ class task_manager {
   std::unordered_map<std::string, worker_info> workers_;
   std::map<std::uint64_t, std::string> free_[2];  // per kind (collector, learner): serial -> id
   std::unordered_map<std::string, stream> streams_;
-  std::string topic_;  // emit()'s, reused for every event's topic
+  std::string topic_;                                   // emit()'s, reused for every event's topic
   std::map<std::string, util::time_point> orphans_;     // coordinator id -> end of its grace
   std::unordered_map<std::string, std::size_t> owned_;  // coordinator id -> its live tasks
   policy_store policies_;

@@ -122,9 +122,8 @@ struct coordinator::impl {
           changed.notify_all();
         },
         [this](codec::message&& m) { on_message(std::move(m)); });
-    client::detail::run_io_loop(s, wake, io_stop, {[this](client::detail::session& ss) {
-      return flush(ss);
-    }});
+    client::detail::run_io_loop(s, wake, io_stop,
+                                {[this](client::detail::session& ss) { return flush(ss); }});
   }
 
   // After each turn: the callback thread is woken once for all the turn brought, and what the
@@ -499,7 +498,7 @@ struct coordinator::impl {
   std::uint64_t collectors = 0;  // as of the last capacity callback
   std::uint64_t learners = 0;
   bool cb_stop = false;
-  bool notify_pending = false;  // on_message queued something since the last notify
+  bool notify_pending = false;       // on_message queued something since the last notify
   std::atomic<bool> cb_halt{false};  // cb_stop, seen without the lock by a batch in hand
   std::atomic<bool> io_stop{false};
   std::thread io_thread;

@@ -38,9 +38,9 @@ inline void run_io_loop(session& s, const util::wake_pipe& wake, const std::atom
     auto socket = s.pollitem();
     if (blocked) socket.events |= ZMQ_POLLOUT;
     const bool extra = hooks.extra_fd >= 0;
-    std::array<zmq::pollitem_t, 3> items{
-        socket, zmq::pollitem_t{nullptr, wake.read_fd(), ZMQ_POLLIN, 0},
-        zmq::pollitem_t{nullptr, hooks.extra_fd, ZMQ_POLLIN, 0}};
+    std::array<zmq::pollitem_t, 3> items{socket,
+                                         zmq::pollitem_t{nullptr, wake.read_fd(), ZMQ_POLLIN, 0},
+                                         zmq::pollitem_t{nullptr, hooks.extra_fd, ZMQ_POLLIN, 0}};
     util::poll(items.data(), extra ? 3 : 2,
                util::poll_timeout_ms(util::clock::now(), s.next_timer()));
     if ((items[1].revents & ZMQ_POLLIN) != 0) wake.drain();

@@ -471,7 +471,8 @@ struct worker::impl {
           changed.notify_all();
         },
         [this](codec::message&& m) { on_task_message(std::move(m)); });
-    client::detail::io_hooks hooks{[this](client::detail::session& ss) { return flush_outbox(ss); }};
+    client::detail::io_hooks hooks{
+        [this](client::detail::session& ss) { return flush_outbox(ss); }};
     if (opts.leave_on_sigterm) {  // watched until SIGTERM made it leave
       hooks.extra_fd = g_sigterm_pipe->read_fd();
       hooks.on_extra = [this] {
@@ -497,6 +498,8 @@ struct worker::impl {
       if (worth) {
         if (const auto n = opts.batch_data ? batchable() : 0; n > 1) {
           if (!s.send_ready(batch_of(n))) return s.state() != connection_state::ready;
+          ++tasks.data_batches;
+          tasks.data_batched += n;
           for (std::size_t i = 0; i < n; ++i) {
             tasks.sent(std::move(tasks.outbox.front()));
             tasks.outbox.pop_front();
@@ -516,9 +519,9 @@ struct worker::impl {
   // one attempt, within the batch bounds, each meta shallow enough for a batch (mu held).
   std::size_t batchable() const {
     // Well inside the broker's max-message, whatever it is (the WELCOME said).
-    const auto batch_bound =
-        tasks.max_message == 0 ? max_batch_bytes
-                               : std::min<std::size_t>(max_batch_bytes, tasks.max_message / 2);
+    const auto batch_bound = tasks.max_message == 0
+                                 ? max_batch_bytes
+                                 : std::min<std::size_t>(max_batch_bytes, tasks.max_message / 2);
     std::size_t n = 0;
     std::size_t bytes = 0;
     const codec::data_ready* prev = nullptr;
@@ -543,10 +546,7 @@ struct worker::impl {
   // The first n DATA of the outbox as one DATA_BATCH (mu held).
   codec::message batch_of(std::size_t n) {
     const auto& first = std::get<codec::data_ready>(tasks.outbox.front());
-    for (std::size_t i = 0; i < n; ++i)
-      items.add(std::get<codec::data_ready>(tasks.outbox[i]));
-    ++tasks.data_batches;
-    tasks.data_batched += n;
+    for (std::size_t i = 0; i < n; ++i) items.add(std::get<codec::data_ready>(tasks.outbox[i]));
     return codec::data_batch{first.task_id, first.attempt, *first.index, items.done()};
   }
 

@@ -407,8 +407,12 @@ std::pair<std::size_t, std::size_t> nesting(std::string_view buf, std::size_t po
 
 }  // namespace
 
-std::size_t value_end(std::string_view buf, std::size_t pos) { return nesting(buf, pos).second; }
-std::size_t nesting_levels(std::string_view buf) { return nesting(buf, 0).first; }
+std::size_t value_end(std::string_view buf, std::size_t pos) {
+  return nesting(buf, pos).second;
+}
+std::size_t nesting_levels(std::string_view buf) {
+  return nesting(buf, 0).first;
+}
 
 std::optional<decode_error> check_user_map_impl(std::string_view value, std::size_t max_nesting,
                                                 const decode_limits& limits) {
@@ -452,9 +456,9 @@ void field_reader::blob(std::string_view key, std::string& out, bool required, b
   out.assign(body_.substr(f.begin, f.end - f.begin));
 }
 
-void field_reader::items(std::string_view key, std::string* out, std::vector<std::uint32_t>* ends,
-                         std::size_t max_items,
-                         const std::function<std::optional<std::string>(field_reader& item)>& check) {
+void field_reader::items(
+    std::string_view key, std::string* out, std::vector<std::uint32_t>* ends, std::size_t max_items,
+    const std::function<std::optional<std::string>(field_reader& item)>& check) {
   const auto a = get(key, true);
   if (!a) return;
   if (a->k != head::kind::array) return fail(key, "expected an array of items");

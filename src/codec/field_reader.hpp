@@ -9,8 +9,8 @@
 
 #include <array>
 #include <cmath>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>

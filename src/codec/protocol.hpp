@@ -57,8 +57,8 @@ enum class msg_type : std::uint8_t {
   ack = 0x41,
   stream_gap = 0x42,
   data_credit = 0x48,
-  data_ack = 0x49,   // broker -> collector: what the broker relayed (§12.11)
-  data_lost = 0x4A,  // collector -> broker: DATA it dropped unconfirmed (§12.11)
+  data_ack = 0x49,    // broker -> collector: what the broker relayed (§12.11)
+  data_lost = 0x4A,   // collector -> broker: DATA it dropped unconfirmed (§12.11)
   data_batch = 0x4B,  // collector -> broker: consecutive DATA in one message (§12.12)
   event = 0x60,
 };

@@ -97,8 +97,8 @@ struct reader {
     read_blob(k, v.emplace(), s);
   }
   void read_blob(std::string_view k, blob& v, rule::shape s) {
-    const bool map = s == rule::shape::map || s == rule::shape::relayed_map ||
-                     s == rule::shape::batched_map;
+    const bool map =
+        s == rule::shape::map || s == rule::shape::relayed_map || s == rule::shape::batched_map;
     r.blob(k, v, true, map, !map,
            s == rule::shape::relayed_map   ? rule::max_relayed_nesting
            : s == rule::shape::batched_map ? rule::max_batched_nesting
@@ -349,15 +349,16 @@ result<batch_view> read_data_batch_body(std::string_view body) {
   r.items("items", nullptr, nullptr, max_batch_items, [&](detail::field_reader& ir) {
     data_item item;
     auto why = detail::reader::check_item(ir, &item);
-    if (!why)
-      out.items.push_back({ir.bytes(), std::move(item.data_id), std::move(item.buffer_id)});
+    if (!why) out.items.push_back({ir.bytes(), std::move(item.data_id), std::move(item.buffer_id)});
     return why;
   });
   if (r.fault()) return *r.fault();
   return out;
 }
 
-std::size_t nesting_of(std::string_view value) { return detail::nesting_levels(value); }
+std::size_t nesting_of(std::string_view value) {
+  return detail::nesting_levels(value);
+}
 
 std::vector<std::string_view> split_items(const item_array& items) {
   std::vector<std::string_view> out;

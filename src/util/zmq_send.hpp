@@ -22,7 +22,8 @@ inline void send_last_frame(zmq::socket_t& s, msgpack::sbuffer& body) {
   }
   const auto size = body.size();
   char* data = body.release();
-  zmq::message_t m(data, size, [](void* d, void* /*hint*/) { std::free(d); }, nullptr);
+  zmq::message_t m(
+      data, size, [](void* d, void* /*hint*/) { std::free(d); }, nullptr);
   s.send(m, zmq::send_flags::none);
 }
 

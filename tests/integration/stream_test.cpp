@@ -662,9 +662,9 @@ TEST_CASE("a collector that outruns its socket batches its DATA; the callbacks s
     std::lock_guard lock(mu);
     REQUIRE(bodies.size() == items / 1000);
     for (std::size_t k = 0; k < bodies.size(); ++k) {
-      codec::data_item want{"d-" + std::to_string(k * 1000), "buffer-0",
-                            flag_map("eval_flag", true),
-                            std::string(16, static_cast<char>('a' + (k * 1000) % 26)), std::nullopt};
+      codec::data_item want{
+          "d-" + std::to_string(k * 1000), "buffer-0", flag_map("eval_flag", true),
+          std::string(16, static_cast<char>('a' + (k * 1000) % 26)), std::nullopt};
       codec::items_writer one;
       one.add(want);
       CHECK(bodies[k] == one.done().bytes.substr(1));  // the item, without its array's header

@@ -58,7 +58,7 @@ void running(raw_peer& coord, raw_peer& w) {
 
 /// DATA number `index` of attempt 1 of "t".
 codec::data_ready data(std::uint64_t index) {
-  codec::data_ready d{"t", 1, "d" + std::to_string(index), "b", codec::empty_map_blob,
+  codec::data_ready d{"t",         1, "d" + std::to_string(index), "b", codec::empty_map_blob,
                       std::nullopt};
   d.index = index;
   return d;
@@ -76,7 +76,10 @@ TEST_CASE_METHOD(fixture, "SPEC 12.12.1-12.12.3: a batch is relayed as one event
   running(coord, w);
   // Items with everything an item may hold travel unchanged.
   codec::items_writer full;
-  full.add(codec::data_item{"d1", "replay", "\x81\xa3""env\x07"s, "\x00\xff"s, 3});
+  full.add(codec::data_item{"d1", "replay",
+                            "\x81\xa3"
+                            "env\x07"s,
+                            "\x00\xff"s, 3});
   full.add(item(2));
   w.send(codec::data_batch{"t", 1, 1, full.done()});
   const auto e = next_event(coord, "t", "data_batch");
@@ -87,7 +90,11 @@ TEST_CASE_METHOD(fixture, "SPEC 12.12.1-12.12.3: a batch is relayed as one event
   CHECK(view.value().items[0].data_id == "d1");
   CHECK(view.value().items[0].buffer_id == "replay");
   CHECK(view.value().items[0].bytes ==
-        "\x85\xa7""data_id\xa2""d1\xa9""buffer_id\xa6replay\xa4meta\x81\xa3""env\x07"
+        "\x85\xa7"
+        "data_id\xa2"
+        "d1\xa9"
+        "buffer_id\xa6replay\xa4meta\x81\xa3"
+        "env\x07"
         "\xa7payload\xc4\x02\x00\xff\xaepolicy_version\x03"s);
   // A DATA, then a batch, then a DATA: one sequence.
   w.send(data(3));
