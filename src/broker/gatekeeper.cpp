@@ -68,7 +68,10 @@ gatekeeper::gatekeeper(zmq::context_t& ctx, const config& cfg)
 }
 
 int gatekeeper::secure(zmq::socket_t& s, std::string_view domain) {
-  s.set(zmq::sockopt::zap_domain, std::string(domain));
+  // ZAP only where there is a key to check: libzmq keeps a pipe to the ZAP handler for the
+  // life of every connection that asked it (about 11 KB each), and in plain mode the limits
+  // are enforced when a connection is accepted (on_monitor).
+  if (curve_) s.set(zmq::sockopt::zap_domain, std::string(domain));
   s.set(zmq::sockopt::handshake_ivl, static_cast<int>(cfg_.handshake_timeout_ms));
   if (curve_) {
     s.set(zmq::sockopt::curve_server, 1);
@@ -144,6 +147,8 @@ void gatekeeper::on_monitor(int handle) {
       if ((over_total || over_address) && address != "?" && ::shutdown(fd, SHUT_RDWR) == 0) {
         ++(over_total ? counts_.refused_total : counts_.refused_address);
         note_refusal(address, over_total ? "max-connections" : "max-connections-per-address");
+      } else if (!curve_) {
+        ++counts_.admitted;  // plain mode has no handshake to pass: admitted at accept
       }
       connections_[fd] = {handle, std::move(address)};
     } else if (event == ZMQ_EVENT_DISCONNECTED) {

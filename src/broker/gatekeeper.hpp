@@ -4,7 +4,8 @@
 // With CURVE on, a connection gets in only when its public key is in the allowlist (and,
 // on the event socket, may subscribe); the key is handed to the broker as the connection's
 // ZAP user id, so a HELLO can be checked against what the key may be. With CURVE off
-// (plain), every key is the empty one and only the connection limits apply. Connections
+// (plain), every key is the empty one, no socket asks ZAP (libzmq would keep a pipe to the
+// handler for every connection), and only the connection limits apply. Connections
 // are counted from the sockets' monitors (accepted, disconnected), so that a limit counts
 // every TCP connection, also one that never finishes its ZeroMQ handshake.
 //
@@ -36,7 +37,7 @@ inline constexpr std::string_view zap_domain_events = "rlbus.events";
 
 struct gate_counts {
   std::uint64_t connections = 0;         // live TCP/IPC connections, both sockets
-  std::uint64_t admitted = 0;            // connections the ZAP handler let in
+  std::uint64_t admitted = 0;            // let in: by the ZAP handler, or (plain) at accept
   std::uint64_t refused_key = 0;         // CURVE key not in the allowlist
   std::uint64_t refused_subscriber = 0;  // listed key without the subscriber role (events)
   std::uint64_t refused_address = 0;     // past max-connections-per-address
@@ -52,8 +53,8 @@ class gatekeeper {
   /// must not start: CURVE without a handler admits everyone).
   gatekeeper(zmq::context_t& ctx, const config& cfg);
 
-  /// Sets what a socket needs before it binds: its ZAP domain, the handshake timeout and,
-  /// with CURVE on, the server role and secret key. Then monitors it for connections;
+  /// Sets what a socket needs before it binds: the handshake timeout and, with CURVE on, its
+  /// ZAP domain, the server role and secret key. Then monitors it for connections;
   /// returns the monitor's handle, for release().
   int secure(zmq::socket_t& s, std::string_view domain);
   /// Before a secured socket closes: stops its monitor and forgets its connections.
