@@ -331,6 +331,21 @@ inline codec::task_start start_task(raw_peer& coord, raw_peer& worker, const cod
   return start;
 }
 
+/// A running collector task "t" on `w` for `coord` (plain stream, no credit).
+inline void running(raw_peer& coord, raw_peer& w) {
+  join(coord, "coord", rlbus::role::coordinator);
+  join(w, "w", rlbus::role::collector);
+  start_task(coord, w, task_of("t"));
+}
+
+/// DATA number `index` of attempt 1 of `task` (SPEC §12.11), its data_id naming the index.
+inline codec::data_ready indexed_data(std::uint64_t index, const std::string& task = "t") {
+  codec::data_ready d{task,        1, "d" + std::to_string(index), "b", codec::empty_map_blob,
+                      std::nullopt};
+  d.index = index;
+  return d;
+}
+
 /// A broker with settings of its own, for the tests that change them.
 struct broker_with {
   explicit broker_with(const broker::config& cfg) : broker(cfg) {}

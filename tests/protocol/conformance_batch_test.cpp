@@ -49,21 +49,6 @@ void next_batch(raw_peer& coord, std::uint64_t first, std::uint64_t last,
   CHECK(got == codec::split_items(expected.items));
 }
 
-/// A running collector task "t" on `w` for `coord` (plain stream, no credit).
-void running(raw_peer& coord, raw_peer& w) {
-  join(coord, "coord", role::coordinator);
-  join(w, "w", role::collector);
-  start_task(coord, w, task_of("t"));
-}
-
-/// DATA number `index` of attempt 1 of "t".
-codec::data_ready data(std::uint64_t index) {
-  codec::data_ready d{"t",         1, "d" + std::to_string(index), "b", codec::empty_map_blob,
-                      std::nullopt};
-  d.index = index;
-  return d;
-}
-
 }  // namespace
 
 // §12.12.1 "The broker judges a batch as it would judge its items one by one, in order, and
@@ -97,9 +82,9 @@ TEST_CASE_METHOD(fixture, "SPEC 12.12.1-12.12.3: a batch is relayed as one event
         "env\x07"
         "\xa7payload\xc4\x02\x00\xff\xaepolicy_version\x03"s);
   // A DATA, then a batch, then a DATA: one sequence.
-  w.send(data(3));
+  w.send(indexed_data(3));
   w.send(batch(4, 3));
-  w.send(data(7));
+  w.send(indexed_data(7));
   CHECK(next_event(coord, "t", "data").body.find("d3") != std::string::npos);
   next_batch(coord, 4, 6);
   CHECK(next_event(coord, "t", "data").body.find("d7") != std::string::npos);

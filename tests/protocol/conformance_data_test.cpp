@@ -21,14 +21,6 @@ namespace {
 inline constexpr std::uint8_t type_data_ack = 0x49;
 inline constexpr std::uint8_t type_data_lost = 0x4A;
 
-/// DATA number `index` of attempt 1 of `task`, its data_id naming the index.
-codec::data_ready data(std::uint64_t index, const std::string& task = "t") {
-  codec::data_ready d{task,        1, "d" + std::to_string(index), "b", codec::empty_map_blob,
-                      std::nullopt};
-  d.index = index;
-  return d;
-}
-
 /// The next TASK_EVENT to `coord` must be `data` of the DATA numbered `index`.
 void next_data(raw_peer& coord, std::uint64_t index, const std::string& task = "t") {
   const auto e = next_event(coord, task, "data");
@@ -49,13 +41,6 @@ T next_but_credit(raw_peer& p) {
   }
 }
 
-/// A running collector task "t" on `w` for `coord` (plain stream, no credit).
-void running(raw_peer& coord, raw_peer& w) {
-  join(coord, "coord", role::coordinator);
-  join(w, "w", role::collector);
-  start_task(coord, w, task_of("t"));
-}
-
 }  // namespace
 
 // §12.3.13 "| 8 | `index` | uint | optional | 1..2^64-1, the DATA's number within its attempt,
@@ -65,7 +50,7 @@ TEST_CASE_METHOD(fixture, "SPEC 12.11.1-12.11.3: the fields and directions of re
                  "[spec]") {
   raw_peer coord(ctx, router), w(ctx, router);
   running(coord, w);
-  auto zero = data(1);
+  auto zero = indexed_data(1);
   zero.index = 0;
   w.send(zero);
   next_error(w, error_code::bad_field, ref(type_data));
@@ -74,7 +59,7 @@ TEST_CASE_METHOD(fixture, "SPEC 12.11.1-12.11.3: the fields and directions of re
   coord.send(codec::data_lost{"t", 1, 1, 1});
   next_error(coord, error_code::unknown_type, ref(type_data_lost));
   // None of that changed anything: DATA 1 is still the next one relayed.
-  w.send(data(1));
+  w.send(indexed_data(1));
   next_data(coord, 1);
   expect_quiet(w);
 }
@@ -84,8 +69,8 @@ TEST_CASE_METHOD(fixture, "SPEC 12.11.1: DATA without index is relayed every tim
                  "[spec]") {
   raw_peer coord(ctx, router), w(ctx, router);
   running(coord, w);
-  w.send(data(1));
-  auto plain = data(1);
+  w.send(indexed_data(1));
+  auto plain = indexed_data(1);
   plain.index.reset();
   w.send(plain);
   w.send(plain);
@@ -102,9 +87,9 @@ TEST_CASE_METHOD(fixture, "SPEC 12.11.4: each index is relayed once, duplicates 
                  "[spec]") {
   raw_peer coord(ctx, router), w(ctx, router);
   running(coord, w);
-  for (std::uint64_t i = 1; i <= 3; ++i) w.send(data(i));
-  for (std::uint64_t i = 1; i <= 3; ++i) w.send(data(i));  // a resend after a reconnect
-  w.send(data(4));
+  for (std::uint64_t i = 1; i <= 3; ++i) w.send(indexed_data(i));
+  for (std::uint64_t i = 1; i <= 3; ++i) w.send(indexed_data(i));  // a resend after a reconnect
+  w.send(indexed_data(4));
   for (std::uint64_t i = 1; i <= 4; ++i) next_data(coord, i);
   expect_quiet(w);
   expect_quiet(coord);
@@ -119,9 +104,9 @@ TEST_CASE_METHOD(fixture, "SPEC 12.11.4: DATA past a gap is dropped and a resend
                  "[spec]") {
   raw_peer coord(ctx, router), w(ctx, router);
   running(coord, w);
-  w.send(data(1));
+  w.send(indexed_data(1));
   next_data(coord, 1);
-  for (std::uint64_t i = 3; i <= 5; ++i) w.send(data(i));  // 2 went missing
+  for (std::uint64_t i = 3; i <= 5; ++i) w.send(indexed_data(i));  // 2 went missing
   const auto ack = next_a<codec::data_ack>(w);
   CHECK(ack.task_id == "t");
   CHECK(ack.attempt == 1);
@@ -129,12 +114,12 @@ TEST_CASE_METHOD(fixture, "SPEC 12.11.4: DATA past a gap is dropped and a resend
   CHECK(ack.resend);
   expect_quiet(w);  // one DATA_ACK for the three
   expect_quiet(coord);
-  for (std::uint64_t i = 2; i <= 5; ++i) w.send(data(i));
+  for (std::uint64_t i = 2; i <= 5; ++i) w.send(indexed_data(i));
   for (std::uint64_t i = 2; i <= 5; ++i) next_data(coord, i);
   expect_quiet(w);
   CHECK(broker.get().snapshot().data_out_of_order == 3);
   // Every 64th out-of-order DATA is answered again, so a lost DATA_ACK is made good.
-  for (std::uint64_t i = 0; i < 65; ++i) w.send(data(7));
+  for (std::uint64_t i = 0; i < 65; ++i) w.send(indexed_data(7));
   CHECK(next_a<codec::data_ack>(w).relayed == 5);
   CHECK(next_a<codec::data_ack>(w).relayed == 5);
   expect_quiet(w);
@@ -147,13 +132,13 @@ TEST_CASE_METHOD(fixture, "SPEC 12.11.4: indexed DATA is still relayed while the
                  "[spec]") {
   raw_peer coord(ctx, router), w(ctx, router);
   running(coord, w);
-  w.send(data(1));
+  w.send(indexed_data(1));
   next_data(coord, 1);
   coord.send(codec::finish{"t"});
   next_a<codec::task_close>(w);
-  w.send(data(2));
+  w.send(indexed_data(2));
   next_data(coord, 2);
-  auto plain = data(3);
+  auto plain = indexed_data(3);
   plain.index.reset();
   w.send(plain);
   next_error(w, error_code::wrong_state, ref(type_data));
@@ -177,10 +162,10 @@ TEST_CASE("SPEC 12.11.5: resending within credit is never refused NO_CREDIT", "[
   REQUIRE(credit.limit == 4);
   next_a<codec::task_start>(w);
   w.send(codec::started{"t", 1});
-  for (std::uint64_t i = 1; i <= 4; ++i) w.send(data(i));
+  for (std::uint64_t i = 1; i <= 4; ++i) w.send(indexed_data(i));
   // All four credited DATA again, and one more out of order: dropped, no 414.
-  for (std::uint64_t i = 1; i <= 4; ++i) w.send(data(i));
-  w.send(data(6));
+  for (std::uint64_t i = 1; i <= 4; ++i) w.send(indexed_data(i));
+  w.send(indexed_data(6));
   const auto ack = next_but_credit<codec::data_ack>(w);
   CHECK(ack.relayed == 4);
   CHECK(ack.resend);
@@ -198,9 +183,9 @@ TEST_CASE_METHOD(fixture, "SPEC 12.11.6: DATA the worker gave up on is reported,
                  "[spec]") {
   raw_peer coord(ctx, router), w(ctx, router);
   running(coord, w);
-  for (std::uint64_t i = 1; i <= 3; ++i) w.send(data(i));
+  for (std::uint64_t i = 1; i <= 3; ++i) w.send(indexed_data(i));
   w.send(codec::data_lost{"t", 1, 2, 6});  // 2 and 3 got here after all
-  w.send(data(7));
+  w.send(indexed_data(7));
   w.send(codec::data_lost{"t", 1, 1, 5});  // nothing new
   for (std::uint64_t i = 1; i <= 3; ++i) next_data(coord, i);
   const auto lost = next_event(coord, "t", "data_lost");
@@ -253,7 +238,7 @@ TEST_CASE_METHOD(fixture, "SPEC 12.11.7: DATA_ACK every 32 DATA and after a resu
   join(coord, "coord", role::coordinator);
   const auto welcome = join(w, "w", role::collector);
   start_task(coord, w, task_of("t"));
-  for (std::uint64_t i = 1; i <= 40; ++i) w.send(data(i));
+  for (std::uint64_t i = 1; i <= 40; ++i) w.send(indexed_data(i));
   const auto ack = next_a<codec::data_ack>(w);
   CHECK(ack.relayed == 32);
   CHECK_FALSE(ack.resend);
@@ -267,7 +252,7 @@ TEST_CASE_METHOD(fixture, "SPEC 12.11.7: DATA_ACK every 32 DATA and after a resu
   CHECK(resumed.task_id == "t");
   CHECK(resumed.relayed == 40);
   CHECK_FALSE(resumed.resend);
-  again.send(data(41));
+  again.send(indexed_data(41));
   next_data(coord, 41);
 }
 
@@ -279,12 +264,12 @@ TEST_CASE_METHOD(fixture, "SPEC 12.2.3.1: user maps relayed one level deeper nes
                  "[spec]") {
   raw_peer coord(ctx, router), w(ctx, router);
   running(coord, w);
-  auto deep = data(1);
+  auto deep = indexed_data(1);
   deep.meta = nested_map(15);  // the DATA is 16 levels deep: within §5.1, its event would not be
   w.send(deep);
   CHECK(next_error(w, error_code::bad_field, ref(type_data)).reason.find("'meta'") !=
         std::string::npos);
-  auto edge = data(1);
+  auto edge = indexed_data(1);
   edge.meta = nested_map(14);
   w.send(edge);  // index 1 is still the next: the refusal changed nothing
   const auto e = next_event(coord, "t", "data");
