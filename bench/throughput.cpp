@@ -171,6 +171,8 @@ constexpr std::uint64_t batched_factor = 5;
 struct sdk_group {
   sdk_job job;
   flow_counter flow;
+  // Declared in this order so the coordinator stops first: the broker then cancels its
+  // tasks and the collectors wind down without their tasks being re-queued.
   std::vector<std::unique_ptr<rlbus::worker>> workers;
   std::optional<rlbus::coordinator> coord;
 
@@ -207,10 +209,6 @@ struct sdk_group {
     std::unique_lock lock(job.mu);
     if (!job.cv.wait_for(lock, 10s, [&] { return job.running == n; }))
       throw std::runtime_error("the SDK collectors' tasks did not start");
-  }
-  ~sdk_group() {
-    coord.reset();  // first: the broker cancels its tasks, the collectors wind down
-    workers.clear();
   }
   sdk_group(const sdk_group&) = delete;
   sdk_group& operator=(const sdk_group&) = delete;
@@ -317,8 +315,6 @@ std::vector<row> throughput_rows(const settings& s, int n, http_baseline* http,
   // whose callback thread counts. Two groups on the same broker: `sdk` sends every DATA
   // alone (batch_data off: the SDK's per-message path), `batched` lets the SDK batch DATA
   // that wait together (its default), and counts items.
-  // Declared in this order so the coordinators stop first: the broker then cancels their
-  // tasks and the collectors wind down without their tasks being re-queued.
   std::vector<std::unique_ptr<sdk_group>> groups;
   if (s.sdk) {
     groups.push_back(std::make_unique<sdk_group>(mb.router, "sdk", n, false, payload, s.window));

@@ -73,12 +73,11 @@ _ATTEMPT_KEY = len(P.pack_value("attempt"))
 _INDEX_KEY = len(P.pack_value("index"))
 
 
-def _item_of(data: P.Encoded) -> bytes:
+def _item_of(data: P.Encoded, head: int) -> bytes:
     """The DATA_BATCH item a DATA stands for, cut from the DATA's canonical body: its fields
-    but task_id, attempt (the first two) and index (the last), under a header of 3 fewer."""
+    but task_id, attempt (the first two, ``head`` bytes with the map's header, the same for
+    every DATA of an attempt) and index (the last), under a header of 3 fewer."""
     body = data.body
-    head = 1 + _TASK_KEY + len(P.pack_value(data["task_id"])) + _ATTEMPT_KEY + \
-        _uint_len(data["attempt"])
     tail = _INDEX_KEY + _uint_len(data["index"])
     return bytes((body[0] - 3,)) + body[head:len(body) - tail]
 
@@ -907,7 +906,9 @@ class Worker:
         """Sends the first ``n`` DATA of the outbox as one DATA_BATCH; False when the
         socket's queue is full (they stay)."""
         first = self._outbox[0][1]
-        items = [_item_of(self._outbox[i][1]) for i in range(n)]
+        head = 1 + _TASK_KEY + len(P.pack_value(first["task_id"])) + _ATTEMPT_KEY + \
+            _uint_len(first["attempt"])
+        items = [_item_of(self._outbox[i][1], head) for i in range(n)]
         header = bytes((0x90 | n,)) if n < 16 else b"\xdc" + n.to_bytes(2, "big")
         batch = P.Encoded("DATA_BATCH", {
             "task_id": first["task_id"], "attempt": first["attempt"],

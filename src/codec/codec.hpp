@@ -95,8 +95,9 @@ struct batch_view {
 /// Reads and checks a `data_batch` body as the field rules of DATA_BATCH say. Never throws.
 result<batch_view> read_data_batch_body(std::string_view body);
 
-/// The items of a DATA_BATCH's `items` (decoded, or made by items_writer): each item's
-/// bytes, in order. Views into `items`.
+/// The items of a DATA_BATCH's `items` (decoded, or made by items_writer: both note where
+/// each item ends; an array made by hand without `ends` has none here): each item's bytes,
+/// in order. Views into `items`.
 std::vector<std::string_view> split_items(const item_array& items);
 
 /// Builds DATA_BATCH's `items` (§12.12.2) one item at a time, each in canonical form.

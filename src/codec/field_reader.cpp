@@ -407,9 +407,6 @@ std::pair<std::size_t, std::size_t> nesting(std::string_view buf, std::size_t po
 
 }  // namespace
 
-std::size_t value_end(std::string_view buf, std::size_t pos) {
-  return nesting(buf, pos).second;
-}
 std::size_t nesting_levels(std::string_view buf) {
   return nesting(buf, 0).first;
 }

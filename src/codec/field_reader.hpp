@@ -39,8 +39,6 @@ struct head {
 /// never-used byte 0xc1. Payload lengths are not checked against `buf`.
 std::optional<head> read_head(std::string_view buf, std::size_t pos);
 
-/// The offset just past the value at `pos` of bytes that passed the limits check.
-std::size_t value_end(std::string_view buf, std::size_t pos);
 /// The levels of maps and arrays in the value at the start of `buf` (checked bytes).
 std::size_t nesting_levels(std::string_view buf);
 

@@ -363,21 +363,10 @@ std::size_t nesting_of(std::string_view value) {
 std::vector<std::string_view> split_items(const item_array& items) {
   std::vector<std::string_view> out;
   const std::string_view bytes = items.bytes;
-  if (!items.ends.empty()) {  // known: no walk
-    out.reserve(items.ends.size());
-    std::size_t pos = detail::read_head(bytes, 0)->data;
-    for (const auto end : items.ends) {
-      out.push_back(bytes.substr(pos, end - pos));
-      pos = end;
-    }
-    return out;
-  }
-  const auto a = detail::read_head(bytes, 0);
-  if (!a || a->k != detail::head::kind::array) return out;
-  out.reserve(a->n);
-  auto pos = a->data;
-  for (std::uint64_t i = 0; i < a->n && pos < bytes.size(); ++i) {
-    const auto end = detail::value_end(bytes, pos);
+  if (items.ends.empty()) return out;
+  out.reserve(items.ends.size());
+  std::size_t pos = detail::read_head(bytes, 0)->data;
+  for (const auto end : items.ends) {
     out.push_back(bytes.substr(pos, end - pos));
     pos = end;
   }
