@@ -342,9 +342,13 @@ void journal::ended(const std::string& task_id) {
 }
 
 void journal::end_event(const std::string& owner, const codec::task_event& e) {
+  end_event(owner, codec::encode_body(codec::message{e}));
+}
+
+void journal::end_event(const std::string& owner, std::string_view encoded) {
   std::string b;
   put_str(b, owner);
-  put_str(b, codec::encode_body(codec::message{e}));
+  put_str(b, encoded);
   append(end_event_rec, b, true);
 }
 

@@ -97,6 +97,8 @@ class journal {
   void ended(const std::string& task_id);
   /// A TASK_EVENT that ends a task, kept until its coordinator acknowledges it.
   void end_event(const std::string& owner, const codec::task_event& e);
+  /// The same, for the TASK_EVENT as it was encoded to be sent (canonical).
+  void end_event(const std::string& owner, std::string_view encoded);
   /// Seqs up to `head` of `owner`'s stream may be sent from now on.
   void reserved(const std::string& owner, std::uint64_t head);
   void acked(const std::string& owner, std::uint64_t acked);

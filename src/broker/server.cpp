@@ -333,23 +333,20 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
     return fault(routing_id, p, codec::error_code::not_ready, "introduce yourself with HELLO first",
                  header->type);
   }
+  if (type == codec::msg_type::data) {  // the hot path: read in place, never copied
+    const auto d = codec::read_data(view(frames[2]), cfg_.limits);
+    if (!d) return fault(routing_id, p, d.error().code, d.error().reason, header->type);
+    return task_result(routing_id, p, tasks_.on_data(p->id, p->role, d.value(), now), header->type);
+  }
   auto decoded = codec::decode_body(header->type, view(frames[2]), cfg_.limits);
   if (!decoded) {
     const auto& err = decoded.error();
     return fault(routing_id, p, err.code, err.reason, header->type);
   }
   auto& msg = decoded.value();
-  if (codec::is_task_type(header->type)) {
-    auto refused = tasks_.handle(p->id, p->role, std::move(msg), now);
-    store_counters();  // a snapshot taken once a peer has heard of a step includes it
-    if (refused) {
-      // A late message about a task that moved on is normal after a re-assignment, a cancel
-      // or a close: refused and counted, but no strike against the peer (SPEC §12.5.5).
-      return fault(routing_id, p, refused->code, std::move(refused->reason), header->type,
-                   !refused->late);
-    }
-    return;
-  }
+  if (codec::is_task_type(header->type))
+    return task_result(routing_id, p, tasks_.handle(p->id, p->role, std::move(msg), now),
+                       header->type);
   switch (type) {
     case codec::msg_type::hello: {
       // The connection's key, as the ZAP handler named it (SPEC §15.2).
@@ -601,10 +598,7 @@ void server::end_session(const peer& p, codec::error_code code, std::string reas
   session_over(p, util::clock::now());
 }
 
-bool server::send(std::string_view routing_id, const codec::message& m) {
-  out_.clear();
-  codec::encode_body(m, out_);
-  const auto header = codec::make_header(codec::type_of(m));
+bool server::send_head(std::string_view routing_id, codec::msg_type type) {
   try {
     if (!router_.send(zmq::buffer(routing_id),
                       zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
@@ -616,10 +610,27 @@ bool server::send(std::string_view routing_id, const codec::message& m) {
     counters_.unroutable.fetch_add(1, std::memory_order_relaxed);  // connection is gone
     return false;
   }
+  const auto header = codec::make_header(type);
   router_.send(zmq::buffer(header), zmq::send_flags::sndmore);
+  return true;
+}
+
+bool server::send(std::string_view routing_id, const codec::message& m) {
+  out_.clear();
+  codec::encode_body(m, out_);
+  if (!send_head(routing_id, codec::type_of(m))) return false;
   util::send_last_frame(router_, out_);
   counters_.messages_out.fetch_add(1, std::memory_order_relaxed);
   return true;
+}
+
+void server::task_result(std::string_view routing_id, peer* p, std::optional<refusal> refused,
+                         std::uint8_t type) {
+  store_counters();  // a snapshot taken once a peer has heard of a step includes it
+  // A late message about a task that moved on is normal after a re-assignment, a cancel or a
+  // close: refused and counted, but no strike against the peer (SPEC §12.5.5).
+  if (refused)
+    fault(routing_id, p, refused->code, std::move(refused->reason), type, !refused->late);
 }
 
 // Whatever the session held (a worker's task, a coordinator's tasks) is settled before the
@@ -654,6 +665,15 @@ void server::send_snapshot(const peer& coordinator) {
 bool server::send_to(std::string_view peer_id, const codec::message& m) {
   const peer* p = peers_.by_id(peer_id);
   return p != nullptr && send(p->routing_id, m);
+}
+
+bool server::send_encoded(std::string_view peer_id, codec::msg_type type,
+                          const util::shared_frame& body) {
+  const peer* p = peers_.by_id(peer_id);
+  if (p == nullptr || !send_head(p->routing_id, type)) return false;
+  body.send_last(router_);
+  counters_.messages_out.fetch_add(1, std::memory_order_relaxed);
+  return true;
 }
 
 void server::publish(std::string_view topic, decltype(codec::event::body) body) {

@@ -20,10 +20,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <unordered_map>
 #include <set>
 #include <string>
 #include <thread>
+#include <unordered_map>
 
 #include <zmq.hpp>
 
@@ -91,7 +91,7 @@ struct stats {
   std::uint64_t refused_task_limit = 0;    // SUBMITs past max-tasks-per-coordinator (416)
   std::uint64_t sessions_revoked = 0;      // sessions ended because their key was revoked
   std::uint64_t allowlist_reloads = 0;
-  std::uint64_t allowlist_errors = 0;  // reloads refused: the old allowlist stayed
+  std::uint64_t allowlist_errors = 0;   // reloads refused: the old allowlist stayed
   std::uint64_t faults_unanswered = 0;  // bad messages of a sessionless connection past its
                                         // 256th: counted, no longer answered (SPEC §10.4)
 };
@@ -132,13 +132,14 @@ class server : private task_sink {
         journal_torn{0}, journal_records{0}, journal_bytes{0}, journal_fsyncs{0},
         journal_compactions{0}, connections{0}, admitted{0}, refused_key{0}, refused_subscriber{0},
         refused_address{0}, refused_connections{0}, refused_unauthorized{0}, refused_role_limit{0},
-        refused_task_limit{0}, revoked{0}, allowlist_reloads{0}, allowlist_errors{0},
-        unanswered{0};
+        refused_task_limit{0}, revoked{0}, allowlist_reloads{0}, allowlist_errors{0}, unanswered{0};
     std::atomic<bool> draining{false};
   };
 
   // task_sink: how the task manager reaches peers and subscribers.
   bool send_to(std::string_view peer_id, const codec::message& m) override;
+  bool send_encoded(std::string_view peer_id, codec::msg_type type,
+                    const util::shared_frame& body) override;
   void publish(std::string_view topic, decltype(codec::event::body) body) override;
   bool wanted(std::string_view topic) override { return events_.wanted(topic); }
   /// `orderly`: the peer said DISCONNECT itself (a coordinator's tasks end at once, §12.5.8).
@@ -162,6 +163,12 @@ class server : private task_sink {
   void refuse_hello(std::string_view routing_id, codec::error_code code, std::string reason);
   void end_session(const peer& p, codec::error_code code, std::string reason, bool lost);
   bool send(std::string_view routing_id, const codec::message& m);
+  /// What the task manager said of a task message: a refusal is answered and counted.
+  void task_result(std::string_view routing_id, peer* p, std::optional<refusal> refused,
+                   std::uint8_t type);
+  /// Queues the routing id and the header of a message of `type`: false (counted) when the
+  /// peer cannot take it; the body must follow.
+  bool send_head(std::string_view routing_id, codec::msg_type type);
   void publish_status(util::time_point now);
   /// Sends CAPACITY to every coordinator and publishes capacity.<kind> (SPEC §12.10).
   void capacity_changed(const peer& worker, bool increase);

@@ -8,23 +8,16 @@
 
 namespace rlbus::broker {
 
-namespace {
-// A seq the broker restarted without (§14): held in the ring as an event with no name.
-bool placeholder(const codec::task_event& e) {
-  return e.event.empty();
-}
-}  // namespace
-
 void coordinator_stream::push(held h) {
-  ring_bytes += event(h).body.size();
+  ring_bytes += h.body_bytes;
   ring_items += h.items;
   ring.push_back(std::move(h));
 }
 
 void coordinator_stream::pop_front() {
   const auto& oldest = ring.front();
-  const auto bytes = event(oldest).body.size();
-  if (event(oldest).seq <= acked) {
+  const auto bytes = oldest.body_bytes;
+  if (oldest.seq <= acked) {
     acked_bytes -= bytes;
     acked_items -= oldest.items;
   }
@@ -63,18 +56,17 @@ std::optional<refusal> coordinator_stream::ack(std::uint64_t s) {
 void coordinator_stream::set_acked(std::uint64_t seq) {
   // acked_bytes stays the bytes of the ring's events at or below `acked`.
   const auto count_upto = [&](std::uint64_t v) -> std::size_t {
-    if (ring.empty() || v < event(ring.front()).seq) return 0;
-    return static_cast<std::size_t>(
-        std::min<std::uint64_t>(v - event(ring.front()).seq + 1, ring.size()));
+    if (ring.empty() || v < ring.front().seq) return 0;
+    return static_cast<std::size_t>(std::min<std::uint64_t>(v - ring.front().seq + 1, ring.size()));
   };
   const auto from = count_upto(acked);
   const auto to = count_upto(seq);
   for (auto i = from; i < to; ++i) {
-    acked_bytes += event(ring[i]).body.size();
+    acked_bytes += ring[i].body_bytes;
     acked_items += ring[i].items;
   }
   for (auto i = to; i < from; ++i) {
-    acked_bytes -= event(ring[i]).body.size();
+    acked_bytes -= ring[i].body_bytes;
     acked_items -= ring[i].items;
   }
   acked = seq;
@@ -88,7 +80,7 @@ void coordinator_stream::pump(task_sink& sink, const std::string& owner, std::si
     return acked > ~std::uint64_t{0} - window ? ~std::uint64_t{0} : acked + window;
   };
   while (next <= seq && next <= limit()) {
-    const auto front = ring.empty() ? seq + 1 : event(ring.front()).seq;
+    const auto front = ring.empty() ? seq + 1 : ring.front().seq;
     if (next < front) {
       if (!sink.send_to(owner, codec::stream_gap{next, front - 1})) return;
       spdlog::warn("coordinator {}: events {}..{} of its stream are gone from the ring", owner,
@@ -99,10 +91,10 @@ void coordinator_stream::pump(task_sink& sink, const std::string& owner, std::si
       if (acked < front - 1) set_acked(front - 1);
       continue;
     }
-    if (placeholder(event(ring[next - front]))) {
+    if (ring[next - front].placeholder()) {
       // Seqs the broker restarted without (§14): reported lost, as the ring's own losses.
       auto last = next;
-      while (last < seq && placeholder(event(ring[last + 1 - front]))) ++last;
+      while (last < seq && ring[last + 1 - front].placeholder()) ++last;
       if (!sink.send_to(owner, codec::stream_gap{next, last})) return;
       counts.lost += last - next + 1;
       next = last + 1;
@@ -110,7 +102,7 @@ void coordinator_stream::pump(task_sink& sink, const std::string& owner, std::si
       continue;
     }
     // Not sent (the connection is gone or full): held, sent again on the next ACK or REPLAY.
-    if (!sink.send_to(owner, ring[next - front].msg)) return;
+    if (!sink.send_encoded(owner, codec::msg_type::task_event, ring[next - front].wire)) return;
     if (next <= sent_max)
       ++counts.resent;
     else

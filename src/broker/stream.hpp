@@ -14,6 +14,7 @@
 
 #include "broker/refusal.hpp"
 #include "codec/messages.hpp"
+#include "util/zmq_send.hpp"
 
 namespace rlbus::broker {
 
@@ -23,6 +24,9 @@ class task_sink {
   virtual ~task_sink() = default;
   /// Sends to the live session of `peer_id`; false if there is none or it cannot take more.
   virtual bool send_to(std::string_view peer_id, const codec::message& m) = 0;
+  /// The same for a message already encoded: `body` is a message of `type`, canonical.
+  virtual bool send_encoded(std::string_view peer_id, codec::msg_type type,
+                            const util::shared_frame& body) = 0;
   /// Publishes an event on the PUB.
   virtual void publish(std::string_view topic, decltype(codec::event::body) body) = 0;
   /// Whether any subscriber asked for `topic`: when not, a body need not be built.
@@ -47,17 +51,19 @@ struct task_counts {
 
 struct coordinator_stream {
   std::uint64_t seq = 0;  // the last event made: the head
-  // Each a TASK_EVENT, held as the message it is sent as, so sending never copies it, with
-  // the data items it carries (a data_batch its items, any other event 1): the window and
-  // data credit count items, so batching DATA cannot stretch them (§12.12.3).
+  // Each a TASK_EVENT, held as the bytes it travels as: encoded once, however often it is
+  // sent. With it, what the stream needs to know of it without decoding it.
   struct held {
-    codec::message msg;
+    std::uint64_t seq = 0;
+    util::shared_frame wire;     // empty: a seq the broker restarted without (§14)
+    std::size_t body_bytes = 0;  // of the event's `body`: what the ring's byte bound counts
+    // The data items it carries (a data_batch its items, any other event 1): the window and
+    // data credit count items, so batching DATA cannot stretch them (§12.12.3).
     std::uint32_t items = 1;
+    bool ends = false;  // the last event of a task, which the journal keeps (§14)
+    [[nodiscard]] bool placeholder() const noexcept { return wire.empty(); }
   };
   std::deque<held> ring;
-  [[nodiscard]] static const codec::task_event& event(const held& h) {
-    return std::get<codec::task_event>(h.msg);
-  }
   std::size_t ring_bytes = 0;
   std::uint64_t ring_items = 0;   // the items of the ring's events
   std::uint64_t acked_items = 0;  // ... of those at or below `acked`
@@ -92,7 +98,7 @@ struct coordinator_stream {
   /// The items of the unacknowledged events: the ring's, and 1 for each event the ring
   /// dropped before it was acknowledged.
   [[nodiscard]] std::uint64_t unacked_items() const {
-    const auto front = ring.empty() ? seq + 1 : event(ring.front()).seq;
+    const auto front = ring.empty() ? seq + 1 : ring.front().seq;
     const auto dropped = front - 1 > acked ? front - 1 - acked : 0;
     return ring_items - acked_items + dropped;
   }

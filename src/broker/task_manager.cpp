@@ -209,6 +209,8 @@ std::optional<refusal> task_manager::handle(const std::string& from, rlbus::role
     return role == rlbus::role::learner
                ? on_policy(from, std::move(*p))
                : refuse(codec::error_code::unknown_type, "only learners publish policies");
+  if (const auto* d = std::get_if<codec::data_ready>(&m))
+    return on_data(from, role, codec::view_of(*d), now);
   if (from_coordinator)
     return refuse(codec::error_code::unknown_type, "a coordinator does not run tasks");
   if (const auto* l = std::get_if<codec::leaving>(&m)) return on_leaving(from, *l, now);
@@ -384,6 +386,46 @@ std::optional<refusal> task_manager::on_data_reply(const std::string& from, code
   return std::nullopt;
 }
 
+// An event of `t`'s attempt at the head of its owner's stream, written once as the bytes
+// it travels as (its body by `write_body`, `reserve` bytes expected), then sent as the stream
+// allows and published.
+template <class Body>
+void task_manager::emit_with(task& t, std::string_view event, std::size_t reserve,
+                             Body&& write_body, std::string_view detail, std::uint32_t items) {
+  auto& s = streams_[t.owner];
+  if (!t.event_fields.of(t.attempt, t.worker))
+    t.event_fields = codec::event_fixed(t.id, t.attempt, t.worker);
+  auto wire = codec::event_head(t.event_fields, ++s.seq, event, reserve);
+  const auto head = wire.size();
+  write_body(wire);
+  const auto body_bytes = wire.size() - head;
+  s.push({s.seq, util::shared_frame(std::move(wire)), body_bytes, items, ends_task(event)});
+  const auto& made = s.ring.back();
+  if (journal_ != nullptr) {  // written before the event can leave (§14)
+    if (s.seq > s.reserved) {
+      s.reserved = s.seq + seq_reserve;
+      journal_->reserved(t.owner, s.reserved);
+    }
+    if (made.ends) journal_->end_event(t.owner, made.wire.view());
+  }
+  if (!s.windowed) {  // v1: sent as made; an undeliverable one leaves a gap (§12.8.2)
+    sink_.send_encoded(t.owner, codec::msg_type::task_event, made.wire);
+    s.next = s.seq + 1;
+    s.sent_max = s.seq;
+  }
+  if (event == "data") s.max_data_bytes = std::max(s.max_data_bytes, body_bytes);
+  // The ring is bounded in events and in bytes (payloads can be large).
+  s.trim(cfg_.stream_ring, cfg_.stream_ring_bytes);
+  pump(t.owner, s);
+  auto& topic = topic_;  // reused: no allocation per event
+  topic.clear();
+  topic.append("task.").append(t.owner).append(".").append(event);
+  // Nobody subscribed: the event still takes its seq (SPEC §2.5) but its body is not built.
+  if (!sink_.wanted(topic)) return sink_.publish(topic, std::monostate{});
+  sink_.publish(topic,
+                codec::task_status{t.id, t.kind, t.attempt, t.worker, clip(std::string(detail))});
+}
+
 // ---- worker side -----------------------------------------------------------------------
 
 namespace {
@@ -397,6 +439,118 @@ std::uint32_t attempt_of(const M& m) {
 }
 }  // namespace
 
+task_manager::task* task_manager::held_task(const std::string& from, std::string_view task_id,
+                                            std::uint32_t attempt, std::optional<refusal>& why) {
+  const auto it = tasks_.find(task_id);
+  if (it == tasks_.end()) {
+    why = refuse(codec::error_code::unknown_task, fmt::format("you hold no task '{}'", task_id));
+    return nullptr;
+  }
+  task& t = it->second;
+  // Fencing (§12.7.5): an earlier attempt is stale whoever names it; the current one is
+  // stale only for the worker it ended on while the task waits to be assigned again. A
+  // worker that ran an earlier attempt and names the one now running elsewhere holds
+  // nothing: 406, like any stranger.
+  const bool current = t.worker == from && attempt == t.attempt;
+  const bool ended = attempt < t.attempt ||
+                     (attempt == t.attempt && t.st == state::queued && t.last_worker == from);
+  if (!current && !ended) {
+    why = refuse(codec::error_code::unknown_task, fmt::format("you hold no task '{}'", task_id));
+    return nullptr;
+  }
+  if (ended) {
+    ++counts_.stale;
+    why = refuse(codec::error_code::stale_attempt,
+                 fmt::format("attempt {} of task '{}' has ended (current attempt {})", attempt,
+                             t.id, t.attempt));
+    return nullptr;
+  }
+  return &t;
+}
+
+// Progress that crosses a TASK_CLOSE in flight is a race, not a fault (a STARTED is not
+// progress: `late_if_closing` false).
+refusal task_manager::wrong_state(const task& t, std::string_view what, bool late_if_closing) {
+  auto r = refuse(codec::error_code::wrong_state, fmt::format("task '{}': {}", t.id, what));
+  r.late = late_if_closing && t.st == state::closing;
+  return r;
+}
+
+// An item of the attempt's indexed sequence, DATA or INFO (§12.11.4, §12.11.10): a
+// duplicate or one past the next is dropped (true), and what is left must have credit.
+bool task_manager::dropped_by_index(task& t, const std::optional<std::uint64_t>& index) {
+  if (!index) return false;
+  // Already relayed: a resend after a reconnect. Dropped without a word, and it uses no
+  // credit, so resending can never be refused 414 (§12.11.5).
+  if (*index <= t.data_relayed) {
+    ++counts_.data_duplicates;
+    return true;
+  }
+  return past_next(t, *index);
+}
+
+std::optional<refusal> task_manager::out_of_credit(const task& t) {
+  if (!t.credited || t.data_accepted < t.data_limit) return std::nullopt;
+  return refuse(codec::error_code::no_credit,
+                fmt::format("task '{}': attempt {} was granted {} DATA and sent them all; wait "
+                            "for DATA_CREDIT",
+                            t.id, t.attempt, t.data_limit));
+}
+
+// Relayed items (`last`: the index of the last, when they are indexed): counted against
+// the credit, confirmed now and then (so the worker can let go of what it keeps for a
+// resend), and, when credited, maybe the attempt's top-up.
+void task_manager::relayed(task& t, std::optional<std::uint64_t> last, std::uint64_t items,
+                           std::size_t bytes) {
+  if (last) {
+    t.data_relayed = *last;
+    t.out_of_order = 0;
+    t.ack_pending += items;
+    t.ack_pending_bytes += bytes;
+    if (t.ack_pending >= data_ack_every || t.ack_pending_bytes >= data_ack_bytes)
+      send_data_ack(t, false);
+  }
+  // More items leave the others' room as it was (the backlog grew by what this attempt's
+  // unused credit shrank), so only this attempt can have come due for a top-up.
+  if (t.credited) {
+    auto& s = streams_[t.owner];
+    if ((t.data_limit - t.data_accepted) * 2 <= chunk_of(s)) grant(s, nullptr);
+  }
+}
+
+// DATA, read in place: its fields go into the event as they came, copied once, into the
+// bytes the event travels as.
+std::optional<refusal> task_manager::on_data(const std::string& from, rlbus::role role,
+                                             const codec::data_view& d, util::time_point now) {
+  if (role == rlbus::role::coordinator)
+    return refuse(codec::error_code::unknown_type, "a coordinator does not run tasks");
+  std::optional<refusal> why;
+  task* held = held_task(from, d.task_id, d.attempt, why);
+  if (held == nullptr) return why;
+  task& t = *held;
+  // An indexed DATA that crosses TASK_CLOSE was emitted before the worker saw it, maybe
+  // sent again after a reconnect: relaying it keeps the attempt's data whole (§12.11.4).
+  const bool open = t.st == state::running || (t.st == state::closing && d.index);
+  if (!open || t.kind != rlbus::role::collector)
+    return wrong_state(t, "DATA belongs to a running collector task");
+  if (dropped_by_index(t, d.index)) return std::nullopt;
+  if (auto no = out_of_credit(t)) return no;
+  ++t.data_accepted;
+  if (t.st == state::running) set_deadline(t, now + t.step_timeout);  // closing: it stands
+  const auto size = d.meta.size() + (d.payload ? d.payload->size() : 0);
+  emit_with(
+      t, "data", 64 + d.data_id.size() + d.buffer_id.size() + size,
+      [&](codec::blob& wire) {
+        codec::map_writer body(wire, 3 + (d.payload ? 1 : 0) + (d.policy_version ? 1 : 0));
+        body.str("data_id", d.data_id).str("buffer_id", d.buffer_id).raw("meta", d.meta);
+        if (d.payload) body.bin("payload", *d.payload);
+        if (d.policy_version) body.uint("policy_version", *d.policy_version);
+      },
+      d.data_id);
+  relayed(t, d.index, 1, size);
+  return std::nullopt;
+}
+
 std::optional<refusal> task_manager::on_worker_message(const std::string& from, codec::message&& m,
                                                        util::time_point now) {
   const std::string* task_id = nullptr;
@@ -404,9 +558,8 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
   std::visit(
       [&](auto& v) {
         using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, codec::started> || std::is_same_v<T, codec::data_ready> ||
-                      std::is_same_v<T, codec::info> || std::is_same_v<T, codec::get_data> ||
-                      std::is_same_v<T, codec::learn_info> ||
+        if constexpr (std::is_same_v<T, codec::started> || std::is_same_v<T, codec::info> ||
+                      std::is_same_v<T, codec::get_data> || std::is_same_v<T, codec::learn_info> ||
                       std::is_same_v<T, codec::task_result> ||
                       std::is_same_v<T, codec::task_failed> ||
                       std::is_same_v<T, codec::task_alive> || std::is_same_v<T, codec::data_lost> ||
@@ -421,69 +574,14 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
         codec::error_code::unknown_type,
         fmt::format("{} is sent by the broker, never to it",
                     codec::type_name(static_cast<std::uint8_t>(codec::type_of(m))).value_or("?")));
-  const auto it = tasks_.find(*task_id);
-  if (it == tasks_.end())
-    return refuse(codec::error_code::unknown_task, fmt::format("you hold no task '{}'", *task_id));
-  task& t = it->second;
-  // Fencing (§12.7.5): an earlier attempt is stale whoever names it; the current one is
-  // stale only for the worker it ended on while the task waits to be assigned again. A
-  // worker that ran an earlier attempt and names the one now running elsewhere holds
-  // nothing: 406, like any stranger.
-  const bool current = t.worker == from && attempt == t.attempt;
-  const bool ended = attempt < t.attempt ||
-                     (attempt == t.attempt && t.st == state::queued && t.last_worker == from);
-  if (!current && !ended)
-    return refuse(codec::error_code::unknown_task, fmt::format("you hold no task '{}'", *task_id));
-  if (ended) {
-    ++counts_.stale;
-    return refuse(codec::error_code::stale_attempt,
-                  fmt::format("attempt {} of task '{}' has ended (current attempt {})", attempt,
-                              t.id, t.attempt));
-  }
-  // Progress that crosses a TASK_CLOSE in flight is a race, not a fault.
+  std::optional<refusal> why;
+  task* held = held_task(from, *task_id, attempt, why);
+  if (held == nullptr) return why;
+  task& t = *held;
   const auto wrong = [&](std::string_view what) {
-    auto r = refuse(codec::error_code::wrong_state, fmt::format("task '{}': {}", t.id, what));
-    r.late = t.st == state::closing && !std::holds_alternative<codec::started>(m);
-    return r;
+    return wrong_state(t, what, !std::holds_alternative<codec::started>(m));
   };
   const auto progress = [&] { set_deadline(t, now + t.step_timeout); };
-  // An item of the attempt's indexed sequence, DATA or INFO (§12.11.4, §12.11.10): a
-  // duplicate or one past the next is dropped (true), and what is left must have credit.
-  const auto dropped_by_index = [&](const std::optional<std::uint64_t>& index) {
-    if (!index) return false;
-    // Already relayed: a resend after a reconnect. Dropped without a word, and it uses no
-    // credit, so resending can never be refused 414 (§12.11.5).
-    if (*index <= t.data_relayed) {
-      ++counts_.data_duplicates;
-      return true;
-    }
-    return past_next(t, *index);
-  };
-  const auto out_of_credit = [&]() -> std::optional<refusal> {
-    if (!t.credited || t.data_accepted < t.data_limit) return std::nullopt;
-    return refuse(codec::error_code::no_credit,
-                  fmt::format("task '{}': attempt {} was granted {} DATA and sent them all; wait "
-                              "for DATA_CREDIT",
-                              t.id, t.attempt, t.data_limit));
-  };
-  // A relayed item: counted against the credit, confirmed now and then (so the worker can let
-  // go of what it keeps for a resend), and, when credited, maybe the attempt's top-up.
-  const auto relayed = [&](const std::optional<std::uint64_t>& index, std::size_t size) {
-    if (index) {
-      t.data_relayed = *index;
-      t.out_of_order = 0;
-      ++t.ack_pending;
-      t.ack_pending_bytes += size;
-      if (t.ack_pending >= data_ack_every || t.ack_pending_bytes >= data_ack_bytes)
-        send_data_ack(t, false);
-    }
-    // One more item leaves the others' room as it was (the backlog grew by what this
-    // attempt's unused credit shrank), so only this attempt can have come due for a top-up.
-    if (t.credited) {
-      auto& s = streams_[t.owner];
-      if ((t.data_limit - t.data_accepted) * 2 <= chunk_of(s)) grant(s, nullptr);
-    }
-  };
 
   if (std::holds_alternative<codec::started>(m)) {
     // A repeat, sent again after a resumption (§12.5.3): nothing to do, nothing to say.
@@ -492,24 +590,6 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
     t.st = state::running;
     progress();
     emit(t, "started", codec::empty_map_blob);
-  } else if (auto* d = std::get_if<codec::data_ready>(&m)) {
-    // An indexed DATA that crosses TASK_CLOSE was emitted before the worker saw it, maybe
-    // sent again after a reconnect: relaying it keeps the attempt's data whole (§12.11.4).
-    const bool open = t.st == state::running || (t.st == state::closing && d->index);
-    if (!open || t.kind != rlbus::role::collector)
-      return wrong("DATA belongs to a running collector task");
-    if (dropped_by_index(d->index)) return std::nullopt;
-    if (auto no = out_of_credit()) return no;
-    ++t.data_accepted;
-    if (t.st == state::running) progress();  // in closing the close deadline stands
-    const auto size = d->meta.size() + (d->payload ? d->payload->size() : 0);
-    codec::map_writer body(3 + (d->payload ? 1 : 0) + (d->policy_version ? 1 : 0),
-                           64 + d->data_id.size() + d->buffer_id.size() + size);
-    body.str("data_id", d->data_id).str("buffer_id", d->buffer_id).raw("meta", d->meta);
-    if (d->payload) body.bin("payload", *d->payload);
-    if (d->policy_version) body.uint("policy_version", *d->policy_version);
-    emit(t, "data", body.done(), d->data_id);
-    relayed(d->index, size);
   } else if (const auto* b = std::get_if<codec::data_batch>(&m)) {
     return on_data_batch(t, *b, now);
   } else if (std::holds_alternative<codec::task_alive>(m)) {
@@ -529,15 +609,14 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
     const bool open = t.st == state::running || (t.st == state::closing && i->index);
     if (!open || t.kind != rlbus::role::collector)
       return wrong("INFO belongs to a running collector task");
-    if (dropped_by_index(i->index)) return std::nullopt;
+    if (dropped_by_index(t, i->index)) return std::nullopt;
     if (i->index) {
-      if (auto no = out_of_credit()) return no;
+      if (auto no = out_of_credit(t)) return no;
       ++t.data_accepted;
     }
     if (t.st == state::running) progress();
-    const auto size = i->body.size();
-    emit(t, "info", std::move(i->body));
-    relayed(i->index, size);
+    emit(t, "info", i->body);
+    relayed(t, i->index, 1, i->body.size());
   } else if (const auto* g = std::get_if<codec::get_data>(&m)) {
     if (t.st != state::running || t.kind != rlbus::role::learner)
       return wrong("GET_DATA belongs to a running learner task");
@@ -555,12 +634,11 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
     const bool open = t.st == state::running || (t.st == state::closing && l->index);
     if (!open || t.kind != rlbus::role::learner)
       return wrong("LEARN_INFO belongs to a running learner task");
-    if (dropped_by_index(l->index)) return std::nullopt;
+    if (dropped_by_index(t, l->index)) return std::nullopt;
     if (t.st == state::running) progress();
-    const auto size = l->body.size();
     emit(t, "learn_info",
          codec::map_writer(2).str("buffer_id", l->buffer_id).raw("info", l->body).done());
-    relayed(l->index, size);
+    relayed(t, l->index, 1, l->body.size());
   } else if (auto* r = std::get_if<codec::task_result>(&m)) {
     if (t.st != state::closing) return wrong("RESULT answers TASK_CLOSE");
     emit(t, "finished", std::move(r->result));
@@ -658,19 +736,13 @@ std::optional<refusal> task_manager::on_data_batch(task& t, const codec::data_ba
     // A unit of credit costs what the stream's largest item does (§12.12.3).
     s.max_data_bytes = std::max(s.max_data_bytes, item.size());
   }
-  emit(t, "data_batch",
-       codec::map_writer(2, 32 + bytes)
-           .uint("first_index", first)
-           .array("items", fresh_items)
-           .done(),
-       fmt::format("{}..{}", first, last), static_cast<std::uint32_t>(fresh));
-  t.data_relayed = last;
-  t.out_of_order = 0;
-  t.ack_pending += fresh;
-  t.ack_pending_bytes += bytes;
-  if (t.ack_pending >= data_ack_every || t.ack_pending_bytes >= data_ack_bytes)
-    send_data_ack(t, false);
-  if (t.credited && (t.data_limit - t.data_accepted) * 2 <= chunk_of(s)) grant(s, nullptr);
+  emit_with(
+      t, "data_batch", 32 + bytes,
+      [&](codec::blob& wire) {
+        codec::map_writer(wire, 2).uint("first_index", first).array("items", fresh_items);
+      },
+      fmt::format("{}..{}", first, last), static_cast<std::uint32_t>(fresh));
+  relayed(t, last, fresh, bytes);
   return std::nullopt;
 }
 
@@ -952,36 +1024,10 @@ void task_manager::erase_task(const std::string& id) {
   tasks_.erase(it);
 }
 
-void task_manager::emit(task& t, std::string_view event, codec::blob body, std::string_view detail,
-                        std::uint32_t items) {
-  auto& s = streams_[t.owner];
-  const auto size = body.size();
-  s.push(
-      {codec::task_event{++s.seq, t.id, t.attempt, std::string(event), t.worker, std::move(body)},
-       items});
-  if (journal_ != nullptr) {  // written before the event can leave (§14)
-    if (s.seq > s.reserved) {
-      s.reserved = s.seq + seq_reserve;
-      journal_->reserved(t.owner, s.reserved);
-    }
-    if (ends_task(event)) journal_->end_event(t.owner, stream::event(s.ring.back()));
-  }
-  if (!s.windowed) {  // v1: sent as made; an undeliverable one leaves a gap (§12.8.2)
-    sink_.send_to(t.owner, s.ring.back().msg);
-    s.next = s.seq + 1;
-    s.sent_max = s.seq;
-  }
-  if (event == "data") s.max_data_bytes = std::max(s.max_data_bytes, size);
-  // The ring is bounded in events and in bytes (payloads can be large).
-  s.trim(cfg_.stream_ring, cfg_.stream_ring_bytes);
-  pump(t.owner, s);
-  auto& topic = topic_;  // reused: no allocation per event
-  topic.clear();
-  topic.append("task.").append(t.owner).append(".").append(event);
-  // Nobody subscribed: the event still takes its seq (SPEC §2.5) but its body is not built.
-  if (!sink_.wanted(topic)) return sink_.publish(topic, std::monostate{});
-  sink_.publish(topic,
-                codec::task_status{t.id, t.kind, t.attempt, t.worker, clip(std::string(detail))});
+void task_manager::emit(task& t, std::string_view event, std::string_view body,
+                        std::string_view detail, std::uint32_t items) {
+  emit_with(
+      t, event, body.size(), [&](codec::blob& wire) { wire.append(body); }, detail, items);
 }
 
 // ---- replay and flow control (§12.9) ---------------------------------------------------
@@ -1106,10 +1152,8 @@ void task_manager::write_snapshot(journal& j) const {
   for (const auto& [owner, s] : streams_) {
     j.reserved(owner, std::max(s.reserved, s.seq));
     if (s.windowed) j.acked(owner, s.acked);
-    for (const auto& m : s.ring) {
-      const auto& e = stream::event(m);
-      if (e.seq > s.acked && ends_task(e.event)) j.end_event(owner, e);
-    }
+    for (const auto& h : s.ring)
+      if (h.seq > s.acked && h.ends) j.end_event(owner, h.wire.view());
   }
   std::map<std::uint64_t, const task*> in_order;
   for (const auto& [id, t] : tasks_) in_order.emplace(t.order, &t);
@@ -1143,9 +1187,10 @@ void task_manager::restore(const journal_state& js, util::time_point now) {
     for (auto seq = first; seq <= st.head; ++seq) {
       while (end != st.ends.end() && end->seq < seq) ++end;
       if (end != st.ends.end() && end->seq == seq) {
-        s.push({*end});
+        s.push({seq, util::shared_frame(codec::encode_body(codec::message{*end})), end->body.size(),
+                1, true});
       } else {
-        s.push({codec::task_event{seq, "", 0, "", "", ""}});
+        s.push({seq});  // a placeholder
       }
     }
     // What the ring holds at or below acked counts as acknowledged, as it does in a live run.

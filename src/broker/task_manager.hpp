@@ -35,6 +35,8 @@
 #include "broker/quarantine.hpp"
 #include "broker/refusal.hpp"
 #include "broker/stream.hpp"
+#include "codec/codec.hpp"
+#include "codec/map_writer.hpp"
 #include "codec/messages.hpp"
 #include "util/clock.hpp"
 
@@ -66,6 +68,9 @@ class task_manager {
   /// Handles a task message from peer `from`; nullopt when accepted.
   std::optional<refusal> handle(const std::string& from, rlbus::role role, codec::message&& m,
                                 util::time_point now);
+  /// Handles a DATA read in place (what handle() does with a decoded one).
+  std::optional<refusal> on_data(const std::string& from, rlbus::role role,
+                                 const codec::data_view& d, util::time_point now);
 
   /// The broker is draining (SPEC §11.2): from now on SUBMIT is refused with BUSY, nothing
   /// is assigned, and every queued task, now or when an attempt ends later, is cancelled with
@@ -132,6 +137,7 @@ class task_manager {
     std::uint64_t ack_pending = 0;
     std::size_t ack_pending_bytes = 0;
     std::uint64_t out_of_order = 0;
+    codec::event_fixed event_fields;  // of the attempt's TASK_EVENTs, encoded once
   };
   struct worker_info {
     rlbus::role role;
@@ -163,6 +169,13 @@ class task_manager {
   // worker side
   std::optional<refusal> on_worker_message(const std::string& from, codec::message&& m,
                                            util::time_point now);
+  /// The task `from` runs in `attempt`, or nullptr with `why` (fencing, §12.7.5).
+  task* held_task(const std::string& from, std::string_view task_id, std::uint32_t attempt,
+                  std::optional<refusal>& why);
+  static refusal wrong_state(const task& t, std::string_view what, bool late_if_closing = true);
+  bool dropped_by_index(task& t, const std::optional<std::uint64_t>& index);
+  static std::optional<refusal> out_of_credit(const task& t);
+  void relayed(task& t, std::optional<std::uint64_t> last, std::uint64_t items, std::size_t bytes);
   std::optional<refusal> on_data_lost(task& t, const codec::data_lost& l, util::time_point now);
   std::optional<refusal> on_data_batch(task& t, const codec::data_batch& b, util::time_point now);
   std::optional<refusal> on_leaving(const std::string& from, const codec::leaving& l,
@@ -195,8 +208,11 @@ class task_manager {
   /// Cancels a coordinator's tasks without events and drops its stream (§12.5.8).
   void drop_coordinator(const std::string& id, util::time_point now);
   void cancel(task& t, const std::string& reason);
-  void emit(task& t, std::string_view event, codec::blob body, std::string_view detail = {},
+  void emit(task& t, std::string_view event, std::string_view body, std::string_view detail = {},
             std::uint32_t items = 1);
+  template <class Body>
+  void emit_with(task& t, std::string_view event, std::size_t reserve, Body&& write_body,
+                 std::string_view detail = {}, std::uint32_t items = 1);
   // flow control (§12.9)
   void pump(const std::string& owner, stream& s) {
     s.pump(sink_, owner, cfg_.stream_window, counts_);
@@ -206,7 +222,13 @@ class task_manager {
 
   const config& cfg_;
   task_sink& sink_;
-  std::unordered_map<std::string, task> tasks_;
+  struct id_hash {  // lets a task be found by a view of its id
+    using is_transparent = void;
+    std::size_t operator()(std::string_view id) const noexcept {
+      return std::hash<std::string_view>{}(id);
+    }
+  };
+  std::unordered_map<std::string, task, id_hash, std::equal_to<>> tasks_;
   std::map<std::uint64_t, std::string> queue_;  // order -> task id
   std::uint64_t next_order_ = 0;
   std::unordered_map<std::string, worker_info> workers_;

@@ -81,6 +81,24 @@ bool is_task_type(std::uint8_t type) noexcept;
 std::optional<decode_error> check_user_map(std::string_view value, std::size_t max_nesting = 0,
                                            const decode_limits& limits = {});
 
+/// A DATA read in place, as the broker relays it: views into the body it was read from,
+/// which must outlive it. The same fields, under the same rules, as data_ready.
+struct data_view {
+  std::string_view task_id;
+  std::uint32_t attempt = 1;
+  std::string_view data_id;
+  std::string_view buffer_id;
+  std::string_view meta = empty_map_blob;  // one complete msgpack map
+  std::optional<std::string_view> payload;
+  std::optional<std::uint64_t> policy_version;
+  std::optional<std::uint64_t> index;
+  bool operator==(const data_view&) const = default;
+};
+/// Decodes a DATA body into views, as decode_body would judge it. Never throws.
+result<data_view> read_data(std::string_view body, const decode_limits& limits = {});
+/// Views of a decoded DATA's fields.
+data_view view_of(const data_ready& d);
+
 /// A `data_batch` event's body (§12.5.6, §12.12): the index of its first item and each item's
 /// bytes (views into the body): a map of data_id, buffer_id, meta, payload?,
 /// policy_version?, the body a `data` event with that item would carry.

@@ -432,25 +432,26 @@ std::optional<decode_error> check_user_map_impl(std::string_view value, std::siz
   return std::nullopt;
 }
 
-void field_reader::blob(std::string_view key, std::string& out, bool required, bool want_map,
+bool field_reader::blob(std::string_view key, std::string_view& out, bool required, bool want_map,
                         bool allow_nil, std::size_t max_nesting) {
   const auto v = get(key, required);
-  if (!v) return;
+  if (!v) return false;
   if (v->k == head::kind::nil) {
-    if (!allow_nil) return fail(key, "must not be nil");
+    if (!allow_nil) return refused(key, "must not be nil");
   } else if (want_map && v->k != head::kind::map) {
-    return fail(key, "expected a map");
+    return refused(key, "expected a map");
   }
   const auto& f = at(next_ - 1);  // the field get() just found
   // Every level takes a byte at least: a value no longer than the bound cannot pass it.
   if (max_nesting != 0 && f.end - f.begin > max_nesting) {
     const auto levels = nesting(body_, f.begin).first;
     if (levels > max_nesting)
-      return fail(key, fmt::format("nests {} levels of maps and arrays, more than the {} it may "
-                                   "have, since the broker relays it deeper inside an event",
-                                   levels, max_nesting));
+      return refused(key, fmt::format("nests {} levels of maps and arrays, more than the {} it may "
+                                      "have, since the broker relays it deeper inside an event",
+                                      levels, max_nesting));
   }
-  out.assign(body_.substr(f.begin, f.end - f.begin));
+  out = body_.substr(f.begin, f.end - f.begin);
+  return true;
 }
 
 void field_reader::items(
@@ -497,13 +498,14 @@ void field_reader::string_list(std::string_view key, std::vector<std::string>& o
   }
 }
 
-void field_reader::binary(std::string_view key, std::string& out, std::size_t max_len,
+bool field_reader::binary(std::string_view key, std::string_view& out, std::size_t max_len,
                           bool required) {
   const auto v = get(key, required);
-  if (!v) return;
-  if (v->k != head::kind::bin) return fail(key, "expected binary");
-  if (v->n > max_len) return fail(key, fmt::format("longer than {} bytes", max_len));
-  out.assign(body_.substr(v->data, v->n));
+  if (!v) return false;
+  if (v->k != head::kind::bin) return refused(key, "expected binary");
+  if (v->n > max_len) return refused(key, fmt::format("longer than {} bytes", max_len));
+  out = body_.substr(v->data, v->n);
+  return true;
 }
 
 }  // namespace rlbus::codec::detail

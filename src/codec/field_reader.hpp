@@ -74,12 +74,21 @@ class field_reader {
   [[nodiscard]] const std::optional<decode_error>& fault() const { return fault_; }
   [[nodiscard]] bool has(std::string_view key) const { return find(key).has_value(); }
 
-  void str(std::string_view key, std::string& out, std::size_t max_len, bool required = true) {
+  /// A str of at most `max_len` bytes; into a string_view, a view of the body's bytes.
+  /// Each reader of a value says whether it set `out` (false: absent, or a fault).
+  bool str(std::string_view key, std::string_view& out, std::size_t max_len, bool required = true) {
     const auto v = get(key, required);
-    if (!v) return;
-    if (v->k != head::kind::str) return fail(key, "expected a string");
-    if (v->n > max_len) return fail(key, fmt::format("longer than {} bytes", max_len));
-    out.assign(body_.substr(v->data, v->n));
+    if (!v) return false;
+    if (v->k != head::kind::str) return refused(key, "expected a string");
+    if (v->n > max_len) return refused(key, fmt::format("longer than {} bytes", max_len));
+    out = body_.substr(v->data, v->n);
+    return true;
+  }
+  bool str(std::string_view key, std::string& out, std::size_t max_len, bool required = true) {
+    std::string_view v;
+    if (!str(key, v, max_len, required)) return false;
+    out.assign(v);
+    return true;
   }
 
   template <class U>
@@ -128,7 +137,8 @@ class field_reader {
     }
   }
 
-  void peer_id(std::string_view key, std::string& out) {
+  template <class S>  // std::string or std::string_view
+  void peer_id(std::string_view key, S& out) {
     str(key, out, max_id_length);
     if (!fault_ && !valid_peer_id(out))
       fail(key, "must be 1-128 characters of A-Z a-z 0-9 . _ : @ / -");
@@ -140,8 +150,15 @@ class field_reader {
   /// it is forwarded unchanged. `allow_nil` accepts nil ("none"); otherwise it must be a
   /// map (`want_map`) or any value. A `max_nesting` other than 0 bounds the levels of maps
   /// and arrays in it, its own included.
-  void blob(std::string_view key, std::string& out, bool required, bool want_map,
+  bool blob(std::string_view key, std::string_view& out, bool required, bool want_map,
             bool allow_nil = false, std::size_t max_nesting = 0);
+  bool blob(std::string_view key, std::string& out, bool required, bool want_map,
+            bool allow_nil = false, std::size_t max_nesting = 0) {
+    std::string_view v;
+    if (!blob(key, v, required, want_map, allow_nil, max_nesting)) return false;
+    out.assign(v);
+    return true;
+  }
 
   /// An array of 1..max_items maps (DATA_BATCH's `items`), kept as its exact bytes in `out`
   /// and where each item ends in `ends` (either may be null). `check` reads one item's fields
@@ -154,7 +171,13 @@ class field_reader {
                    std::size_t max_len);
 
   /// Binary payload (bin type) of at most `max_len` bytes.
-  void binary(std::string_view key, std::string& out, std::size_t max_len, bool required);
+  bool binary(std::string_view key, std::string_view& out, std::size_t max_len, bool required);
+  bool binary(std::string_view key, std::string& out, std::size_t max_len, bool required) {
+    std::string_view v;
+    if (!binary(key, v, max_len, required)) return false;
+    out.assign(v);
+    return true;
+  }
 
  private:
   struct field {
@@ -194,6 +217,10 @@ class field_reader {
   void fail(std::string_view key, std::string_view what) {
     if (!fault_)
       fault_ = decode_error{error_code::bad_field, fmt::format("field '{}': {}", key, what)};
+  }
+  bool refused(std::string_view key, std::string_view what) {
+    fail(key, what);
+    return false;
   }
 
   std::string_view body_;

@@ -2,6 +2,8 @@
 // kind of field travels (SPEC §12.2).
 #include "codec/task_codec.hpp"
 
+#include "codec/map_writer.hpp"
+
 namespace rlbus::codec::detail {
 
 namespace {
@@ -96,7 +98,17 @@ struct reader {
     if (!r.has(k)) return;
     read_blob(k, v.emplace(), s);
   }
-  void read_blob(std::string_view k, blob& v, rule::shape s) {
+  // Views (data_view): the same rules, the bytes left where they are.
+  void operator()(std::string_view k, std::string_view& v, rule::id /*r*/) { r.peer_id(k, v); }
+  void operator()(std::string_view k, std::string_view& v, rule::text t) { r.str(k, v, t.max); }
+  void operator()(std::string_view k, std::string_view& v, rule::shape s) { read_blob(k, v, s); }
+  void operator()(std::string_view k, std::optional<std::string_view>& v, rule::bin b) {
+    v.reset();
+    std::string_view bytes;
+    if (r.binary(k, bytes, b.max, false)) v = bytes;
+  }
+  template <class S>  // blob or std::string_view
+  void read_blob(std::string_view k, S& v, rule::shape s) {
     const bool map =
         s == rule::shape::map || s == rule::shape::relayed_map || s == rule::shape::batched_map;
     r.blob(k, v, true, map, !map,
@@ -310,6 +322,35 @@ void write_item(blob& out, std::string_view data_id, std::string_view buffer_id,
 }
 }  // namespace
 
+event_fixed::event_fixed(std::string_view task_id, std::uint32_t attempt,
+                         std::string_view worker_id)
+    : made_(true), attempt_(attempt), worker_id_(worker_id) {
+  blob_sink task{task_};
+  msgpack::packer<blob_sink>(task)
+      .pack(std::string_view("task_id"))
+      .pack(task_id)
+      .pack(std::string_view("attempt"))
+      .pack(attempt);
+  blob_sink worker{worker_};
+  msgpack::packer<blob_sink>(worker)
+      .pack(std::string_view("worker_id"))
+      .pack(worker_id)
+      .pack(std::string_view("body"));
+}
+
+blob event_head(const event_fixed& f, std::uint64_t seq, std::string_view event,
+                std::size_t reserve) {
+  blob out;
+  out.reserve(32 + f.task_.size() + event.size() + f.worker_.size() + reserve);
+  blob_sink sink{out};
+  msgpack::packer<blob_sink> pk(sink);
+  pk.pack_map(6).pack(std::string_view("seq")).pack(seq);  // the fields of task_event, in order
+  out.append(f.task_);
+  pk.pack(std::string_view("event")).pack(event);
+  out.append(f.worker_);
+  return out;
+}
+
 items_writer::items_writer() : buf_(header_room, '\0') {}
 
 void items_writer::add(const data_ready& d) {
@@ -340,6 +381,21 @@ item_array items_writer::done() {
   buf_.assign(header_room, '\0');
   ends_.clear();
   return out;
+}
+
+result<data_view> read_data(std::string_view body, const decode_limits& limits) {
+  detail::field_reader r(body, limits);
+  data_view v;
+  if (!r.fault()) data_ready::fields(v, detail::reader{r});
+  if (r.fault()) return *r.fault();
+  return v;
+}
+
+data_view view_of(const data_ready& d) {
+  data_view v{d.task_id, d.attempt,    d.data_id,        d.buffer_id,
+              d.meta,    std::nullopt, d.policy_version, d.index};
+  if (d.payload) v.payload = *d.payload;
+  return v;
 }
 
 result<batch_view> read_data_batch_body(std::string_view body) {

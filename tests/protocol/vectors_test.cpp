@@ -8,10 +8,12 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "codec/codec.hpp"
+#include "codec/map_writer.hpp"
 #include "support/support.hpp"
 
 using namespace rlbus;
@@ -196,5 +198,63 @@ TEST_CASE("messages.json agrees with the codec and the vectors", "[protocol][vec
   for (const auto& c : spec["error_codes"]) {
     INFO("code " << c["code"]);
     CHECK(codec::code_name(c["code"].get<std::uint16_t>()) == c["name"].get<std::string>());
+  }
+}
+
+namespace {
+std::vector<json> vectors_of(const std::string& file, const std::string& type) {
+  std::vector<json> out;
+  const auto doc = load(file);
+  for (const auto& v : doc["vectors"])
+    if (v["type"] == type) out.push_back(v);
+  return out;
+}
+}  // namespace
+
+// The broker reads DATA in place (codec::read_data) instead of decoding it: on every DATA
+// vector, valid or not, it must come to the decoder's verdict, with the same fields or the
+// same refusal.
+TEST_CASE("DATA read in place agrees with the decoder on every DATA vector",
+          "[protocol][vectors]") {
+  auto all = vectors_of("vectors/valid.json", "DATA");
+  const auto invalid = vectors_of("vectors/invalid.json", "DATA");
+  REQUIRE(all.size() >= 4);
+  REQUIRE(invalid.size() >= 3);
+  all.insert(all.end(), invalid.begin(), invalid.end());
+  for (const auto& v : all) {
+    INFO("vector " << v["name"].get<std::string>());
+    const auto body = unhex(v["body_hex"]);
+    const auto decoded = codec::decode_body(static_cast<std::uint8_t>(codec::msg_type::data), body);
+    const auto read = codec::read_data(body);
+    REQUIRE(read.ok() == decoded.ok());
+    if (!decoded) {
+      CHECK(read.error().code == decoded.error().code);
+      CHECK(read.error().reason == decoded.error().reason);
+      continue;
+    }
+    const auto want = codec::view_of(std::get<codec::data_ready>(decoded.value()));
+    CHECK(read.value() == want);
+  }
+}
+
+// The broker writes a TASK_EVENT from its attempt's fields encoded once (codec::event_fixed)
+// and the event's own: the bytes must be the vectors' canonical ones.
+TEST_CASE("TASK_EVENTs written from their attempt's fixed part are the vectors' bytes",
+          "[protocol][vectors]") {
+  const auto vectors = vectors_of("vectors/valid.json", "TASK_EVENT");
+  REQUIRE(vectors.size() >= 3);
+  for (const auto& v : vectors) {
+    INFO("vector " << v["name"].get<std::string>());
+    const auto body = unhex(v["body_hex"]);
+    const auto decoded =
+        codec::decode_body(static_cast<std::uint8_t>(codec::msg_type::task_event), body);
+    REQUIRE(decoded);
+    const auto& e = std::get<codec::task_event>(decoded.value());
+    const codec::event_fixed fixed(e.task_id, e.attempt, e.worker_id);
+    CHECK(fixed.of(e.attempt, e.worker_id));
+    CHECK_FALSE(fixed.of(e.attempt + 1, e.worker_id));
+    auto wire = codec::event_head(fixed, e.seq, e.event, e.body.size());
+    wire.append(e.body);
+    CHECK(wire == body);
   }
 }

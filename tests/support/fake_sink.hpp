@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "broker/task_manager.hpp"
+#include "codec/codec.hpp"
 
 namespace rlbus::test {
 
@@ -22,6 +23,13 @@ struct fake_sink : broker::task_sink {
     if (unreachable.count(std::string(peer_id)) != 0) return false;
     inbox[std::string(peer_id)].push_back(m);
     return true;
+  }
+  // What the broker encoded, as the peer would decode it.
+  bool send_encoded(std::string_view peer_id, codec::msg_type type,
+                    const util::shared_frame& body) override {
+    auto m = codec::decode_body(static_cast<std::uint8_t>(type), body.view());
+    if (!m) FAIL("the broker encoded what does not decode: " << m.error().reason);
+    return send_to(peer_id, m.value());
   }
   void publish(std::string_view topic, decltype(codec::event::body) /*body*/) override {
     topics.emplace_back(topic);
