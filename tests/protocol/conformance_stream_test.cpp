@@ -153,10 +153,15 @@ TEST_CASE("SPEC 12.9.6: REPLAY resends the stream byte for byte from any seq it 
   next_a<codec::task_start>(w);
   w.send(codec::started{"t", 1});
   w.send(codec::info{"t", 1, "\x81\xa1x\xcb\x3f\xf0\x00\x00\x00\x00\x00\x00"s});  // float64 1.0
-  w.send(codec::data_ready{"t", 1, "d1", "b", "\x81\xa1k\xd0\x05"s, "\x00\x01\x02"s});
+  // A payload of 100 KiB: the broker holds its event in a buffer its sends share (one of 64
+  // KiB or more), and every send of it must still carry it whole.
+  std::string payload(100 * 1024, '\0');
+  for (std::size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 7 + i / 251);
+  w.send(codec::data_ready{"t", 1, "d1", "b", "\x81\xa1k\xd0\x05"s, payload});
   infos(w, 7);
   std::vector<std::string> first;  // events 1..11 as first sent
   for (int i = 0; i < 11; ++i) first.push_back(next_body(coord, type_task_event));
+  REQUIRE(first[3].find(payload) != std::string::npos);  // seq 4, the data event
   refused(coord, codec::replay{13}, error_code::bad_seq);  // the head is 11
   coord.send(codec::replay{2});
   for (std::uint64_t seq = 2; seq <= 7; ++seq) {  // a window of 6, from 2
