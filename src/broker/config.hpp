@@ -113,6 +113,10 @@ struct config {
   /// Largest inline params of one version (a reference has no such bound).
   std::size_t policy_max_bytes = std::size_t{512} * 1024;
 
+  // ---- logging (the binary's) ----
+  /// trace, debug, info, warn, error, critical or off.
+  std::string log_level = "info";
+
   /// Throws std::invalid_argument naming the first setting that is out of range.
   void validate() const;
 };

@@ -1,12 +1,17 @@
-// rlbus-broker: the broker binary. Flags -> config, signals -> request_stop(), errors at
-// start-up -> a clear message and a non-zero exit code (2: usage or config, 1: cannot bind).
+// rlbus-broker: the broker binary. Flags, environment and config file -> config (one table
+// of settings, broker/settings.hpp), signals -> request_stop(), errors at start-up -> a clear
+// message and a non-zero exit code (2: usage or config, 1: cannot bind).
 #include <algorithm>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <map>
+#include <set>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <pthread.h>
 
@@ -15,6 +20,7 @@
 #include <zmq.hpp>
 
 #include "broker/server.hpp"
+#include "broker/settings.hpp"
 #include "util/curve_keys.hpp"
 
 namespace {
@@ -72,12 +78,48 @@ int keygen(const std::string& stem) {
   }
 }
 
+// The flags of every setting, made from the table (broker/settings.hpp): each takes its value
+// as text, checked as the config file's would be, and may come from its environment variable.
+// Returns each setting's option, to tell afterwards which ones were given.
+std::vector<std::pair<const rlbus::broker::setting*, CLI::Option*>> add_settings(
+    CLI::App& app, rlbus::broker::config& cfg) {
+  const rlbus::broker::config defaults;
+  const std::map<std::string_view, std::string> groups{
+      {"", "Endpoints and sessions"},      {"tasks", "Tasks"},
+      {"durability", "Durability"},        {"policies", "Policies"},
+      {"security", "Security and limits"}, {"log", "Logging"}};
+  std::vector<std::pair<const rlbus::broker::setting*, CLI::Option*>> out;
+  for (const auto& s : rlbus::broker::settings()) {
+    const auto help = fmt::format("{} (config file: {})", s.help, s.key());
+    CLI::Option* opt = nullptr;
+    if (std::holds_alternative<bool rlbus::broker::config::*>(s.where)) {
+      opt = app.add_flag(s.flag(), cfg.*std::get<bool rlbus::broker::config::*>(s.where), help);
+    } else {
+      opt = app.add_option_function<std::string>(
+                   s.flag(),
+                   [&cfg, &s](const std::string& text) {
+                     if (auto why = s.assign(cfg, text); !why.empty())
+                       throw CLI::ValidationError(s.flag(), why);
+                   },
+                   help)
+                ->default_str(s.text(defaults));
+      const bool text = std::holds_alternative<std::string rlbus::broker::config::*>(s.where);
+      opt->type_name(!s.words.empty() ? "WORD"
+                     : text           ? "TEXT"
+                     : s.unit == "ms" ? "MS"
+                     : s.unit.empty() ? "N"
+                                      : "BYTES");
+    }
+    opt->envname(s.env())->group(groups.at(s.section));
+    out.emplace_back(&s, opt);
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  constexpr std::uint32_t day_ms = 86'400'000;  // the longest time any setting may name
   rlbus::broker::config cfg;
-  std::string log_level = "info";
 
   CLI::App app{
       "rlbus-broker: message bus for distributed reinforcement learning.\n"
@@ -87,188 +129,24 @@ int main(int argc, char** argv) {
       "cancelled, running tasks get up to --drain-ms to end on their own (a second signal\n"
       "stops at once); then what is left is aborted, every peer is told DISCONNECT, exit 0.\n"
       "SIGHUP reads the allowlist again (so does a change of its file).\n"
-      "Times are in milliseconds. `rlbus-broker keygen STEM` makes a CURVE key pair."};
-  app.get_formatter()->column_width(34);
-  app.add_option("--router", cfg.router_endpoint,
-                 "ROUTER endpoint for peers (tcp://HOST:PORT, ipc://PATH; port 0 or * = any free)")
-      ->capture_default_str();
-  app.add_option("--events", cfg.events_endpoint, "PUB endpoint for events")->capture_default_str();
-  app.add_option("--liveness", cfg.liveness,
-                 "a peer silent for liveness x its heartbeat interval is expired")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1000));
-  app.add_option("--heartbeat-min", cfg.heartbeat_min_ms,
-                 "smallest heartbeat interval (ms) a peer may use; faster requests are clamped")
-      ->capture_default_str();
-  app.add_option("--heartbeat-max", cfg.heartbeat_max_ms,
-                 "largest heartbeat interval (ms) a peer may use")
-      ->capture_default_str();
-  app.add_option("--status-interval", cfg.status_interval_ms,
-                 "period (ms) of the broker.heartbeat event (10..86400000)")
-      ->capture_default_str()
-      ->check(CLI::Range(10U, day_ms));
-  app.add_option("--max-message", cfg.max_message,
-                 "largest inbound frame in bytes; a peer sending more is disconnected")
-      ->capture_default_str();
-  app.add_option("--max-peers", cfg.max_peers,
-                 "most sessions at once (1..10000000); more HELLOs get BUSY")
-      ->capture_default_str()
-      ->check(CLI::Range(std::size_t{1}, std::size_t{10'000'000}));
-  app.add_option("--max-faults", cfg.max_faults,
-                 "bad messages a peer may send before it is disconnected (1..1000000)")
-      ->capture_default_str()
-      ->check(CLI::Range(1U, 1'000'000U));
-  app.add_option("--shutdown-linger", cfg.shutdown_linger_ms,
-                 "ms to let final DISCONNECTs leave at shutdown (0..86400000)")
-      ->capture_default_str()
-      ->check(CLI::Range(0U, day_ms));
-  app.add_option("--drain-ms", cfg.drain_ms,
-                 "on the first SIGINT/SIGTERM, ms that running tasks get to end on their own "
-                 "before they are aborted (0 = stop at once)")
-      ->capture_default_str()
-      ->check(CLI::Range(0U, day_ms));
-
-  // Task defaults (SPEC §12.7): a SUBMIT that names its own timeouts or attempts wins.
-  const auto tasks = "Tasks";
-  app.add_option("--max-queue", cfg.max_queue,
-                 "most tasks waiting for a worker; a SUBMIT past it is refused (412 QUEUE_FULL)")
-      ->capture_default_str()
-      ->check(CLI::Range(std::size_t{1}, std::size_t{100'000'000}))
-      ->group(tasks);
-  app.add_option("--start-timeout", cfg.start_timeout_ms,
-                 "ms a worker has to answer TASK_START with STARTED")
-      ->capture_default_str()
-      ->check(CLI::Range(1U, day_ms))
-      ->group(tasks);
-  app.add_option("--step-timeout", cfg.step_timeout_ms,
-                 "longest ms a running task may go without progress from its worker")
-      ->capture_default_str()
-      ->check(CLI::Range(1U, day_ms))
-      ->group(tasks);
-  app.add_option("--close-timeout", cfg.close_timeout_ms,
-                 "ms a worker has to answer TASK_CLOSE with its RESULT")
-      ->capture_default_str()
-      ->check(CLI::Range(1U, day_ms))
-      ->group(tasks);
-  app.add_option("--task-timeout", cfg.task_timeout_ms,
-                 "longest ms one attempt of a task may take, start to result")
-      ->capture_default_str()
-      ->check(CLI::Range(1U, day_ms))
-      ->group(tasks);
-  app.add_option("--max-attempts", cfg.max_attempts,
-                 "attempts a task gets before it fails (a lost worker or a timeout ends one)")
-      ->capture_default_str()
-      ->check(CLI::Range(1U, 1000U))
-      ->group(tasks);
-  app.add_option("--queue-timeout-ms", cfg.queue_timeout_ms,
-                 "ms a task may wait in the queue for a worker, each time it is queued, before "
-                 "it fails, when its SUBMIT does not say (0 = wait as long as it takes)")
-      ->capture_default_str()
-      ->check(CLI::Range(0U, day_ms))
-      ->group(tasks);
-  app.add_option("--quarantine-after", cfg.quarantine_after,
-                 "attempts in a row a worker may end badly (failed, timed out, gone while "
-                 "holding one) before it gets no task for a while (0 = never)")
-      ->capture_default_str()
-      ->check(CLI::Range(0U, 1000U))
-      ->group(tasks);
-  app.add_option("--quarantine-ms", cfg.quarantine_ms,
-                 "ms a quarantined worker gets no task; doubled for each further quarantine in "
-                 "a row, up to 8 times")
-      ->capture_default_str()
-      ->check(CLI::Range(1U, day_ms))
-      ->group(tasks);
-  app.add_option("--no-data-retry", cfg.no_data_retry_ms,
-                 "ms a learner is told to wait (NO_DATA) before asking its coordinator again")
-      ->capture_default_str()
-      ->check(CLI::Range(0U, day_ms))
-      ->group(tasks);
-  app.add_option("--stream-ring", cfg.stream_ring,
-                 "task events kept per coordinator for replay (at least 16)")
-      ->capture_default_str()
-      ->check(CLI::Range(std::size_t{16}, std::size_t{100'000'000}))
-      ->group(tasks);
-  app.add_option("--stream-ring-bytes", cfg.stream_ring_bytes,
-                 "bytes of task event bodies kept per coordinator for replay (at least 1024)")
-      ->capture_default_str()
-      ->check(CLI::Range(std::size_t{1024}, std::size_t{1} << 40U))
-      ->group(tasks);
-  auto* window =
-      app.add_option("--stream-window", cfg.stream_window,
-                     "most task events in flight, not yet acknowledged, to a coordinator that "
-                     "acknowledges; 1 to half of --stream-ring (default: 1024, or half the ring "
-                     "when that is smaller)")
-          ->check(CLI::Range(std::size_t{1}, std::size_t{50'000'000}))
-          ->group(tasks);
-  app.add_option("--coordinator-grace", cfg.coordinator_grace_ms,
-                 "ms the tasks and stream of a coordinator that vanished (expired, not said "
-                 "DISCONNECT) are kept for a new process with its id to adopt (0 = cancel them "
-                 "at once)")
-      ->capture_default_str()
-      ->check(CLI::Range(0U, day_ms))
-      ->group(tasks);
-  const auto* durability = "Durability";
-  app.add_option("--journal", cfg.journal_path,
-                 "file where the broker records the tasks, policies and stream positions it "
-                 "accepted; started on the same file after a crash, it takes them up again "
-                 "(default: none, everything is lost with the process)")
-      ->group(durability);
-  std::string fsync = std::string(to_string(cfg.journal_fsync));
-  app.add_option("--journal-fsync", fsync,
-                 "when journal writes are forced to disk: always (each one), batch (every 100 "
-                 "ms) or none (a broker crash loses nothing, a machine crash may)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"always", "batch", "none"}))
-      ->group(durability);
-  const auto* security = "Security and limits";
-  app.add_option("--curve-key", cfg.curve_key_path,
-                 "the broker's CURVE key pair (a .key file from keygen): both sockets encrypt, "
-                 "and only keys in --allowlist get in (default: plain, no CURVE)")
-      ->group(security);
-  app.add_option("--allowlist", cfg.allowlist_path,
-                 "TOML file of the public keys let in, each with its roles and optional id "
-                 "patterns; required with --curve-key; reloaded on SIGHUP or when it changes")
-      ->group(security);
-  app.add_flag("--insecure", cfg.insecure,
-               "allow binding an address other machines can reach without CURVE (anyone who "
-               "reaches it can join as any peer)")
-      ->group(security);
-  app.add_option("--max-connections", cfg.max_connections,
-                 "most connections at once on both sockets; more are refused at the handshake")
-      ->capture_default_str()
-      ->check(CLI::Range(std::size_t{1}, std::size_t{10'000'000}))
-      ->group(security);
-  app.add_option("--max-connections-per-address", cfg.max_connections_per_address,
-                 "most connections at once from one source address")
-      ->capture_default_str()
-      ->check(CLI::Range(std::size_t{1}, std::size_t{10'000'000}))
-      ->group(security);
-  app.add_option("--handshake-timeout", cfg.handshake_timeout_ms,
-                 "ms a new connection has to finish the ZeroMQ handshake before it is dropped")
-      ->capture_default_str()
-      ->check(CLI::Range(100U, day_ms))
-      ->group(security);
-  app.add_option("--max-collectors", cfg.max_collectors,
-                 "most collector sessions at once; more HELLOs get BUSY")
-      ->capture_default_str()
-      ->check(CLI::Range(std::size_t{1}, std::size_t{10'000'000}))
-      ->group(security);
-  app.add_option("--max-learners", cfg.max_learners,
-                 "most learner sessions at once; more HELLOs get BUSY")
-      ->capture_default_str()
-      ->check(CLI::Range(std::size_t{1}, std::size_t{10'000'000}))
-      ->group(security);
-  app.add_option("--max-coordinators", cfg.max_coordinators,
-                 "most coordinator sessions at once; more HELLOs get BUSY")
-      ->capture_default_str()
-      ->check(CLI::Range(std::size_t{1}, std::size_t{10'000'000}))
-      ->group(security);
-  app.add_option("--max-tasks-per-coordinator", cfg.max_tasks_per_coordinator,
-                 "most live tasks (queued or running) of one coordinator; a SUBMIT past it is "
-                 "refused (416 TOO_MANY_TASKS)")
-      ->capture_default_str()
-      ->check(CLI::Range(std::size_t{1}, std::size_t{100'000'000}))
-      ->group(security);
+      "Every setting is a flag, an environment variable (RLBUS_BROKER_...) or a key of a TOML\n"
+      "file (--config), strongest first; --print-config shows what is in effect.\n"
+      "Times are in milliseconds. `rlbus-broker keygen STEM` makes a CURVE key pair.\n"
+      "Exit status: 0 stopped cleanly, 1 cannot start (endpoint in use, journal), 2 bad\n"
+      "flags, configuration or config file."};
+  app.get_formatter()->column_width(40);
+  std::string config_path;
+  app.add_option("--config", config_path,
+                 "TOML file of settings (see --print-config); flags and the environment win")
+      ->envname("RLBUS_BROKER_CONFIG");
+  bool print_config = false;
+  app.add_flag("--print-config", print_config,
+               "print the configuration in effect (defaults, file, environment, flags) as a "
+               "TOML file and exit");
+  bool print_reference = false;
+  app.add_flag("--print-reference", print_reference,
+               "print the reference page of every setting (Markdown) and exit");
+  const auto options = add_settings(app, cfg);
   std::string keygen_stem;
   auto* keygen_cmd = app.add_subcommand(
       "keygen",
@@ -276,9 +154,6 @@ int main(int argc, char** argv) {
       "overwritten) and STEM.pub (public key, for allowlists and peers), then exit");
   keygen_cmd->add_option("stem", keygen_stem, "path without extension, e.g. keys/broker")
       ->required();
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -288,12 +163,38 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (keygen_cmd->parsed()) return keygen(keygen_stem);
-  // The window's default follows a small ring, so every ring size the flag allows works
-  // without naming a window as well.
-  if (window->count() == 0) cfg.stream_window = std::min<std::size_t>(1024, cfg.stream_ring / 2);
-  cfg.journal_fsync = *rlbus::broker::parse_fsync_policy(fsync);  // checked by the flag
+  if (print_reference) {
+    std::fputs(rlbus::broker::reference_markdown().c_str(), stdout);
+    return 0;
+  }
+  std::set<std::string> given;  // by a flag or the environment
+  for (const auto& [s, opt] : options)
+    if (opt->count() > 0) given.insert(s->key());
+  if (!config_path.empty()) {
+    try {
+      const auto from_file = rlbus::broker::load_config_file(config_path, cfg, given);
+      given.insert(from_file.begin(), from_file.end());
+    } catch (const rlbus::broker::config_file_error& e) {
+      std::fprintf(stderr, "rlbus-broker: %s\n", e.what());
+      return 2;
+    }
+  }
+  // The window's default follows a small ring, so every ring size allowed works without
+  // naming a window as well.
+  if (given.count("tasks.stream-window") == 0)
+    cfg.stream_window = std::min<std::size_t>(1024, cfg.stream_ring / 2);
+  if (print_config) {
+    try {
+      cfg.validate();
+    } catch (const std::invalid_argument& e) {
+      std::fprintf(stderr, "rlbus-broker: bad configuration: %s\n", e.what());
+      return 2;
+    }
+    std::fputs(rlbus::broker::to_toml(cfg).c_str(), stdout);
+    return 0;
+  }
 
-  spdlog::set_level(spdlog::level::from_str(log_level));
+  spdlog::set_level(spdlog::level::from_str(cfg.log_level));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
   signal_thread signals;  // first: every thread made later inherits the blocked signals
   try {

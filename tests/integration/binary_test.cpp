@@ -5,7 +5,11 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "rlbus/worker.hpp"
@@ -336,4 +340,110 @@ TEST_CASE("a second SIGINT during the drain stops the binary at once", "[binary]
   INFO(broker.output());
   REQUIRE(status);
   CHECK(*status == 0);
+}
+
+namespace {
+
+// An environment variable for the children started while it lives.
+struct env_var {
+  std::string name;
+  env_var(std::string n, const std::string& value) : name(std::move(n)) {
+    ::setenv(name.c_str(), value.c_str(), 1);
+  }
+  ~env_var() { ::unsetenv(name.c_str()); }
+  env_var(const env_var&) = delete;
+  env_var& operator=(const env_var&) = delete;
+};
+
+// A file in a fresh directory, removed with it.
+struct temp_file {
+  std::filesystem::path dir;
+  std::string path;
+  explicit temp_file(const std::string& text, const std::string& name = "broker.toml") {
+    char pattern[] = "/tmp/rlbus-binary-XXXXXX";
+    REQUIRE(::mkdtemp(pattern) != nullptr);
+    dir = pattern;
+    path = (dir / name).string();
+    std::ofstream(path) << text;
+  }
+  ~temp_file() { std::filesystem::remove_all(dir); }
+  temp_file(const temp_file&) = delete;
+  temp_file& operator=(const temp_file&) = delete;
+};
+
+// What --print-config says with `args`: exit 0 and the TOML text.
+std::string printed_config(std::vector<std::string> args) {
+  args.emplace_back("--print-config");
+  const auto [status, out] = run_to_end(broker_bin(), args);
+  INFO(out);
+  REQUIRE(status == 0);
+  return out;
+}
+
+}  // namespace
+
+// A setting comes from, strongest first: its flag, its RLBUS_BROKER_ variable, the config
+// file, the default; --print-config shows which won.
+TEST_CASE("flags beat the environment, which beats the config file", "[binary]") {
+  temp_file file("liveness = 4\n[tasks]\nmax-queue = 42\nstep-timeout = 1500\nmax-attempts = 9\n");
+  const env_var queue("RLBUS_BROKER_MAX_QUEUE", "55");
+  const env_var attempts("RLBUS_BROKER_MAX_ATTEMPTS", "7");
+  const auto out = printed_config({"--config", file.path, "--max-attempts", "8"});
+  CHECK_THAT(out, Catch::Contains("\nliveness = 4\n"));           // the file
+  CHECK_THAT(out, Catch::Contains("\nstep-timeout = 1500\n"));    // the file
+  CHECK_THAT(out, Catch::Contains("\nmax-queue = 55\n"));         // the environment over the file
+  CHECK_THAT(out, Catch::Contains("\nmax-attempts = 8\n"));       // the flag over both
+  CHECK_THAT(out, Catch::Contains("\nclose-timeout = 30000\n"));  // nobody: the default
+  // The file's name may come from the environment too.
+  const env_var config("RLBUS_BROKER_CONFIG", file.path);
+  CHECK_THAT(printed_config({}), Catch::Contains("\nliveness = 4\n"));
+}
+
+TEST_CASE("--print-config prints a config file that gives the same configuration", "[binary]") {
+  const auto first = printed_config({"--router", "tcp://127.0.0.1:7300", "--journal-fsync",
+                                     "always", "--stream-ring", "64", "--insecure"});
+  CHECK_THAT(first, Catch::Contains("stream-window = 32"));  // the window followed the ring
+  temp_file file(first);
+  CHECK(printed_config({"--config", file.path}) == first);
+}
+
+TEST_CASE("a config file that cannot be used stops the broker with exit 2, saying why",
+          "[binary]") {
+  const std::vector<std::pair<std::string, std::string>> bad{
+      {"[tasks]\nmax-queue = 0\n", "line 2: tasks.max-queue = 0: 0 is outside"},
+      {"[tasks]\nmax-qeue = 3\n", "tasks.max-qeue = 3: unknown key"},
+      {"max-attempts = 3\n", "did you mean tasks.max-attempts?"},
+      {"router = 7\n", "router = 7: expected a string"},
+      {"[tasks\n", "line 1"},
+      // Checked as a whole as well: the window against the ring.
+      {"[tasks]\nstream-ring = 16\nstream-window = 9\n", "1..8"}};
+  for (const auto& [text, why] : bad) {
+    INFO(text);
+    temp_file file(text);
+    const auto [status, out] = run_to_end(broker_bin(), {"--config", file.path});
+    CHECK(status == 2);
+    CHECK_THAT(out, Catch::Contains(why));
+  }
+  const auto [status, out] = run_to_end(broker_bin(), {"--config", "/nonexistent/broker.toml"});
+  CHECK(status == 2);
+  CHECK_THAT(out, Catch::Contains("/nonexistent/broker.toml"));
+  // A bad value in the environment is refused like a bad flag, naming it.
+  const env_var queue("RLBUS_BROKER_MAX_QUEUE", "lots");
+  const auto [env_status, env_out] = run_to_end(broker_bin(), {"--print-config"});
+  CHECK(env_status == 2);
+  CHECK_THAT(env_out, Catch::Contains("--max-queue"));
+  CHECK_THAT(env_out, Catch::Contains("lots"));
+}
+
+// docs/configuration.md is the binary's own reference page: it cannot drift from the code.
+TEST_CASE("the configuration reference in docs/ is what the binary prints", "[binary]") {
+  const auto [status, out] = run_to_end(broker_bin(), {"--print-reference"});
+  REQUIRE(status == 0);
+  const char* protocol = std::getenv("RLBUS_PROTOCOL_DIR");
+  REQUIRE(protocol != nullptr);
+  std::ifstream in(std::filesystem::path(protocol).parent_path() / "docs" / "configuration.md");
+  REQUIRE(in.good());
+  const std::string page((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  INFO("regenerate it: build/src/rlbus-broker --print-reference > docs/configuration.md");
+  CHECK(page == out);
 }

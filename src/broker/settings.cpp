@@ -1,0 +1,466 @@
+// See settings.hpp. The table below is the only list of the broker's settings.
+#include "broker/settings.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <limits>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+namespace rlbus::broker {
+
+namespace {
+
+constexpr std::uint64_t day_ms = 86'400'000;  // the longest time any setting may name
+constexpr std::uint64_t ten_million = 10'000'000;
+constexpr std::uint64_t hundred_million = 100'000'000;
+
+std::vector<setting> make_table() {
+  using c = config;
+  const std::vector<std::string_view> any;
+  return {
+      // ---- the top level: endpoints and sessions ----
+      {"", "router",
+       "ROUTER endpoint where workers and coordinators connect (tcp://HOST:PORT, "
+       "ipc://PATH; port 0 or * = any free port)",
+       &c::router_endpoint, 1},
+      {"", "events", "PUB endpoint where events are published", &c::events_endpoint, 1},
+      {"", "liveness", "a peer silent for liveness x its heartbeat interval is expired",
+       &c::liveness, 1, 1000},
+      {"", "heartbeat-min",
+       "smallest heartbeat interval a peer may use; faster requests are "
+       "clamped",
+       &c::heartbeat_min_ms, 10, 600'000, any, "ms"},
+      {"", "heartbeat-max", "largest heartbeat interval a peer may use", &c::heartbeat_max_ms, 10,
+       600'000, any, "ms"},
+      {"", "status-interval", "period of the broker.heartbeat event", &c::status_interval_ms, 10,
+       day_ms, any, "ms"},
+      {"", "max-message", "largest inbound frame; a peer sending more is disconnected",
+       &c::max_message, 1024, std::uint64_t{1} << 32U, any, "bytes"},
+      {"", "max-peers", "most sessions at once; more HELLOs get BUSY", &c::max_peers, 1,
+       ten_million},
+      {"", "max-faults", "bad messages a peer may send before it is disconnected", &c::max_faults,
+       1, 1'000'000},
+      {"", "shutdown-linger", "time to let the final DISCONNECTs leave at shutdown",
+       &c::shutdown_linger_ms, 0, day_ms, any, "ms"},
+      {"", "drain-ms",
+       "on the first SIGINT/SIGTERM, time that running tasks get to end on their "
+       "own before they are aborted (0 = stop at once)",
+       &c::drain_ms, 0, day_ms, any, "ms"},
+      // ---- tasks ----
+      {"tasks", "max-queue",
+       "most tasks waiting for a worker; a SUBMIT past it is refused (412 "
+       "QUEUE_FULL)",
+       &c::max_queue, 1, hundred_million},
+      {"tasks", "start-timeout", "time a worker has to answer TASK_START with STARTED",
+       &c::start_timeout_ms, 1, day_ms, any, "ms"},
+      {"tasks", "step-timeout",
+       "longest time a running task may go without progress from its "
+       "worker",
+       &c::step_timeout_ms, 1, day_ms, any, "ms"},
+      {"tasks", "close-timeout", "time a worker has to answer TASK_CLOSE with its RESULT",
+       &c::close_timeout_ms, 1, day_ms, any, "ms"},
+      {"tasks", "task-timeout", "longest time one attempt of a task may take, start to result",
+       &c::task_timeout_ms, 1, day_ms, any, "ms"},
+      {"tasks", "max-attempts",
+       "attempts a task gets before it fails (a lost worker or a timeout "
+       "ends one)",
+       &c::max_attempts, 1, 1000},
+      {"tasks", "queue-timeout-ms",
+       "time a task may wait in the queue for a worker, each time it "
+       "is queued, before it fails, when its SUBMIT does not say (0 = as long as it takes)",
+       &c::queue_timeout_ms, 0, day_ms, any, "ms"},
+      {"tasks", "quarantine-after",
+       "attempts in a row a worker may end badly (failed, timed out, "
+       "gone while holding one) before it gets no task for a while (0 = never)",
+       &c::quarantine_after, 0, 1000},
+      {"tasks", "quarantine-ms",
+       "time a quarantined worker gets no task; doubled for each "
+       "further quarantine in a row, up to 8 times",
+       &c::quarantine_ms, 1, day_ms, any, "ms"},
+      {"tasks", "no-data-retry",
+       "time a learner is told to wait (NO_DATA) before asking its "
+       "coordinator again",
+       &c::no_data_retry_ms, 0, day_ms, any, "ms"},
+      {"tasks", "stream-ring", "task events kept per coordinator for replay", &c::stream_ring, 16,
+       hundred_million},
+      {"tasks", "stream-ring-bytes", "bytes of task event bodies kept per coordinator for replay",
+       &c::stream_ring_bytes, 1024, std::uint64_t{1} << 40U, any, "bytes"},
+      {"tasks", "stream-window",
+       "most task events in flight, not yet acknowledged, to a "
+       "coordinator that acknowledges; 1 to half of stream-ring (unset: 1024, or half the ring "
+       "when that is smaller)",
+       &c::stream_window, 1, 50'000'000},
+      {"tasks", "coordinator-grace",
+       "time the tasks and stream of a coordinator that vanished "
+       "(expired, not said DISCONNECT) are kept for a new process with its id to adopt (0 = "
+       "cancel them at once)",
+       &c::coordinator_grace_ms, 0, day_ms, any, "ms"},
+      // ---- durability ----
+      {"durability", "journal",
+       "file where the broker records the tasks, policies and stream "
+       "positions it accepted; started on the same file after a crash, it takes them up again "
+       "(empty: no journal, everything is lost with the process)",
+       &c::journal_path},
+      {"durability",
+       "journal-fsync",
+       "when journal writes are forced to disk: always (each "
+       "one), batch (every 100 ms) or none (a broker crash loses nothing, a machine crash may)",
+       &c::journal_fsync,
+       0,
+       0,
+       {"always", "batch", "none"}},
+      {"durability", "journal-compact-bytes",
+       "the journal is rewritten as a snapshot when it "
+       "grows past this (or twice its last compacted size)",
+       &c::journal_compact_bytes, 4096, std::uint64_t{1} << 40U, any, "bytes"},
+      // ---- policies ----
+      {"policies", "policy-max-ids", "most policy ids the broker keeps a latest version of",
+       &c::policy_max_ids, 1, 1'000'000},
+      {"policies", "policy-max-bytes",
+       "largest inline params of one policy version (a reference "
+       "has no such bound)",
+       &c::policy_max_bytes, 0, 1024 * 1024, any, "bytes"},
+      // ---- security and limits ----
+      {"security", "curve-key",
+       "the broker's CURVE key pair (a .key file from keygen): both "
+       "sockets encrypt, and only keys in allowlist get in (empty: plain, no CURVE)",
+       &c::curve_key_path},
+      {"security", "allowlist",
+       "TOML file of the public keys let in, each with its roles and "
+       "optional id patterns; required with curve-key; reloaded on SIGHUP or when it changes",
+       &c::allowlist_path},
+      {"security", "insecure",
+       "allow binding an address other machines can reach without CURVE "
+       "(anyone who reaches it can join as any peer)",
+       &c::insecure},
+      {"security", "max-connections",
+       "most connections at once on both sockets; more are "
+       "refused at the handshake",
+       &c::max_connections, 1, ten_million},
+      {"security", "max-connections-per-address",
+       "most connections at once from one source "
+       "address",
+       &c::max_connections_per_address, 1, ten_million},
+      {"security", "handshake-timeout",
+       "time a new connection has to finish the ZeroMQ "
+       "handshake before it is dropped",
+       &c::handshake_timeout_ms, 100, day_ms, any, "ms"},
+      {"security", "max-collectors", "most collector sessions at once; more HELLOs get BUSY",
+       &c::max_collectors, 1, ten_million},
+      {"security", "max-learners", "most learner sessions at once; more HELLOs get BUSY",
+       &c::max_learners, 1, ten_million},
+      {"security", "max-coordinators", "most coordinator sessions at once; more HELLOs get BUSY",
+       &c::max_coordinators, 1, ten_million},
+      {"security", "max-tasks-per-coordinator",
+       "most live tasks (queued or running) of one "
+       "coordinator; a SUBMIT past it is refused (416 TOO_MANY_TASKS)",
+       &c::max_tasks_per_coordinator, 1, hundred_million},
+      // ---- logging ----
+      {"log",
+       "log-level",
+       "least severe log lines written",
+       &c::log_level,
+       0,
+       0,
+       {"trace", "debug", "info", "warn", "error", "critical", "off"}},
+  };
+}
+
+template <class T>
+constexpr bool is_number = std::is_same_v<T, std::uint32_t> || std::is_same_v<T, std::size_t>;
+
+std::string range_text(const setting& s) {
+  return fmt::format("{}..{}", s.min, s.max);
+}
+
+std::string words_text(const std::vector<std::string_view>& words) {
+  std::string out;
+  for (std::size_t i = 0; i < words.size(); ++i) {
+    if (i > 0) out += i + 1 == words.size() ? " or " : ", ";
+    out += words[i];
+  }
+  return out;
+}
+
+// Why a number cannot be this setting's value ("" when it can).
+std::string number_fault(const setting& s, std::uint64_t v) {
+  if (v < s.min || v > s.max) return fmt::format("{} is outside {}", v, range_text(s));
+  return {};
+}
+
+std::string word_fault(const setting& s, std::string_view v) {
+  if (s.words.empty() || std::find(s.words.begin(), s.words.end(), v) != s.words.end()) return {};
+  return fmt::format("'{}' is not one of {}", v, words_text(s.words));
+}
+
+}  // namespace
+
+std::string setting::key() const {
+  return section.empty() ? std::string(name) : fmt::format("{}.{}", section, name);
+}
+
+std::string setting::flag() const {
+  return fmt::format("--{}", name);
+}
+
+std::string setting::env() const {
+  std::string out = "RLBUS_BROKER_";
+  for (const char ch : name)
+    out.push_back(ch == '-' ? '_'
+                            : static_cast<char>(std::toupper(static_cast<unsigned char>(ch))));
+  return out;
+}
+
+std::string setting::text(const config& cfg) const {
+  return std::visit(
+      [&](auto member) -> std::string {
+        const auto& v = cfg.*member;
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          return v ? "true" : "false";
+        } else if constexpr (std::is_same_v<T, fsync_policy>) {
+          return std::string(to_string(v));
+        } else if constexpr (is_number<T>) {
+          return std::to_string(v);
+        } else {
+          return v;
+        }
+      },
+      where);
+}
+
+std::string setting::assign(config& cfg, std::string_view text) const {
+  return std::visit(
+      [&](auto member) -> std::string {
+        auto& v = cfg.*member;
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          if (text == "true" || text == "1") {
+            v = true;
+          } else if (text == "false" || text == "0") {
+            v = false;
+          } else {
+            return fmt::format("'{}' is not true or false", text);
+          }
+          return {};
+        } else if constexpr (std::is_same_v<T, fsync_policy>) {
+          if (auto why = word_fault(*this, text); !why.empty()) return why;
+          v = *parse_fsync_policy(text);
+          return {};
+        } else if constexpr (is_number<T>) {
+          std::uint64_t n = 0;
+          const auto* end = text.data() + text.size();
+          const auto [at, ec] = std::from_chars(text.data(), end, n);
+          if (text.empty() || ec != std::errc{} || at != end)
+            return fmt::format("'{}' is not a whole number in {}", text, range_text(*this));
+          if (auto why = number_fault(*this, n); !why.empty()) return why;
+          v = static_cast<T>(n);
+          return {};
+        } else {
+          if (min > 0 && text.empty()) return "must not be empty";
+          if (auto why = word_fault(*this, text); !why.empty()) return why;
+          v = std::string(text);
+          return {};
+        }
+      },
+      where);
+}
+
+std::string setting::check(const config& cfg) const {
+  return std::visit(
+      [&](auto member) -> std::string {
+        const auto& v = cfg.*member;
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (is_number<T>) {
+          return number_fault(*this, v);
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          if (min > 0 && v.empty()) return "must not be empty";
+          return word_fault(*this, v);
+        } else {
+          return {};
+        }
+      },
+      where);
+}
+
+const std::vector<setting>& settings() {
+  static const std::vector<setting> table = make_table();
+  return table;
+}
+
+const setting* find_setting(std::string_view key_or_name) {
+  for (const auto& s : settings())
+    if (s.key() == key_or_name || s.name == key_or_name) return &s;
+  return nullptr;
+}
+
+std::set<std::string> load_config_file(const std::string& path, config& cfg,
+                                       const std::set<std::string>& keep) {
+  toml::table doc;
+  try {
+    doc = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    const auto& at = e.source().begin;
+    throw config_file_error(
+        at.line == 0 ? fmt::format("config file {}: {}", path, e.description())
+                     : fmt::format("config file {}: line {}: {}", path, at.line, e.description()));
+  }
+  const auto fail = [&](const std::string& key, const toml::node& value, std::string_view why) {
+    std::ostringstream shown;
+    value.visit([&](const auto& v) { shown << v; });
+    const auto line = value.source().begin.line;
+    throw config_file_error(
+        fmt::format("config file {}: line {}: {} = {}: {}", path, line, key, shown.str(), why));
+  };
+  std::set<std::string> set;
+  const auto read_one = [&](std::string_view section, std::string_view name,
+                            const toml::node& node) {
+    const auto key = section.empty() ? std::string(name) : fmt::format("{}.{}", section, name);
+    const setting* s = nullptr;
+    for (const auto& candidate : settings())
+      if (candidate.section == section && candidate.name == name) s = &candidate;
+    if (s == nullptr) {
+      const auto* elsewhere = find_setting(name);
+      fail(key, node,
+           elsewhere != nullptr ? fmt::format("unknown key; did you mean {}?", elsewhere->key())
+                                : std::string("unknown key"));
+    }
+    if (keep.count(s->key()) != 0) return;  // a flag or the environment gave it
+    std::string why;
+    std::visit(
+        [&](auto member) {
+          using T = std::decay_t<decltype(cfg.*member)>;
+          if constexpr (std::is_same_v<T, bool>) {
+            if (!node.is_boolean()) return void(why = "expected true or false");
+            cfg.*member = node.as_boolean()->get();
+          } else if constexpr (is_number<T>) {
+            if (!node.is_integer())
+              return void(why = "expected a whole number in " + range_text(*s));
+            const auto n = node.as_integer()->get();
+            if (n < 0) return void(why = fmt::format("{} is outside {}", n, range_text(*s)));
+            why = s->assign(cfg, std::to_string(n));
+          } else {
+            if (!node.is_string()) return void(why = "expected a string");
+            why = s->assign(cfg, node.as_string()->get());
+          }
+        },
+        s->where);
+    if (!why.empty()) fail(key, node, why);
+    set.insert(s->key());
+  };
+  std::set<std::string_view> sections;
+  for (const auto& s : settings())
+    if (!s.section.empty()) sections.insert(s.section);
+  for (const auto& [k, node] : doc) {
+    if (sections.count(k.str()) == 0) {
+      read_one("", k.str(), node);
+      continue;
+    }
+    const auto* table = node.as_table();
+    if (table == nullptr) fail(std::string(k.str()), node, "expected a table of settings");
+    for (const auto& [name, value] : *table) read_one(k.str(), name.str(), value);
+  }
+  return set;
+}
+
+namespace {
+
+// A comment of `text` wrapped at 92 columns, each line starting "# ".
+std::string comment(std::string_view text) {
+  std::string out, line = "#";
+  std::istringstream words{std::string(text)};
+  for (std::string w; words >> w;) {
+    if (line.size() + 1 + w.size() > 92) {
+      out += line + "\n";
+      line = "#";
+    }
+    line += " " + w;
+  }
+  return out + line + "\n";
+}
+
+std::string toml_value(const setting& s, const config& cfg) {
+  return std::visit(
+      [&](auto member) -> std::string {
+        using T = std::decay_t<decltype(cfg.*member)>;
+        if constexpr (std::is_same_v<T, bool> || is_number<T>) {
+          return s.text(cfg);
+        } else {
+          std::ostringstream out;
+          out << toml::value<std::string>(s.text(cfg));  // quoted and escaped as TOML says
+          return out.str();
+        }
+      },
+      s.where);
+}
+
+std::string bounds(const setting& s) {
+  if (!s.words.empty()) return "one of " + words_text(s.words);
+  return std::visit(
+      [&](auto member) -> std::string {
+        using T = std::decay_t<decltype(config{}.*member)>;
+        if constexpr (is_number<T>)
+          return s.unit.empty() ? range_text(s) : fmt::format("{} {}", range_text(s), s.unit);
+        else if constexpr (std::is_same_v<T, bool>)
+          return "true or false";
+        else
+          return s.min > 0 ? "text, not empty" : "text";
+      },
+      s.where);
+}
+
+}  // namespace
+
+std::string to_toml(const config& cfg) {
+  std::string out =
+      "# rlbus-broker configuration (rlbus-broker --print-config): every setting with the value\n"
+      "# in effect. Give it back with --config FILE; flags and RLBUS_BROKER_* variables win.\n";
+  std::string_view section = "-";
+  for (const auto& s : settings()) {
+    if (s.section != section) {
+      section = s.section;
+      if (!section.empty()) out += fmt::format("\n[{}]\n", section);
+    }
+    out += "\n" + comment(fmt::format("{} ({})", s.help, bounds(s)));
+    out += fmt::format("{} = {}\n", s.name, toml_value(s, cfg));
+  }
+  return out;
+}
+
+std::string reference_markdown() {
+  const config defaults;
+  std::string out =
+      "# rlbus-broker configuration reference\n\n"
+      "Generated by `rlbus-broker --print-reference` from the broker's table of settings; a\n"
+      "test fails when this page and the binary differ.\n\n"
+      "Every setting can be given three ways. Strongest first:\n\n"
+      "1. a flag, `--NAME VALUE` (`--insecure` takes no value);\n"
+      "2. an environment variable, `RLBUS_BROKER_NAME` (upper case, `-` as `_`);\n"
+      "3. a TOML file named by `--config FILE` (or `RLBUS_BROKER_CONFIG`), where a setting is\n"
+      "   the key NAME in its section's table, or at the top level when it has no section.\n\n"
+      "What is not given anywhere keeps its default. `rlbus-broker --print-config` prints the\n"
+      "configuration in effect as such a file. A file that cannot be used stops the broker\n"
+      "before it binds anything (exit 2), naming the file, the line, the key, the value and\n"
+      "why. Times are in milliseconds.\n";
+  std::string_view section = "-";
+  for (const auto& s : settings()) {
+    if (s.section != section) {
+      section = s.section;
+      out += section.empty() ? std::string("\n## Top level\n\n")
+                             : fmt::format("\n## [{}]\n\n", section);
+      out += "| key | flag | environment | default | values | meaning |\n";
+      out += "|---|---|---|---|---|---|\n";
+    }
+    const auto shown = s.text(defaults);
+    out += fmt::format("| `{}` | `{}` | `{}` | {} | {} | {} |\n", s.key(), s.flag(), s.env(),
+                       shown.empty() ? std::string("(empty)") : fmt::format("`{}`", shown),
+                       bounds(s), s.help);
+  }
+  return out;
+}
+
+}  // namespace rlbus::broker
