@@ -113,7 +113,10 @@ struct config {
   /// Largest inline params of one version (a reference has no such bound).
   std::size_t policy_max_bytes = std::size_t{512} * 1024;
 
-  // ---- logging (the binary's) ----
+  // ---- the binary's own: its HTTP endpoint and its log ----
+  /// The HTTP endpoint (/metrics, /healthz, /readyz): its port (0: none) and address.
+  std::uint32_t metrics_port = 0;
+  std::string metrics_address = "127.0.0.1";
   /// trace, debug, info, warn, error, critical or off.
   std::string log_level = "info";
 

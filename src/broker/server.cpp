@@ -113,6 +113,12 @@ void server::request_stop() noexcept {
 stats server::snapshot() const {
   const auto& c = counters_;
   stats s;
+  for (std::size_t i = 0; i < s.received_by_type.size(); ++i) {
+    s.received_by_type[i] = c.received_by_type[i].load(std::memory_order_relaxed);
+    s.sent_by_type[i] = c.sent_by_type[i].load(std::memory_order_relaxed);
+  }
+  for (std::size_t i = 0; i < s.errors_by_code.size(); ++i)
+    s.errors_by_code[i] = c.errors_by_code[i].load(std::memory_order_relaxed);
   s.peers = c.peers.load();
   s.messages_in = c.messages_in.load();
   s.messages_out = c.messages_out.load();
@@ -314,6 +320,7 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
                  std::nullopt);
   }
   const auto header = codec::parse_header(view(frames[1]));
+  if (header) counters_.received_by_type[header->type].fetch_add(1, std::memory_order_relaxed);
   if (!header) {
     return fault(routing_id, p, codec::error_code::bad_frame,
                  "header frame must be 4 bytes: 'R' 'L' version type", std::nullopt);
@@ -551,6 +558,7 @@ void server::on_disconnect(const peer& p, const codec::disconnect& d) {
 void server::fault(std::string_view routing_id, peer* p, codec::error_code code, std::string reason,
                    std::optional<std::uint8_t> ref_type, bool strike) {
   counters_.faults.fetch_add(1, std::memory_order_relaxed);
+  count_error(code);
   if (reason.size() > codec::max_reason_length) reason.resize(codec::max_reason_length);
   const auto code_num = static_cast<std::uint16_t>(code);
   if (p == nullptr) {
@@ -580,9 +588,16 @@ void server::fault(std::string_view routing_id, peer* p, codec::error_code code,
   }
 }
 
+void server::count_error(codec::error_code code) {
+  const auto n = static_cast<unsigned>(code);
+  if (n >= 400 && n < 600)
+    counters_.errors_by_code[n - 400].fetch_add(1, std::memory_order_relaxed);
+}
+
 void server::refuse_hello(std::string_view routing_id, codec::error_code code, std::string reason) {
   counters_.refused_hellos.fetch_add(1, std::memory_order_relaxed);
   counters_.faults.fetch_add(1, std::memory_order_relaxed);
+  count_error(code);
   spdlog::warn("refused a HELLO: {} {}", static_cast<unsigned>(code), reason);
   (void)send(routing_id, codec::error{static_cast<std::uint16_t>(code), std::move(reason),
                                       static_cast<std::uint8_t>(codec::msg_type::hello)});
@@ -612,6 +627,7 @@ bool server::send_head(std::string_view routing_id, codec::msg_type type) {
   }
   const auto header = codec::make_header(type);
   router_.send(zmq::buffer(header), zmq::send_flags::sndmore);
+  counters_.sent_by_type[static_cast<std::uint8_t>(type)].fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 

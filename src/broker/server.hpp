@@ -16,6 +16,7 @@
 // stats() from any thread.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -94,6 +95,10 @@ struct stats {
   std::uint64_t allowlist_errors = 0;   // reloads refused: the old allowlist stayed
   std::uint64_t faults_unanswered = 0;  // bad messages of a sessionless connection past its
                                         // 256th: counted, no longer answered (SPEC §10.4)
+  // per message type (by its id) and per ERROR code (400..599, by code - 400)
+  std::array<std::uint64_t, 256> received_by_type{};
+  std::array<std::uint64_t, 256> sent_by_type{};
+  std::array<std::uint64_t, 200> errors_by_code{};
 };
 
 class server : private task_sink {
@@ -134,6 +139,8 @@ class server : private task_sink {
         refused_address{0}, refused_connections{0}, refused_unauthorized{0}, refused_role_limit{0},
         refused_task_limit{0}, revoked{0}, allowlist_reloads{0}, allowlist_errors{0}, unanswered{0};
     std::atomic<bool> draining{false};
+    std::array<std::atomic<std::uint64_t>, 256> received_by_type{}, sent_by_type{};
+    std::array<std::atomic<std::uint64_t>, 200> errors_by_code{};
   };
 
   // task_sink: how the task manager reaches peers and subscribers.
@@ -161,6 +168,7 @@ class server : private task_sink {
   void fault(std::string_view routing_id, peer* p, codec::error_code code, std::string reason,
              std::optional<std::uint8_t> ref_type, bool strike = true);
   void refuse_hello(std::string_view routing_id, codec::error_code code, std::string reason);
+  void count_error(codec::error_code code);
   void end_session(const peer& p, codec::error_code code, std::string reason, bool lost);
   bool send(std::string_view routing_id, const codec::message& m);
   /// What the task manager said of a task message: a refusal is answered and counted.

@@ -159,14 +159,25 @@ std::vector<setting> make_table() {
        "most live tasks (queued or running) of one "
        "coordinator; a SUBMIT past it is refused (416 TOO_MANY_TASKS)",
        &c::max_tasks_per_coordinator, 1, hundred_million},
+      // ---- metrics ----
+      {"metrics", "port",
+       "TCP port of the HTTP endpoint with /metrics (Prometheus), /healthz and /readyz (0 = no "
+       "endpoint)",
+       &c::metrics_port, 0, 65'535, any, "", "metrics-port"},
+      {"metrics", "address",
+       "address the HTTP endpoint listens on (a scraper on another machine needs 0.0.0.0 or "
+       "the host's address)",
+       &c::metrics_address, 1, 0, any, "", "metrics-address"},
       // ---- logging ----
       {"log",
-       "log-level",
+       "level",
        "least severe log lines written",
        &c::log_level,
        0,
        0,
-       {"trace", "debug", "info", "warn", "error", "critical", "off"}},
+       {"trace", "debug", "info", "warn", "error", "critical", "off"},
+       "",
+       "log-level"},
   };
 }
 
@@ -204,12 +215,12 @@ std::string setting::key() const {
 }
 
 std::string setting::flag() const {
-  return fmt::format("--{}", name);
+  return fmt::format("--{}", flag_name.empty() ? name : flag_name);
 }
 
 std::string setting::env() const {
   std::string out = "RLBUS_BROKER_";
-  for (const char ch : name)
+  for (const char ch : flag_name.empty() ? name : flag_name)
     out.push_back(ch == '-' ? '_'
                             : static_cast<char>(std::toupper(static_cast<unsigned char>(ch))));
   return out;
@@ -294,7 +305,9 @@ const std::vector<setting>& settings() {
 
 const setting* find_setting(std::string_view key_or_name) {
   for (const auto& s : settings())
-    if (s.key() == key_or_name || s.name == key_or_name) return &s;
+    if (s.key() == key_or_name || s.name == key_or_name ||
+        s.flag() == fmt::format("--{}", key_or_name))
+      return &s;
   return nullptr;
 }
 

@@ -21,7 +21,7 @@ namespace rlbus::broker {
 
 struct setting {
   std::string_view section;  // its table in the config file ("" : the top level)
-  std::string_view name;     // its key in that table, and its flag (--NAME)
+  std::string_view name;     // its key in that table, and its flag (--NAME) unless flag_name
   std::string_view help;
   using field = std::variant<std::string config::*, std::uint32_t config::*, std::size_t config::*,
                              bool config::*, fsync_policy config::*>;
@@ -30,11 +30,13 @@ struct setting {
                                         // means it must not be empty
   std::vector<std::string_view> words;  // text: the values allowed (empty: any)
   std::string_view unit;                // of a number, for people ("ms", "bytes", ...)
+  std::string_view flag_name;           // when the flag is not --NAME (--log-level)
 
   /// "section.name" (or just the name at the top level): how people and rlbus-ctl name it.
   [[nodiscard]] std::string key() const;
-  [[nodiscard]] std::string flag() const;  // --name
-  [[nodiscard]] std::string env() const;   // RLBUS_BROKER_NAME (dashes as underscores)
+  [[nodiscard]] std::string flag() const;  // --name (or --flag_name)
+  [[nodiscard]] std::string env() const;   // RLBUS_BROKER_ + the flag's name, upper case,
+                                           // dashes as underscores
   /// The value in `cfg`, as text (what a flag takes).
   [[nodiscard]] std::string text(const config& cfg) const;
   /// Sets the value from text (a flag, the environment): why it cannot be, or "" when set.
@@ -45,7 +47,8 @@ struct setting {
 
 /// Every setting, in the order of the reference page.
 const std::vector<setting>& settings();
-/// The setting with this key ("tasks.max-queue") or flag name ("max-queue"); nullptr if none.
+/// The setting with this key ("tasks.max-queue"), name in its table or flag name ("max-queue",
+/// "log-level"); nullptr if none.
 const setting* find_setting(std::string_view key_or_name);
 
 /// A config file that cannot be used: the message names the file, the key, the value and why.

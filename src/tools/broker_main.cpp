@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <exception>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <thread>
@@ -19,6 +20,7 @@
 #include <CLI/CLI.hpp>
 #include <zmq.hpp>
 
+#include "broker/http_endpoint.hpp"
 #include "broker/server.hpp"
 #include "broker/settings.hpp"
 #include "util/curve_keys.hpp"
@@ -84,10 +86,13 @@ int keygen(const std::string& stem) {
 std::vector<std::pair<const rlbus::broker::setting*, CLI::Option*>> add_settings(
     CLI::App& app, rlbus::broker::config& cfg) {
   const rlbus::broker::config defaults;
-  const std::map<std::string_view, std::string> groups{
-      {"", "Endpoints and sessions"},      {"tasks", "Tasks"},
-      {"durability", "Durability"},        {"policies", "Policies"},
-      {"security", "Security and limits"}, {"log", "Logging"}};
+  const std::map<std::string_view, std::string> groups{{"", "Endpoints and sessions"},
+                                                       {"tasks", "Tasks"},
+                                                       {"durability", "Durability"},
+                                                       {"policies", "Policies"},
+                                                       {"security", "Security and limits"},
+                                                       {"metrics", "Metrics"},
+                                                       {"log", "Logging"}};
   std::vector<std::pair<const rlbus::broker::setting*, CLI::Option*>> out;
   for (const auto& s : rlbus::broker::settings()) {
     const auto help = fmt::format("{} (config file: {})", s.help, s.key());
@@ -205,10 +210,16 @@ int main(int argc, char** argv) {
       signal_thread& s;
       ~stop_signals() { s.stop(); }
     } stop_first{signals};
+    // Metrics and probes on a port of their own, when asked for: serving from here on.
+    std::unique_ptr<rlbus::broker::http_endpoint> http;
+    if (cfg.metrics_port != 0)
+      http = std::make_unique<rlbus::broker::http_endpoint>(
+          cfg.metrics_address, cfg.metrics_port, [&server] { return server.snapshot(); });
     // One line for whoever started the broker to read the endpoints from (SPEC §1.4.1): a
     // port 0 or * is resolved to the one bound. Written once signals stop the broker cleanly.
-    std::printf("rlbus-broker listening router=%s events=%s\n", server.router_endpoint().c_str(),
-                server.events_endpoint().c_str());
+    std::printf("rlbus-broker listening router=%s events=%s%s%s\n",
+                server.router_endpoint().c_str(), server.events_endpoint().c_str(),
+                http ? " metrics=" : "", http ? http->url().c_str() : "");
     std::fflush(stdout);
     server.run();
     return 0;
@@ -220,6 +231,9 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const rlbus::broker::journal_error& e) {
     spdlog::critical("{}", e.what());
+    return 1;
+  } catch (const std::runtime_error& e) {  // the HTTP endpoint could not listen
+    spdlog::critical("cannot start: {}", e.what());
     return 1;
   }
 }

@@ -69,7 +69,7 @@ TEST_CASE("every setting has its own key, flag and environment variable", "[unit
   for (const char* key :
        {"router", "events", "tasks.step-timeout", "max-message", "heartbeat-min", "tasks.max-queue",
         "durability.journal", "durability.journal-fsync", "security.curve-key",
-        "security.allowlist", "security.max-connections", "log.log-level"})
+        "security.allowlist", "security.max-connections", "metrics.port", "log.level"})
     CHECK(keys.count(key) == 1);
 }
 

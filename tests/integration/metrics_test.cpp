@@ -1,0 +1,136 @@
+// The broker's HTTP endpoint: /healthz, /readyz (not ready while draining) and /metrics, a
+// Prometheus text exposition scraped from the real broker binary and parsed line by line.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include <httplib.h>
+
+#include "broker/http_endpoint.hpp"
+#include "rlbus/worker.hpp"
+#include "support/child.hpp"
+#include "support/support.hpp"
+
+using namespace rlbus;
+using namespace rlbus::test;
+
+namespace {
+
+// A TCP port nobody listens on at the moment of asking.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// The samples of an exposition, checked as they are read: each family has its HELP and TYPE
+// before its samples, each sample line is `name{label="value"} number` or `name number`.
+std::map<std::string, double> parse_exposition(const std::string& text) {
+  static const std::regex sample(R"(^([a-z_]+)(\{[a-z_]+="[^"]*"\})? ([0-9]+(\.[0-9]+)?)$)");
+  static const std::regex comment(R"(^# (HELP|TYPE) ([a-z_]+) (.+)$)");
+  std::map<std::string, double> out;
+  std::set<std::string> helped, typed;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    INFO(line);
+    std::smatch m;
+    if (std::regex_match(line, m, comment)) {
+      (m[1] == "HELP" ? helped : typed).insert(m[2]);
+      if (m[1] == "TYPE") CHECK((m[3] == "counter" || m[3] == "gauge"));
+      continue;
+    }
+    REQUIRE(std::regex_match(line, m, sample));
+    CHECK(helped.count(m[1]) == 1);
+    CHECK(typed.count(m[1]) == 1);
+    CHECK(out.emplace(m[1].str() + m[2].str(), std::stod(m[3])).second);  // no sample twice
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the HTTP endpoint answers health, readiness and metrics", "[binary][metrics]") {
+  std::atomic<bool> draining{false};
+  broker::http_endpoint http("127.0.0.1", 0, [&] {
+    broker::stats s;
+    s.draining = draining.load();
+    s.tasks_queued = 7;
+    return s;
+  });
+  httplib::Client client(http.url());
+  auto r = client.Get("/healthz");
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  r = client.Get("/readyz");
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  draining = true;  // a stop was asked for: no longer ready, still alive
+  r = client.Get("/readyz");
+  REQUIRE(r);
+  CHECK(r->status == 503);
+  CHECK(client.Get("/healthz")->status == 200);
+  r = client.Get("/metrics");
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  CHECK_THAT(r->get_header_value("Content-Type"), Catch::StartsWith("text/plain; version=0.0.4"));
+  const auto samples = parse_exposition(r->body);
+  CHECK(samples.at("rlbus_draining") == 1);
+  CHECK(samples.at("rlbus_queue_depth") == 7);
+  CHECK(samples.at("rlbus_tasks{state=\"queued\"}") == 7);
+  CHECK(client.Get("/nothing")->status == 404);
+}
+
+TEST_CASE("the broker binary's /metrics counts what it serves", "[binary][metrics]") {
+  const auto port = free_port();
+  child broker(binary_from_env("RLBUS_BROKER_BIN"),
+               {"--router", "tcp://127.0.0.1:0", "--events", "tcp://127.0.0.1:0", "--metrics-port",
+                std::to_string(port)});
+  const auto line = broker.wait_for_line("rlbus-broker listening", 10s);
+  INFO(broker.output());
+  REQUIRE(line);
+  const auto url = "http://127.0.0.1:" + std::to_string(port);
+  CHECK_THAT(*line, Catch::Contains("metrics=" + url));
+  const auto from = line->find("router=") + 7;
+  const auto router = line->substr(from, line->find(' ', from) - from);
+
+  worker_options o;
+  o.endpoint = router;
+  o.id = "collector-scraped";
+  worker w(o);
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+
+  httplib::Client client(url);
+  std::map<std::string, double> samples;
+  REQUIRE(wait_until([&] {
+    const auto r = client.Get("/metrics");
+    if (!r || r->status != 200) return false;
+    samples = parse_exposition(r->body);
+    return samples["rlbus_peers{role=\"collector\"}"] == 1;
+  }));
+  CHECK(samples.at("rlbus_messages_received_total{type=\"HELLO\"}") >= 1);
+  CHECK(samples.at("rlbus_messages_sent_total{type=\"WELCOME\"}") >= 1);
+  CHECK(samples.at("rlbus_peers{role=\"coordinator\"}") == 0);
+  CHECK(samples.at("rlbus_draining") == 0);
+  CHECK(client.Get("/readyz")->status == 200);
+  broker.signal(SIGTERM);
+  const auto code = broker.wait(10s);
+  REQUIRE(code);
+  CHECK(*code == 0);
+}
