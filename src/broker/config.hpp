@@ -119,6 +119,8 @@ struct config {
   std::string metrics_address = "127.0.0.1";
   /// trace, debug, info, warn, error, critical or off.
   std::string log_level = "info";
+  /// human (time, level, message) or json (one object per line, with the task and peers).
+  std::string log_format = "human";
 
   /// Throws std::invalid_argument naming the first setting that is out of range.
   void validate() const;

@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "codec/codec.hpp"
+#include "util/log.hpp"
 #include "util/poll.hpp"
 #include "util/random.hpp"
 #include "util/zmq_send.hpp"
@@ -18,6 +19,12 @@
 namespace rlbus::broker {
 
 namespace {
+
+// What a log line about a peer names (util/log.hpp): a coordinator or a worker.
+util::log_about about(std::string_view id, rlbus::role role) {
+  if (role == rlbus::role::coordinator) return {.coordinator = id};
+  return {.worker = id};
+}
 
 constexpr std::size_t max_frames = 3;    // routing id, header, body
 constexpr std::size_t max_batch = 1024;  // messages per poll wake-up before timers run
@@ -265,6 +272,7 @@ void server::run() {
     now = util::clock::now();
     if ((items[0].revents & ZMQ_POLLIN) != 0) drain_router(now);
     peers_.expire(now, [this](const peer& p) {
+      const util::log_scope log(about(p.id, p.role));
       counters_.expired.fetch_add(1, std::memory_order_relaxed);
       spdlog::warn("peer {} ({}) expired: silent for more than {} ms", p.id, to_string(p.role),
                    std::chrono::duration_cast<std::chrono::milliseconds>(p.window).count());
@@ -313,6 +321,7 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
   const std::string routing_id(view(frames[0]));
   peer* p = peers_.by_routing(routing_id);
   if (p != nullptr) p->last_seen = now;  // anything from a session's connection is a sign of life
+  const util::log_scope log(p == nullptr ? util::log_about{} : about(p->id, p->role));
   if (count != max_frames || overflow) {
     return fault(routing_id, p, codec::error_code::bad_frame,
                  fmt::format("expected 2 frames after the routing id (header, body), got {}",
@@ -396,6 +405,7 @@ std::optional<std::string> server::hello_forbidden(const codec::hello& h,
 
 void server::on_hello(const std::string& routing_id, peer* current, codec::hello&& h,
                       std::string key, util::time_point now) {
+  const util::log_scope log(about(h.id, h.role));
   // Draining (SPEC §8.3 rule 2): sessions that exist go on, new ones are refused.
   if ((draining_ || stop_requests_.load(std::memory_order_relaxed) > 0) && current == nullptr &&
       peers_.by_id(h.id) == nullptr)
@@ -606,6 +616,7 @@ void server::refuse_hello(std::string_view routing_id, codec::error_code code, s
 // Says DISCONNECT (best effort: the peer may be gone) and publishes *.lost or *.left.
 // The caller erases the session.
 void server::end_session(const peer& p, codec::error_code code, std::string reason, bool lost) {
+  const util::log_scope log(about(p.id, p.role));
   const auto code_num = static_cast<std::uint16_t>(code);
   (void)send(p.routing_id, codec::disconnect{code_num, reason});
   publish(topic_for(p.role, lost ? "lost" : "left"),

@@ -178,6 +178,16 @@ std::vector<setting> make_table() {
        {"trace", "debug", "info", "warn", "error", "critical", "off"},
        "",
        "log-level"},
+      {"log",
+       "format",
+       "human (time, level, message) or json (one object per line: ts, level, msg and, when the "
+       "line is about one, task, attempt, worker and coordinator)",
+       &c::log_format,
+       0,
+       0,
+       {"human", "json"},
+       "",
+       "log-format"},
   };
 }
 

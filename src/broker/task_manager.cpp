@@ -10,6 +10,7 @@
 
 #include "codec/codec.hpp"
 #include "codec/map_writer.hpp"
+#include "util/log.hpp"
 
 namespace rlbus::broker {
 
@@ -578,6 +579,8 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
   task* held = held_task(from, *task_id, attempt, why);
   if (held == nullptr) return why;
   task& t = *held;
+  const util::log_scope log(
+      {.task = t.id, .attempt = t.attempt, .worker = t.worker, .coordinator = t.owner});
   const auto wrong = [&](std::string_view what) {
     return wrong_state(t, what, !std::holds_alternative<codec::started>(m));
   };
@@ -808,6 +811,8 @@ void task_manager::start_attempt(task& t, worker_info& w, const std::string& wor
   ++t.generation;  // the queue timeout, if any, no longer applies
   t.scheduled.reset();
   set_deadline(t, now + t.start_timeout);
+  const util::log_scope log(
+      {.task = t.id, .attempt = t.attempt, .worker = t.worker, .coordinator = t.owner});
   spdlog::debug("task {} attempt {} -> {}", t.id, t.attempt, worker_id);
   codec::task_start start{t.id, t.attempt, t.kind, t.task_info};
   const stored_policy* p = t.policy_id ? policies_.latest(*t.policy_id) : nullptr;
@@ -863,6 +868,7 @@ void task_manager::ended_badly(const std::string& worker_id, rlbus::role role,
                                const std::string& reason, util::time_point now) {
   const auto q = quarantine_.failed(worker_id, now);
   if (!q) return;
+  const util::log_scope log({.worker = worker_id});
   spdlog::warn("worker {} quarantined for {} ms: {} attempts in a row ended badly, the last: {}",
                worker_id, q->length.count(), q->failures, reason);
   if (const auto w = workers_.find(worker_id); w != workers_.end())
@@ -876,6 +882,8 @@ void task_manager::ended_badly(const std::string& worker_id, rlbus::role role,
 // event still names the worker the attempt ran on.
 void task_manager::end_attempt(task& t, const std::string& reason, util::time_point now,
                                const codec::blob* result) {
+  const util::log_scope log(
+      {.task = t.id, .attempt = t.attempt, .worker = t.worker, .coordinator = t.owner});
   uncredit(t);
   t.request_id.reset();
   ++t.generation;  // no deadline while queued
@@ -914,6 +922,7 @@ void task_manager::on_timers(util::time_point now) {
       // No worker took it within its queue timeout: it fails like a task out of attempts,
       // naming the attempt that ended last (0: none) and no worker (§12.7.6).
       t.scheduled.reset();
+      const util::log_scope log({.task = t.id, .coordinator = t.owner});
       const auto reason = fmt::format("no worker took the task within queue_timeout_ms={}",
                                       t.queue_timeout.count());
       spdlog::warn("task {} failed: {}", t.id, reason);

@@ -24,6 +24,7 @@
 #include "broker/server.hpp"
 #include "broker/settings.hpp"
 #include "util/curve_keys.hpp"
+#include "util/log.hpp"
 
 namespace {
 
@@ -200,7 +201,7 @@ int main(int argc, char** argv) {
   }
 
   spdlog::set_level(spdlog::level::from_str(cfg.log_level));
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+  rlbus::util::set_log_format(cfg.log_format);
   signal_thread signals;  // first: every thread made later inherits the blocked signals
   try {
     zmq::context_t ctx(1);

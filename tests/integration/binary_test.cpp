@@ -8,10 +8,14 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "rlbus/coordinator.hpp"
 #include "rlbus/worker.hpp"
 #include "support/child.hpp"
 #include "support/support.hpp"
@@ -446,4 +450,55 @@ TEST_CASE("the configuration reference in docs/ is what the binary prints", "[bi
   const std::string page((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   INFO("regenerate it: build/src/rlbus-broker --print-reference > docs/configuration.md");
   CHECK(page == out);
+}
+
+// --log-format json: every line is one JSON object (ts, level, msg), and a line about a peer
+// or a task names it in fields of its own.
+TEST_CASE("JSON log lines name the task and the peers they are about", "[binary]") {
+  child broker(broker_bin(), {"--router", "tcp://127.0.0.1:0", "--events", "tcp://127.0.0.1:0",
+                              "--log-format", "json", "--log-level", "debug"});
+  const auto line = broker.wait_for_line("rlbus-broker listening", 10s);
+  INFO(broker.output());
+  REQUIRE(line);
+  const auto from = line->find("router=") + 7;
+  const auto router = line->substr(from, line->find(' ', from) - from);
+  {
+    coordinator_options co;
+    co.endpoint = router;
+    co.id = "coord-json";
+    coordinator coord(co, coordinator_callbacks{});
+    REQUIRE(coord.wait_for(connection_state::ready, 5s));
+    task_spec spec;
+    spec.task_id = "t-json";
+    spec.kind = role::learner;  // no learner here: it times out in the queue
+    spec.queue_timeout_ms = 50;
+    REQUIRE(coord.submit(spec));
+    REQUIRE(broker.wait_for_line("t-json failed", 10s));
+  }
+  broker.signal(SIGTERM);
+  REQUIRE(broker.wait(10s));
+  std::size_t lines = 0;
+  bool joined = false, failed = false;
+  std::istringstream out(broker.output());
+  for (std::string text; std::getline(out, text);) {
+    if (text.rfind("rlbus-broker listening", 0) == 0) continue;  // the one plain line
+    INFO(text);
+    const auto j = nlohmann::json::parse(text);  // throws: not JSON
+    ++lines;
+    CHECK(j.at("ts").get<std::string>().size() == 24);  // 2026-12-02T07:00:00.000Z
+    CHECK(j.contains("level"));
+    const auto msg = j.at("msg").get<std::string>();
+    if (msg.find("coord-json (coordinator) joined") != std::string::npos) {
+      joined = true;
+      CHECK(j.at("coordinator") == "coord-json");
+    }
+    if (msg.find("task t-json failed") != std::string::npos) {
+      failed = true;
+      CHECK(j.at("task") == "t-json");
+      CHECK(j.at("coordinator") == "coord-json");
+    }
+  }
+  CHECK(lines >= 4);
+  CHECK(joined);
+  CHECK(failed);
 }
