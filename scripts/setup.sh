@@ -11,6 +11,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libtomlplusplus-dev catch2 zlib1g-dev
   libcpp-httplib-dev              # the broker's HTTP endpoint (/metrics, /healthz, /readyz)
   python3 python3-msgpack python3-zmq python3-pytest  # the Python package and its tests
+  python3-yaml                    # the deployment manifests' test (deploy/tests)
   python3-pip python3-wheel      # the test that installs the package with pip
   python3-flask python3-requests  # rlbus-bench's HTTP baseline (bench/http_baseline.py)
   valgrind                        # rlbus-bench cost (callgrind), smoke-tested by the suite

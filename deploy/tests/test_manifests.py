@@ -1,0 +1,223 @@
+"""The deployment files agree with each other and with the broker they deploy.
+
+Kubernetes: every manifest parses; the broker's config (the ConfigMap) is one the real
+binary takes, and binds the ports its container, its Service and its NetworkPolicy name;
+the probes ask the paths the broker serves, on the port it serves them on; selectors select
+the pods they mean; workers reach the broker by its Service; the KEDA ScaledObject scales a
+Deployment that exists, on metrics the real broker exposes. systemd: the unit passes
+`systemd-analyze verify` and its config file is one the binary takes.
+"""
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import tomllib
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+DEPLOY = Path(__file__).resolve().parent.parent
+BROKER = os.environ.get("RLBUS_BROKER_BIN", str(DEPLOY.parent / "build/src/rlbus-broker"))
+
+
+def load(name):
+    with open(DEPLOY / "k8s" / name) as f:
+        return [d for d in yaml.safe_load_all(f) if d is not None]
+
+
+def manifests():
+    docs = {}
+    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
+        for d in load(path.name):
+            docs[(d["kind"], d["metadata"]["name"])] = d
+    return docs
+
+
+def effective_config(toml_text):
+    """What the real broker makes of a config file (it must take it): the printed TOML."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "broker.toml"
+        path.write_text(toml_text)
+        run = subprocess.run([BROKER, "--config", str(path), "--print-config"],
+                             capture_output=True, text=True, timeout=30)
+        assert run.returncode == 0, run.stderr
+        return tomllib.loads(run.stdout)
+
+
+def port_of(endpoint):
+    return int(endpoint.rsplit(":", 1)[1])
+
+
+def labels_match(selector, labels):
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+@pytest.fixture(scope="module")
+def docs():
+    return manifests()
+
+
+@pytest.fixture(scope="module")
+def broker_config(docs):
+    return effective_config(docs[("ConfigMap", "rlbus-broker")]["data"]["broker.toml"])
+
+
+def broker_container(docs):
+    pod = docs[("StatefulSet", "rlbus-broker")]["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    return pod, container
+
+
+def test_every_manifest_names_its_kind_and_api(docs):
+    assert len(docs) >= 7
+    for (kind, name), d in docs.items():
+        assert d.get("apiVersion"), (kind, name)
+        assert d["metadata"].get("labels", {}).get("app.kubernetes.io/name"), (kind, name)
+
+
+def test_the_broker_binds_the_ports_its_container_declares(docs, broker_config):
+    _, container = broker_container(docs)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert port_of(broker_config["router"]) == ports["router"]
+    assert port_of(broker_config["events"]) == ports["events"]
+    assert broker_config["metrics"]["port"] == ports["metrics"]
+    # The kubelet probes from outside the pod: the endpoint must not be loopback only.
+    assert broker_config["metrics"]["address"] == "0.0.0.0"
+    assert broker_config["router"].startswith("tcp://0.0.0.0:")
+
+
+def test_the_config_and_the_journal_are_mounted_where_the_broker_looks(docs, broker_config):
+    pod, container = broker_container(docs)
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    args = container["args"]
+    config_path = Path(args[args.index("--config") + 1])
+    assert str(config_path.parent) == mounts["config"]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == "rlbus-broker"
+    assert config_path.name in docs[("ConfigMap", "rlbus-broker")]["data"]
+    journal = broker_config["durability"]["journal"]
+    assert journal.startswith(mounts["journal"] + "/")
+    claims = docs[("StatefulSet", "rlbus-broker")]["spec"]["volumeClaimTemplates"]
+    assert [c["metadata"]["name"] for c in claims] == ["journal"]
+    assert docs[("StatefulSet", "rlbus-broker")]["spec"]["replicas"] == 1
+
+
+def test_the_probes_ask_what_the_broker_serves(docs):
+    _, container = broker_container(docs)
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    pod, _ = broker_container(docs)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(ports["metrics"])
+    assert pod["metadata"]["annotations"]["prometheus.io/path"] == "/metrics"
+    # A drain (drain-ms) fits in the grace period before the kubelet kills the pod.
+    drain_ms = effective_config(
+        docs[("ConfigMap", "rlbus-broker")]["data"]["broker.toml"])["drain-ms"]
+    assert pod["spec"]["terminationGracePeriodSeconds"] * 1000 > drain_ms
+
+
+def test_the_service_and_the_policy_select_the_broker_and_its_ports(docs):
+    pod, container = broker_container(docs)
+    labels = pod["metadata"]["labels"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    service = docs[("Service", "rlbus-broker")]
+    assert labels_match(service["spec"]["selector"], labels)
+    assert docs[("StatefulSet", "rlbus-broker")]["spec"]["serviceName"] == "rlbus-broker"
+    assert labels_match(docs[("StatefulSet", "rlbus-broker")]["spec"]["selector"]["matchLabels"],
+                        labels)
+    for p in service["spec"]["ports"]:
+        assert p["targetPort"] in ports
+        assert p["port"] == ports[p["targetPort"]]
+    policy = docs[("NetworkPolicy", "rlbus-broker")]
+    assert labels_match(policy["spec"]["podSelector"]["matchLabels"], labels)
+    peer_rule = policy["spec"]["ingress"][0]
+    assert {p["port"] for p in peer_rule["ports"]} == {ports["router"], ports["events"]}
+
+
+def test_workers_reach_the_broker_by_its_service_and_may_pass_the_policy(docs):
+    service = docs[("Service", "rlbus-broker")]
+    router_port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "router")
+    allowed = docs[("NetworkPolicy", "rlbus-broker")]["spec"]["ingress"][0]["from"][0]
+    workers = [d for (kind, _), d in docs.items()
+               if kind == "Deployment"]
+    assert {d["metadata"]["name"] for d in workers} >= {"rlbus-collector", "rlbus-learner"}
+    for d in workers:
+        pod = d["spec"]["template"]
+        assert labels_match(d["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"])
+        assert labels_match(allowed["podSelector"]["matchLabels"], pod["metadata"]["labels"])
+        (container,) = pod["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["RLBUS_ENDPOINT"] == f"tcp://{service['metadata']['name']}:{router_port}"
+        assert "RLBUS_WORKER_ID" in env
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def exposed_metrics():
+    """The metric families the real broker's /metrics declares."""
+    port = free_port()
+    broker = subprocess.Popen(
+        [BROKER, "--router", "tcp://127.0.0.1:0", "--events", "tcp://127.0.0.1:0",
+         "--metrics-port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    text = r.read().decode()
+                break
+            except OSError:
+                assert broker.poll() is None, "the broker exited"
+                assert time.monotonic() < deadline, "no /metrics within 10 s"
+                time.sleep(0.05)
+    finally:
+        broker.terminate()
+        broker.wait(timeout=20)
+    return set(re.findall(r"^# TYPE (\w+) ", text, re.M))
+
+
+def test_keda_scales_a_deployment_on_metrics_the_broker_exposes(docs):
+    scaled = docs[("ScaledObject", "rlbus-collector")]
+    target = scaled["spec"]["scaleTargetRef"]["name"]
+    assert ("Deployment", target) in docs
+    names = exposed_metrics()
+    assert "rlbus_queue_depth" in names
+    for trigger in scaled["spec"]["triggers"]:
+        assert trigger["type"] == "prometheus"
+        used = set(re.findall(r"\brlbus_\w+", trigger["metadata"]["query"]))
+        assert used, trigger
+        assert used <= names, used - names
+        assert float(trigger["metadata"]["threshold"]) > 0
+
+
+def test_the_systemd_unit_verifies_and_its_config_is_taken(tmp_path):
+    unit = (DEPLOY / "systemd" / "rlbus-broker.service").read_text()
+    exec_start = re.search(r"^ExecStart=(\S+) --config (\S+)$", unit, re.M)
+    assert exec_start, "ExecStart runs the broker with --config"
+    assert exec_start.group(2) == "/etc/rlbus/broker.toml"
+    assert "install -m 0640 -g rlbus deploy/systemd/broker.toml /etc/rlbus/" in unit
+    config = effective_config((DEPLOY / "systemd" / "broker.toml").read_text())
+    state = re.search(r"^StateDirectory=(\S+)$", unit, re.M).group(1)
+    assert config["durability"]["journal"].startswith(f"/var/lib/{state}/")
+    assert config["metrics"]["address"] == "127.0.0.1"
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed")
+    # Verified with the paths of this machine's build, so the binary it names exists.
+    local = tmp_path / "rlbus-broker.service"
+    local.write_text(unit.replace(exec_start.group(1), BROKER).replace(
+        exec_start.group(2), str(DEPLOY / "systemd" / "broker.toml")))
+    run = subprocess.run(["systemd-analyze", "verify", str(local)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.strip() == "", run.stderr
