@@ -26,6 +26,15 @@ class exposition {
     fmt::format_to(std::back_inserter(out_), "{}{{{}=\"{}\"}} {}\n", name, label, value_of_label,
                    value);
   }
+  void histogram(std::string_view name, std::string_view help, const histogram_counts& h) {
+    head(name, "histogram", help);
+    for (std::size_t i = 0; i < histogram_bounds.size(); ++i)
+      fmt::format_to(std::back_inserter(out_), "{}_bucket{{le=\"{}\"}} {}\n", name,
+                     histogram_bounds[i], h.at_most[i]);
+    fmt::format_to(std::back_inserter(out_),
+                   "{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, h.count, name,
+                   h.sum_seconds, name, h.count);
+  }
   std::string done() { return std::move(out_); }
 
  private:
@@ -66,6 +75,12 @@ std::string prometheus_text(const stats& s) {
   e.sample("rlbus_tasks", "state", "queued", s.tasks_queued);
   e.sample("rlbus_tasks", "state", "running", s.tasks_running);
   e.one("rlbus_queue_depth", "gauge", "tasks waiting for a worker", s.tasks_queued);
+  e.histogram("rlbus_assignment_latency_seconds",
+              "time from a task's queueing to the start of its attempt, each attempt",
+              s.assignment_latency);
+  e.histogram("rlbus_task_duration_seconds",
+              "time from the start of an attempt to its RESULT, each finished attempt",
+              s.task_duration);
   e.one("rlbus_tasks_finished_total", "counter", "tasks that finished", s.tasks_finished);
   e.one("rlbus_tasks_failed_total", "counter", "tasks that failed for good (out of attempts)",
         s.tasks_failed);

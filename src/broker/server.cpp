@@ -126,6 +126,8 @@ stats server::snapshot() const {
   }
   for (std::size_t i = 0; i < s.errors_by_code.size(); ++i)
     s.errors_by_code[i] = c.errors_by_code[i].load(std::memory_order_relaxed);
+  s.assignment_latency = tasks_.assignment_latency().counts();
+  s.task_duration = tasks_.task_duration().counts();
   s.peers = c.peers.load();
   s.messages_in = c.messages_in.load();
   s.messages_out = c.messages_out.load();

@@ -31,6 +31,7 @@
 #include "broker/config.hpp"
 #include "broker/event_bus.hpp"
 #include "broker/gatekeeper.hpp"
+#include "broker/histogram.hpp"
 #include "broker/journal.hpp"
 #include "broker/peer_table.hpp"
 #include "broker/task_manager.hpp"
@@ -99,6 +100,8 @@ struct stats {
   std::array<std::uint64_t, 256> received_by_type{};
   std::array<std::uint64_t, 256> sent_by_type{};
   std::array<std::uint64_t, 200> errors_by_code{};
+  // queued -> assigned, each attempt; attempt start -> RESULT, each finished attempt
+  histogram_counts assignment_latency, task_duration;
 };
 
 class server : private task_sink {

@@ -312,6 +312,7 @@ std::optional<refusal> task_manager::on_submit(const std::string& from, codec::s
   t.max_attempts = s.max_attempts.value_or(cfg_.max_attempts);
   t.queue_timeout = ms(s.queue_timeout_ms, cfg_.queue_timeout_ms);
   t.order = ++next_order_;
+  t.queued_at = now;
   queue_.emplace(t.order, t.id);
   if (journal_ != nullptr) journal_->submitted(journal_task_of(t));  // before SUBMITTED says so
   const auto id = t.id;
@@ -644,7 +645,8 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
     relayed(t, l->index, 1, l->body.size());
   } else if (auto* r = std::get_if<codec::task_result>(&m)) {
     if (t.st != state::closing) return wrong("RESULT answers TASK_CLOSE");
-    emit(t, "finished", std::move(r->result));
+    duration_.observe(now - t.started_at);
+    emit(t, "finished", r->result);
     ++counts_.finished;
     quarantine_.succeeded(from);
     free_worker(from);
@@ -797,6 +799,8 @@ void task_manager::try_assign(util::time_point now) {
 void task_manager::start_attempt(task& t, worker_info& w, const std::string& worker_id,
                                  util::time_point now) {
   ++t.attempt;
+  assignment_.observe(now - t.queued_at);
+  t.started_at = now;
   if (journal_ != nullptr) journal_->started(t.id, t.attempt, worker_id);
   t.worker = worker_id;
   t.st = state::starting;
@@ -896,6 +900,7 @@ void task_manager::end_attempt(task& t, const std::string& reason, util::time_po
     t.worker.clear();
     t.st = state::queued;
     queue_.emplace(t.order, t.id);  // its original place: ahead of later submissions
+    t.queued_at = now;
     ++counts_.requeued;
     if (closed_) {
       cancel(t, *closed_);  // draining: it will not be assigned again
@@ -1244,6 +1249,7 @@ void task_manager::restore(const journal_state& js, util::time_point now) {
       ++counts_.requeued;
     }
     queue_.emplace(held.order, held.id);
+    held.queued_at = now;
     arm_queue_timeout(held, now);
   }
   // Nobody is connected yet: every coordinator's work waits for a new session of its id.

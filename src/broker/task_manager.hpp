@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "broker/config.hpp"
+#include "broker/histogram.hpp"
 #include "broker/journal.hpp"
 #include "broker/policy_store.hpp"
 #include "broker/quarantine.hpp"
@@ -87,6 +88,10 @@ class task_manager {
   [[nodiscard]] std::optional<util::time_point> next_deadline() const;
 
   [[nodiscard]] task_counts counts() const;
+  /// From the time a task is queued to the start of its attempt, each attempt; and from the
+  /// start of an attempt to its RESULT, each finished one. Readable from any thread.
+  [[nodiscard]] const histogram& assignment_latency() const noexcept { return assignment_; }
+  [[nodiscard]] const histogram& task_duration() const noexcept { return duration_; }
 
   // ---- durability (SPEC §14) ----
   /// Takes up what a journal held when the broker started: tasks queued again in their
@@ -138,6 +143,8 @@ class task_manager {
     std::size_t ack_pending_bytes = 0;
     std::uint64_t out_of_order = 0;
     codec::event_fixed event_fields;  // of the attempt's TASK_EVENTs, encoded once
+    util::time_point queued_at{};     // when it was last queued
+    util::time_point started_at{};    // when its current attempt began
   };
   struct worker_info {
     rlbus::role role;
@@ -241,6 +248,7 @@ class task_manager {
   class quarantine quarantine_;
   std::priority_queue<check, std::vector<check>, std::greater<>> checks_;
   task_counts counts_;
+  histogram assignment_, duration_;
   std::optional<std::string> closed_;  // the queue is closed (draining), with this reason
   journal* journal_ = nullptr;
 };

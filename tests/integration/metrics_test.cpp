@@ -42,23 +42,35 @@ int free_port() {
 
 // The samples of an exposition, checked as they are read: each family has its HELP and TYPE
 // before its samples, each sample line is `name{label="value"} number` or `name number`.
+// A histogram's samples are its family's name with _bucket, _sum or _count.
 std::map<std::string, double> parse_exposition(const std::string& text) {
-  static const std::regex sample(R"(^([a-z_]+)(\{[a-z_]+="[^"]*"\})? ([0-9]+(\.[0-9]+)?)$)");
+  static const std::regex sample(
+      R"(^([a-z_]+)(\{[a-z_]+="[^"]*"\})? ([0-9]+(\.[0-9]+)?(e[-+]?[0-9]+)?)$)");
   static const std::regex comment(R"(^# (HELP|TYPE) ([a-z_]+) (.+)$)");
+  static const std::regex histogram_part(R"(^(.+)_(bucket|sum|count)$)");
   std::map<std::string, double> out;
-  std::set<std::string> helped, typed;
+  std::set<std::string> helped;
+  std::map<std::string, std::string> typed;
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
     INFO(line);
     std::smatch m;
     if (std::regex_match(line, m, comment)) {
-      (m[1] == "HELP" ? helped : typed).insert(m[2]);
-      if (m[1] == "TYPE") CHECK((m[3] == "counter" || m[3] == "gauge"));
+      if (m[1] == "HELP") {
+        helped.insert(m[2]);
+      } else {
+        CHECK((m[3] == "counter" || m[3] == "gauge" || m[3] == "histogram"));
+        typed[m[2]] = m[3];
+      }
       continue;
     }
     REQUIRE(std::regex_match(line, m, sample));
-    CHECK(helped.count(m[1]) == 1);
-    CHECK(typed.count(m[1]) == 1);
+    std::string family = m[1];
+    std::smatch part;
+    if (std::regex_match(family, part, histogram_part) && typed[part[1]] == "histogram")
+      family = part[1];
+    CHECK(helped.count(family) == 1);
+    CHECK(typed.count(family) == 1);
     CHECK(out.emplace(m[1].str() + m[2].str(), std::stod(m[3])).second);  // no sample twice
   }
   return out;
@@ -68,10 +80,14 @@ std::map<std::string, double> parse_exposition(const std::string& text) {
 
 TEST_CASE("the HTTP endpoint answers health, readiness and metrics", "[binary][metrics]") {
   std::atomic<bool> draining{false};
+  broker::histogram latency;
+  latency.observe(3ms);
+  latency.observe(2s);
   broker::http_endpoint http("127.0.0.1", 0, [&] {
     broker::stats s;
     s.draining = draining.load();
     s.tasks_queued = 7;
+    s.assignment_latency = latency.counts();
     return s;
   });
   httplib::Client client(http.url());
@@ -94,6 +110,15 @@ TEST_CASE("the HTTP endpoint answers health, readiness and metrics", "[binary][m
   CHECK(samples.at("rlbus_draining") == 1);
   CHECK(samples.at("rlbus_queue_depth") == 7);
   CHECK(samples.at("rlbus_tasks{state=\"queued\"}") == 7);
+  // Buckets count what is at most their bound, +Inf everything.
+  CHECK(samples.at("rlbus_assignment_latency_seconds_bucket{le=\"0.001\"}") == 0);
+  CHECK(samples.at("rlbus_assignment_latency_seconds_bucket{le=\"0.005\"}") == 1);
+  CHECK(samples.at("rlbus_assignment_latency_seconds_bucket{le=\"1\"}") == 1);
+  CHECK(samples.at("rlbus_assignment_latency_seconds_bucket{le=\"5\"}") == 2);
+  CHECK(samples.at("rlbus_assignment_latency_seconds_bucket{le=\"+Inf\"}") == 2);
+  CHECK(samples.at("rlbus_assignment_latency_seconds_count") == 2);
+  CHECK(samples.at("rlbus_assignment_latency_seconds_sum") == Approx(2.003));
+  CHECK(samples.at("rlbus_task_duration_seconds_count") == 0);
   CHECK(client.Get("/nothing")->status == 404);
 }
 

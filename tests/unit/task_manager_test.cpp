@@ -144,6 +144,30 @@ TEST_CASE_METHOD(fixture, "a collector task runs start -> data -> info -> finish
   CHECK(sink.take<codec::task_start>("c0").task_id == "ct2");
 }
 
+// The metrics' histograms: queued -> assigned for each attempt, start -> RESULT for each
+// finished attempt, by the broker's clock.
+TEST_CASE_METHOD(fixture, "the assignment latency and the task duration are measured",
+                 "[unit][tasks]") {
+  submit("coord", "wait", role::collector);  // queued: no collector yet
+  now += 250ms;
+  join("c0", role::collector);  // assigned 250 ms after it was queued
+  sink.take<codec::task_start>("c0");
+  ok("c0", role::collector, codec::started{"wait", 1});
+  now += 2s;
+  ok("coord", role::coordinator, codec::finish{"wait"});
+  ok("c0", role::collector, codec::task_result{"wait", 1, codec::empty_map_blob});
+  const auto latency = tm->assignment_latency().counts();
+  CHECK(latency.count == 1);
+  CHECK(latency.at_most[4] == 0);  // <= 0.1 s
+  CHECK(latency.at_most[5] == 1);  // <= 0.5 s
+  CHECK(latency.sum_seconds == Approx(0.25));
+  const auto duration = tm->task_duration().counts();
+  CHECK(duration.count == 1);
+  CHECK(duration.at_most[6] == 0);  // <= 1 s
+  CHECK(duration.at_most[7] == 1);  // <= 5 s
+  CHECK(duration.sum_seconds == Approx(2.0));
+}
+
 TEST_CASE_METHOD(fixture, "a learner task asks for data, waits for it, learns and finishes",
                  "[unit][tasks]") {
   join("l0", role::learner);
