@@ -31,7 +31,9 @@ TYPES = {"HELLO": 0x01, "WELCOME": 0x02, "HEARTBEAT": 0x03, "DISCONNECT": 0x04,
          # reliable data (SPEC §12.11)
          "DATA_ACK": 0x49, "DATA_LOST": 0x4A,
          # batched data (SPEC §12.12)
-         "DATA_BATCH": 0x4B}
+         "DATA_BATCH": 0x4B,
+         # operations (SPEC §16)
+         "OPS": 0x50, "OPS_REPLY": 0x51}
 
 
 def header(type_id, version=1, sig=b"RL"):
@@ -357,7 +359,7 @@ VALID += [
 # Who sends an invalid vector to a live broker to be answered exactly `error_code` (SPEC
 # §5.6.1): HELLO from a connection without a session; other types from an idle session of the
 # role that sends them, or, for a type only the broker sends, of a role that receives it.
-SENDERS = {"HELLO": "none", "DISCONNECT": "collector", "EVENT": "collector",
+SENDERS = {"HELLO": "none", "OPS": "none", "DISCONNECT": "collector", "EVENT": "collector",
            "SUBMIT": "coordinator", "REPLAY": "coordinator", "ACK": "coordinator",
            "CAPACITY": "coordinator", "STREAM_GAP": "coordinator",
            "GET_DATA": "learner", "LEARN_INFO": "learner", "POLICY": "learner"}
@@ -607,6 +609,60 @@ INVALID += [
                  {"task_id": COLLECTOR_TASK, "attempt": 1, "first_index": 1,
                   "items": [{}] * 1025},
                  "1025 items: past the array limit of SPEC §5.1", code=401),
+]
+
+
+# operations (SPEC §16): an operator's questions and orders, and the broker's answers
+VALID += [
+    valid("ops_status", "OPS", {"request_id": 1, "verb": "status"},
+          "the broker's state: the smallest OPS"),
+    valid("ops_tasks_filtered", "OPS",
+          {"request_id": 2, "verb": "tasks", "state": "running", "kind": "collector",
+           "coordinator": "coordinator", "limit": 50},
+          "running collector tasks of one coordinator, at most 50"),
+    valid("ops_drain", "OPS", {"request_id": 3, "verb": "drain", "worker": "collector_0"},
+          "no new task for collector_0"),
+    valid("ops_set", "OPS",
+          {"request_id": 2 ** 64 - 1, "verb": "set", "key": "tasks.max-queue", "value": "5000"},
+          "a setting changed at run time, with the highest request id"),
+    valid("ops_reply_set", "OPS_REPLY",
+          {"request_id": 2 ** 64 - 1, "verb": "set",
+           "result": {"key": "tasks.max-queue", "value": "5000", "was": "10000"}},
+          "the answer to ops_set"),
+    valid("ops_reply_workers", "OPS_REPLY",
+          {"request_id": 4, "verb": "workers",
+           "result": {"workers": [{"id": "collector_0", "role": "collector",
+                                   "resources": {"cpu": 1.0}, "task": COLLECTOR_TASK,
+                                   "attempt": 1, "heartbeat_age_ms": 12, "quarantined": False,
+                                   "leaving": False, "drained": True}],
+                      "total": 1}},
+          "one worker, drained, still running its task"),
+]
+INVALID += [
+    invalid_task("ops_unknown_verb", "OPS", {"request_id": 1, "verb": "restart"},
+                 "verb is one of status, workers, tasks, drain, undrain, evict, set"),
+    invalid_task("ops_request_id_zero", "OPS", {"request_id": 0, "verb": "status"},
+                 "request ids count from 1"),
+    invalid_task("ops_no_verb", "OPS", {"request_id": 1}, "verb is required"),
+    invalid_task("ops_limit_zero", "OPS", {"request_id": 1, "verb": "tasks", "limit": 0},
+                 "limit is 1..10000"),
+    invalid_task("ops_limit_10001", "OPS", {"request_id": 1, "verb": "workers", "limit": 10001},
+                 "limit is 1..10000"),
+    invalid_task("ops_worker_not_an_id", "OPS",
+                 {"request_id": 1, "verb": "drain", "worker": "collector 0"},
+                 "worker follows the peer id rule: no spaces"),
+    invalid_task("ops_key_empty", "OPS",
+                 {"request_id": 1, "verb": "set", "key": "", "value": "1"},
+                 "key is 1..64 bytes"),
+    invalid_task("ops_state_unknown", "OPS",
+                 {"request_id": 1, "verb": "tasks", "state": "done"},
+                 "state is queued, starting, running or closing"),
+    invalid_task("ops_kind_coordinator", "OPS",
+                 {"request_id": 1, "verb": "tasks", "kind": "coordinator"},
+                 "kind is collector or learner"),
+    invalid_task("ops_reply_result_not_map", "OPS_REPLY",
+                 {"request_id": 1, "verb": "status", "result": [1, 2]},
+                 "result is a map (decoded before the direction is checked, SPEC §3.5.2)"),
 ]
 
 

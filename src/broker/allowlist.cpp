@@ -65,17 +65,20 @@ allowlist_entry read_entry(const toml::table& t, std::size_t n, const std::strin
   }
   const auto* roles = t.get_as<toml::array>("roles");
   if (roles == nullptr || roles->empty())
-    throw fail("roles must list at least one of collector, learner, coordinator, subscriber");
+    throw fail(
+        "roles must list at least one of collector, learner, coordinator, subscriber, operator");
   for (const auto& r : *roles) {
     const auto* s = r.as_string();
     if (s == nullptr) throw fail("roles must be strings");
     if (s->get() == "subscriber") {
       e.subscriber = true;
+    } else if (s->get() == "operator") {
+      e.operator_ = true;
     } else if (const auto role = rlbus::parse_role(s->get())) {
       e.roles[static_cast<int>(*role)] = true;
     } else {
-      throw fail(
-          fmt::format("unknown role '{}' (collector, learner, coordinator, subscriber)", s->get()));
+      throw fail(fmt::format(
+          "unknown role '{}' (collector, learner, coordinator, subscriber, operator)", s->get()));
     }
   }
   if (const auto* node = t.get("ids")) {

@@ -4,7 +4,7 @@
 //   [[key]]
 //   name = "node7-collectors"            # for logs; defaults to the key's first 8 characters
 //   public-key = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"   # or public-key-file = "node7.pub"
-//   roles = ["collector", "learner"]     # collector, learner, coordinator, subscriber
+//   roles = ["collector", "learner"]     # collector, learner, coordinator, subscriber, operator
 //   ids = ["node7-*"]                    # optional: glob patterns (* ? [...]); any id if absent
 //
 // "subscriber" lets the key receive events on the event socket; the other roles are HELLO
@@ -26,6 +26,7 @@ struct allowlist_entry {
   std::string public_key;                 // Z85
   bool roles[3] = {false, false, false};  // indexed by rlbus::role
   bool subscriber = false;
+  bool operator_ = false;        // may send OPS (SPEC §16.2)
   std::vector<std::string> ids;  // glob patterns; empty: any id
 
   [[nodiscard]] bool allows(rlbus::role r) const noexcept { return roles[static_cast<int>(r)]; }

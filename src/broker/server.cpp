@@ -343,6 +343,8 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
                  header->type);
   }
   const auto type = static_cast<codec::msg_type>(header->type);
+  // Operators need no session (§16.1).
+  if (type == codec::msg_type::ops) return on_ops(routing_id, p, frames[2], now);
   if (p == nullptr && type != codec::msg_type::hello) {
     if (!codec::type_name(header->type)) {
       return fault(routing_id, p, codec::error_code::unknown_type,

@@ -25,6 +25,8 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <variant>
+#include <vector>
 
 #include <zmq.hpp>
 
@@ -172,6 +174,15 @@ class server : private task_sink {
              std::optional<std::uint8_t> ref_type, bool strike = true);
   void refuse_hello(std::string_view routing_id, codec::error_code code, std::string reason);
   void count_error(codec::error_code code);
+  // operations (SPEC §16), in operations.cpp
+  void on_ops(std::string_view routing_id, peer* p, zmq::message_t& body, util::time_point now);
+  std::variant<codec::blob, refusal> ops_answer(const codec::ops& op, util::time_point now);
+  [[nodiscard]] codec::blob ops_status(util::time_point now) const;
+  struct change {  // a setting an operator changed (§16.5)
+    std::string key, value, was;
+    util::time_point at;
+  };
+  std::vector<change> changes_;
   void end_session(const peer& p, codec::error_code code, std::string reason, bool lost);
   bool send(std::string_view routing_id, const codec::message& m);
   /// What the task manager said of a task message: a refusal is answered and counted.

@@ -312,6 +312,7 @@ std::optional<refusal> task_manager::on_submit(const std::string& from, codec::s
   t.max_attempts = s.max_attempts.value_or(cfg_.max_attempts);
   t.queue_timeout = ms(s.queue_timeout_ms, cfg_.queue_timeout_ms);
   t.order = ++next_order_;
+  t.submitted_at = now;
   t.queued_at = now;
   queue_.emplace(t.order, t.id);
   if (journal_ != nullptr) journal_->submitted(journal_task_of(t));  // before SUBMITTED says so
@@ -864,7 +865,7 @@ void task_manager::free_worker(const std::string& worker_id) {
   const auto it = workers_.find(worker_id);
   if (it == workers_.end()) return;
   it->second.task.clear();
-  if (!quarantine_.held(worker_id) && !it->second.leaving)
+  if (!quarantine_.held(worker_id) && !it->second.leaving && !it->second.drained)
     free_[slot(it->second.role)].emplace(it->second.serial, worker_id);
 }
 
@@ -983,7 +984,7 @@ void task_manager::on_timers(util::time_point now) {
   for (const auto& id : quarantine_.released(now)) {
     spdlog::info("worker {}: quarantine over", id);
     const auto w = workers_.find(id);
-    if (w != workers_.end() && w->second.task.empty()) {
+    if (w != workers_.end() && w->second.task.empty() && !w->second.leaving && !w->second.drained) {
       free_[slot(w->second.role)].emplace(w->second.serial, id);
       freed = true;
     }
@@ -1249,6 +1250,7 @@ void task_manager::restore(const journal_state& js, util::time_point now) {
       ++counts_.requeued;
     }
     queue_.emplace(held.order, held.id);
+    held.submitted_at = now;  // as far as this broker knows
     held.queued_at = now;
     arm_queue_timeout(held, now);
   }
@@ -1268,6 +1270,96 @@ void task_manager::restore(const journal_state& js, util::time_point now) {
       "coordinator streams",
       tasks_.size(), tasks_.size() - counts_.requeued, counts_.requeued, js.policies.size(),
       streams_.size());
+}
+
+// ---- what an operator sees and steers (SPEC §16) -------------------------------------
+
+namespace {
+std::string_view state_name(int st) {
+  static constexpr std::string_view names[] = {"queued", "starting", "running", "closing"};
+  return names[st];
+}
+}  // namespace
+
+std::pair<std::vector<task_manager::task_view>, std::size_t> task_manager::list_tasks(
+    std::string_view state, std::optional<rlbus::role> kind, std::string_view coordinator,
+    std::size_t limit) const {
+  std::vector<const task*> order;
+  order.reserve(tasks_.size());
+  for (const auto& [order_key, id] : queue_) order.push_back(&tasks_.at(id));
+  std::vector<const task*> others;
+  for (const auto& [id, t] : tasks_)
+    if (t.st != state::queued) others.push_back(&t);
+  std::sort(others.begin(), others.end(),
+            [](const task* a, const task* b) { return a->order < b->order; });
+  order.insert(order.end(), others.begin(), others.end());
+  std::vector<task_view> out;
+  std::size_t total = 0;
+  for (const task* t : order) {
+    const auto name = state_name(static_cast<int>(t->st));
+    if ((!state.empty() && name != state) || (kind && t->kind != *kind) ||
+        (!coordinator.empty() && t->owner != coordinator))
+      continue;
+    ++total;
+    if (out.size() < limit)
+      out.push_back({t->id, t->kind, name, t->attempt, t->worker, t->owner, t->submitted_at});
+  }
+  return {std::move(out), total};
+}
+
+std::optional<task_manager::worker_view> task_manager::worker_state(const std::string& id) const {
+  const auto it = workers_.find(id);
+  if (it == workers_.end()) return std::nullopt;
+  const auto& w = it->second;
+  worker_view v{w.task, 0, quarantine_.held(id), w.leaving, w.drained};
+  if (!w.task.empty()) v.attempt = tasks_.at(w.task).attempt;
+  return v;
+}
+
+std::vector<task_manager::stream_view> task_manager::list_streams() const {
+  std::vector<stream_view> out;
+  for (const auto& [owner, s] : streams_)
+    out.push_back({owner, s.seq, s.acked, s.windowed, s.ring.size()});
+  std::sort(out.begin(), out.end(), [](const stream_view& a, const stream_view& b) {
+    return a.coordinator < b.coordinator;
+  });
+  return out;
+}
+
+bool task_manager::set_drained(const std::string& id, bool drained, util::time_point now) {
+  const auto it = workers_.find(id);
+  if (it == workers_.end()) return false;
+  auto& w = it->second;
+  if (w.drained == drained) return true;
+  w.drained = drained;
+  spdlog::info("worker {} {} by an operator{}", id, drained ? "drained" : "undrained",
+               drained && !w.task.empty() ? fmt::format(" (its task {} runs on)", w.task) : "");
+  if (drained) {
+    free_[slot(w.role)].erase(w.serial);
+  } else if (w.task.empty() && !w.leaving && !quarantine_.held(id)) {
+    free_[slot(w.role)].emplace(w.serial, id);
+    try_assign(now);
+  }
+  return true;
+}
+
+std::optional<std::string> task_manager::take_back(const std::string& id, const std::string& reason,
+                                                   util::time_point now) {
+  const auto it = workers_.find(id);
+  if (it == workers_.end()) return std::nullopt;
+  const std::string task_id = it->second.task;
+  // No new task for it while the session lasts (the caller ends it next).
+  it->second.drained = true;
+  free_[slot(it->second.role)].erase(it->second.serial);
+  if (task_id.empty()) return task_id;
+  auto& t = tasks_.at(task_id);
+  const util::log_scope log(
+      {.task = t.id, .attempt = t.attempt, .worker = id, .coordinator = t.owner});
+  sink_.send_to(id, codec::task_abort{t.id, t.attempt, reason});
+  it->second.task.clear();
+  end_attempt(t, reason, now);
+  try_assign(now);
+  return task_id;
 }
 
 }  // namespace rlbus::broker

@@ -88,6 +88,43 @@ class task_manager {
   [[nodiscard]] std::optional<util::time_point> next_deadline() const;
 
   [[nodiscard]] task_counts counts() const;
+
+  // ---- what an operator sees and steers (SPEC §16) ----
+  struct task_view {
+    std::string id;
+    rlbus::role kind = rlbus::role::collector;
+    std::string_view state;  // queued, starting, running or closing
+    std::uint32_t attempt = 0;
+    std::string worker, coordinator;
+    util::time_point submitted{};
+  };
+  /// Live tasks matching every filter given (empty: any), queued ones first in queue order,
+  /// then the others by submission; at most `limit`, and how many matched in all.
+  [[nodiscard]] std::pair<std::vector<task_view>, std::size_t> list_tasks(
+      std::string_view state, std::optional<rlbus::role> kind, std::string_view coordinator,
+      std::size_t limit) const;
+  struct worker_view {
+    std::string task;  // "" when free
+    std::uint32_t attempt = 0;
+    bool quarantined = false, leaving = false, drained = false;
+  };
+  /// What the task manager knows of a worker session; nullopt when it holds none.
+  [[nodiscard]] std::optional<worker_view> worker_state(const std::string& id) const;
+  struct stream_view {
+    std::string coordinator;
+    std::uint64_t seq = 0, acked = 0;
+    bool windowed = false;
+    std::size_t held = 0;
+  };
+  [[nodiscard]] std::vector<stream_view> list_streams() const;
+  /// A drained worker gets no new task (the one it holds runs on) until undrained or gone.
+  /// False when `id` holds no worker session.
+  bool set_drained(const std::string& id, bool drained, util::time_point now);
+  /// Takes the worker's task back (the attempt ends as a failed one would, with `reason`;
+  /// the worker is told TASK_ABORT). Returns the task it held ("" when free); the caller
+  /// ends the session. Nullopt when `id` holds no worker session.
+  std::optional<std::string> take_back(const std::string& id, const std::string& reason,
+                                       util::time_point now);
   /// From the time a task is queued to the start of its attempt, each attempt; and from the
   /// start of an attempt to its RESULT, each finished one. Readable from any thread.
   [[nodiscard]] const histogram& assignment_latency() const noexcept { return assignment_; }
@@ -143,6 +180,7 @@ class task_manager {
     std::size_t ack_pending_bytes = 0;
     std::uint64_t out_of_order = 0;
     codec::event_fixed event_fields;  // of the attempt's TASK_EVENTs, encoded once
+    util::time_point submitted_at{};  // when its SUBMIT came
     util::time_point queued_at{};     // when it was last queued
     util::time_point started_at{};    // when its current attempt began
   };
@@ -152,6 +190,7 @@ class task_manager {
     std::uint64_t serial = 0;
     std::string task;      // "" = free
     bool leaving = false;  // it sent LEAVING: no new task for this session (§12.6.10)
+    bool drained = false;  // an operator said so: no new task for this session (§16.5)
   };
   using stream = coordinator_stream;
   struct check {

@@ -71,7 +71,7 @@ result<message> read_message(std::uint8_t type, field_reader& r) {
       return done(r, std::move(m));
     }
     default:
-      if (is_task_type(type)) return detail::read_task(type, r);
+      if (is_task_type(type) || is_ops_type(type)) return detail::read_task(type, r);
       break;
   }
   return unknown_type(type);
@@ -423,6 +423,10 @@ std::optional<std::string_view> type_name(std::uint8_t id) noexcept {
       return "DATA_LOST";
     case msg_type::data_batch:
       return "DATA_BATCH";
+    case msg_type::ops:
+      return "OPS";
+    case msg_type::ops_reply:
+      return "OPS_REPLY";
     case msg_type::event:
       return "EVENT";
   }
@@ -477,6 +481,10 @@ std::string_view code_name(std::uint16_t code) noexcept {
       return "TOO_MANY_TASKS";
     case error_code::unauthorized:
       return "UNAUTHORIZED";
+    case error_code::no_such_peer:
+      return "NO_SUCH_PEER";
+    case error_code::evicted:
+      return "EVICTED";
     case error_code::busy:
       return "BUSY";
   }

@@ -73,6 +73,8 @@ std::string encode_event(const event& e);
 
 /// True for the type ids of task messages and of stream flow control (SPEC §12, §12.9).
 bool is_task_type(std::uint8_t type) noexcept;
+/// True for OPS and OPS_REPLY (SPEC §16).
+bool is_ops_type(std::uint8_t type) noexcept;
 
 /// Why `value` cannot travel as a user map field of a message (task_info, meta, info,
 /// result): nullopt when it is one complete msgpack map within `limits` at the depth of a

@@ -37,6 +37,23 @@ class map_writer {
     pk_.pack(k).pack(v);
     return *this;
   }
+  map_writer& boolean(std::string_view k, bool v) {
+    pk_.pack(k).pack(v);
+    return *this;
+  }
+  /// A map of str -> number in canonical form (whole numbers below 2^53 as integers).
+  map_writer& resources(std::string_view k, const rlbus::resources& res) {
+    pk_.pack(k).pack_map(static_cast<std::uint32_t>(res.size()));
+    for (const auto& [name, v] : res) {
+      pk_.pack(std::string_view(name));
+      if (v >= 0 && v < 9007199254740992.0 &&
+          v == static_cast<double>(static_cast<std::uint64_t>(v)))
+        pk_.pack(static_cast<std::uint64_t>(v));
+      else
+        pk_.pack_double(v);
+    }
+    return *this;
+  }
   /// `v` must be one complete msgpack value (a blob that passed decoding, or made here).
   map_writer& raw(std::string_view k, std::string_view v) {
     pk_.pack(k);

@@ -60,6 +60,8 @@ enum class msg_type : std::uint8_t {
   data_ack = 0x49,    // broker -> collector: what the broker relayed (§12.11)
   data_lost = 0x4A,   // collector -> broker: DATA it dropped unconfirmed (§12.11)
   data_batch = 0x4B,  // collector -> broker: consecutive DATA in one message (§12.12)
+  ops = 0x50,         // operator -> broker: a question or an order (§16)
+  ops_reply = 0x51,   // broker -> operator: its answer
   event = 0x60,
 };
 
@@ -88,7 +90,9 @@ enum class error_code : std::uint16_t {
   no_credit = 414,         // DATA past the data credit the broker granted the attempt
   bad_index = 415,         // DATA_LOST that skips DATA the broker never had, or past credit
   too_many_tasks = 416,    // SUBMIT past the tasks one coordinator may hold
-  unauthorized = 431,      // HELLO the peer's key may not make; DISCONNECT: key revoked
+  unauthorized = 431,      // HELLO (or OPS) the peer's key may not make; DISCONNECT: revoked
+  no_such_peer = 432,      // OPS names a worker without a session (§16.3.1)
+  evicted = 433,           // DISCONNECT: an operator ended the session (§16.5)
   stale_policy = 426,      // POLICY with a version not above the one the broker holds
   policy_limit = 427,      // POLICY over the broker's size or policy-count limit
   busy = 503,              // broker full (max peers) or shutting down

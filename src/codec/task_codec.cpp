@@ -227,6 +227,10 @@ result<message> read_task(std::uint8_t type, field_reader& r) {
       return read_as<data_lost>(r);
     case msg_type::data_batch:
       return read_as<data_batch>(r);
+    case msg_type::ops:
+      return read_as<ops>(r);
+    case msg_type::ops_reply:
+      return read_as<ops_reply>(r);
     default:
       break;
   }
@@ -248,6 +252,8 @@ RLBUS_INSTANTIATE(finish)
 RLBUS_INSTANTIATE(cancel)
 RLBUS_INSTANTIATE(data_reply)
 RLBUS_INSTANTIATE(task_event)
+RLBUS_INSTANTIATE(ops)
+RLBUS_INSTANTIATE(ops_reply)
 RLBUS_INSTANTIATE(capacity)
 RLBUS_INSTANTIATE(task_start)
 RLBUS_INSTANTIATE(task_close)
@@ -427,6 +433,11 @@ std::vector<std::string_view> split_items(const item_array& items) {
     pos = end;
   }
   return out;
+}
+
+bool is_ops_type(std::uint8_t type) noexcept {
+  return type == static_cast<std::uint8_t>(msg_type::ops) ||
+         type == static_cast<std::uint8_t>(msg_type::ops_reply);
 }
 
 bool is_task_type(std::uint8_t type) noexcept {

@@ -4,6 +4,7 @@
 // decoder (task_codec.cpp) serve them all, so a message is declared in one place.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -563,6 +564,78 @@ struct data_lost {
     f("attempt", s.attempt, rule::attempt);
     f("first", s.first, rule::range{1, ~std::uint64_t{0}});
     f("last", s.last, rule::range{1, ~std::uint64_t{0}});
+  }
+};
+
+// ---- operations (SPEC §16): not task messages, but written and read by the same machinery
+
+/// The verbs of OPS (§16.3), and the words its filters take.
+inline constexpr std::array<std::string_view, 7> ops_verbs{"status",  "workers", "tasks", "drain",
+                                                           "undrain", "evict",   "set"};
+inline constexpr std::array<std::string_view, 4> ops_states{"queued", "starting", "running",
+                                                            "closing"};
+
+namespace detail {
+template <std::size_t N>
+constexpr bool one_of(const std::array<std::string_view, N>& words, std::string_view w) {
+  for (const auto x : words)
+    if (x == w) return true;
+  return false;
+}
+}  // namespace detail
+
+/// OPS (operator -> broker): a question about the broker's state or an order to it (§16).
+struct ops {
+  std::uint64_t request_id = 1;
+  std::string verb = "status";
+  std::optional<std::string> worker;       // drain, undrain, evict
+  std::optional<std::string> key;          // set
+  std::optional<std::string> value;        // set
+  std::optional<std::string> state;        // tasks: a filter
+  std::optional<std::string> kind;         // tasks, workers: a filter
+  std::optional<std::string> coordinator;  // tasks: a filter
+  std::optional<std::uint32_t> limit;      // tasks, workers: most entries
+  RLBUS_TASK_MESSAGE(ops, ops)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("request_id", s.request_id, rule::range{1, ~std::uint64_t{0}});
+    f("verb", s.verb, rule::text{32});
+    f("worker", s.worker, rule::id{});
+    f("key", s.key, rule::text{64});
+    f("value", s.value, rule::text{256});
+    f("state", s.state, rule::text{32});
+    f("kind", s.kind, rule::text{32});
+    f("coordinator", s.coordinator, rule::id{});
+    f("limit", s.limit, rule::range{1, 10'000});
+  }
+  static std::optional<std::string_view> check(const ops& m) {
+    if (!detail::one_of(ops_verbs, m.verb))
+      return "field 'verb': not one of status, workers, tasks, drain, undrain, evict, set";
+    if (m.key && m.key->empty()) return "field 'key': empty";
+    if (m.state && !detail::one_of(ops_states, *m.state))
+      return "field 'state': not one of queued, starting, running, closing";
+    if (m.kind && *m.kind != "collector" && *m.kind != "learner")
+      return "field 'kind': not collector or learner";
+    return std::nullopt;
+  }
+};
+
+/// OPS_REPLY (broker -> operator): what the verb of OPS `request_id` says (§16.5), a map.
+struct ops_reply {
+  std::uint64_t request_id = 1;
+  std::string verb = "status";
+  blob result = empty_map_blob;
+  RLBUS_TASK_MESSAGE(ops_reply, ops_reply)
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("request_id", s.request_id, rule::range{1, ~std::uint64_t{0}});
+    f("verb", s.verb, rule::text{32});
+    f("result", s.result, rule::shape::map);
+  }
+  static std::optional<std::string_view> check(const ops_reply& m) {
+    if (!detail::one_of(ops_verbs, m.verb))
+      return "field 'verb': not one of status, workers, tasks, drain, undrain, evict, set";
+    return std::nullopt;
   }
 };
 

@@ -225,8 +225,9 @@ TEST_CASE("SPEC 12.11.6: a backwards DATA_LOST, or one past credit, is refused B
   // Within credit it is accepted and uses that credit, which is then topped up.
   w.send(codec::data_lost{"t", 1, 1, 4});
   CHECK(next_a<codec::data_credit>(w).limit == 8);
+  // The counters are stored once DATA_LOST is handled, just after the credit left.
+  CHECK(wait_until([&] { return b.broker.get().snapshot().data_lost == 4; }));
   CHECK(b.broker.get().snapshot().faults == 2);
-  CHECK(b.broker.get().snapshot().data_lost == 4);
 }
 
 // §12.11.7 "The broker SHALL send the holder DATA_ACK with `resend` = false and the current

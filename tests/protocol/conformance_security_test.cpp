@@ -381,3 +381,36 @@ TEST_CASE("SPEC 15.3: a coordinator is told nothing about another's tasks, and c
   a.send(codec::finish{"a1"});
   REQUIRE(w.recv_a<codec::task_close>());
 }
+
+// §16.2 "In CURVE mode an OPS SHALL be refused with ERROR 431 (UNAUTHORIZED, ref_type = OPS)
+// unless the connection's key is in the allowlist with the role operator ... checked at each
+// OPS, so a reload that drops the role takes effect at once"
+TEST_CASE("SPEC 16.2: under CURVE only an operator's key may send OPS", "[spec]") {
+  keyring k;
+  const auto admin = util::make_curve_pair(), worker = util::make_curve_pair();
+  const auto both = [&](const std::string& admin_roles) {
+    return entry(admin, "admin", admin_roles) + entry(worker, "worker", "\"collector\"");
+  };
+  broker_with b(k.config(both("\"operator\"")));
+  const auto admin_keys = k.client(admin), worker_keys = k.client(worker);
+  raw_peer ctl(b.ctx, b.router, &admin_keys), w(b.ctx, b.router, &worker_keys);
+  codec::ops status;
+  status.request_id = 9;
+  status.verb = "status";
+  ctl.send(status);
+  CHECK(next_a<codec::ops_reply>(ctl).request_id == 9);
+  // A worker's key may not, with or without a session.
+  w.send(status);
+  CHECK_THAT(next_error(w, error_code::unauthorized, ref(0x50)).reason,
+             Catch::Contains("not an operator"));
+  join(w, "w0", role::collector);
+  w.send(status);
+  next_error(w, error_code::unauthorized, ref(0x50));
+  // The operator role taken away: refused from the next OPS on.
+  const auto reloads = b.broker.get().snapshot().allowlist_reloads;
+  k.write_allowlist(both("\"subscriber\""));
+  b.broker.get().request_reload();
+  REQUIRE(wait_until([&] { return b.broker.get().snapshot().allowlist_reloads > reloads; }));
+  ctl.send(status);
+  next_error(ctl, error_code::unauthorized, ref(0x50));
+}

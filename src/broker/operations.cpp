@@ -1,0 +1,224 @@
+// The broker's answers to operators (SPEC §16): OPS in, one OPS_REPLY or one ERROR out. Each
+// verb reads or steers what the server and its task manager hold; this file only gathers
+// and writes it down, so the loop and the task logic stay where they are.
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <stdexcept>
+#include <vector>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "broker/server.hpp"
+#include "broker/settings.hpp"
+#include "codec/map_writer.hpp"
+
+namespace rlbus::broker {
+
+namespace {
+
+// The settings `set` may change while the broker runs (§16.5): those read afresh at each use.
+constexpr std::array<std::string_view, 11> live_settings{
+    "tasks.max-queue",        "tasks.start-timeout", "tasks.step-timeout",
+    "tasks.close-timeout",    "tasks.task-timeout",  "tasks.max-attempts",
+    "tasks.queue-timeout-ms", "tasks.no-data-retry", "heartbeat-min",
+    "heartbeat-max",          "max-faults"};
+
+std::uint64_t ms_since(util::time_point then, util::time_point now) {
+  if (now <= then) return 0;
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(now - then).count());
+}
+
+refusal missing(std::string_view verb, std::string_view field) {
+  return {codec::error_code::bad_field, fmt::format("{} needs the field '{}'", verb, field)};
+}
+
+}  // namespace
+
+void server::on_ops(std::string_view routing_id, peer* p, zmq::message_t& body,
+                    util::time_point now) {
+  constexpr auto type = static_cast<std::uint8_t>(codec::msg_type::ops);
+  const std::string_view bytes(static_cast<const char*>(body.data()), body.size());
+  auto decoded = codec::decode_body(type, bytes, cfg_.limits);
+  if (!decoded) return fault(routing_id, p, decoded.error().code, decoded.error().reason, type);
+  const auto& op = std::get<codec::ops>(decoded.value());
+  if (gate_.curve()) {  // §16.2: only keys listed as operators
+    std::string key;
+    if (const char* k = body.gets("User-Id")) key = k;
+    const auto* e = gate_.entry(key);
+    if (e == nullptr || !e->operator_)
+      return fault(routing_id, p, codec::error_code::unauthorized,
+                   e == nullptr ? std::string("this connection's key is not in the allowlist")
+                                : fmt::format("key '{}' is not an operator", e->name),
+                   type);
+  }
+  auto answer = ops_answer(op, now);
+  if (auto* why = std::get_if<refusal>(&answer))
+    return fault(routing_id, p, why->code, std::move(why->reason), type);
+  (void)send(routing_id,
+             codec::ops_reply{op.request_id, op.verb, std::move(std::get<codec::blob>(answer))});
+}
+
+std::variant<codec::blob, refusal> server::ops_answer(const codec::ops& op, util::time_point now) {
+  const auto limit = std::size_t{op.limit.value_or(1000)};
+  if (op.verb == "status") return ops_status(now);
+  if (op.verb == "workers") {
+    std::vector<const peer*> workers;
+    peers_.for_each([&](const peer& q) {
+      if (q.role == rlbus::role::coordinator) return;
+      if (op.kind && to_string(q.role) != *op.kind) return;
+      workers.push_back(&q);
+    });
+    std::sort(workers.begin(), workers.end(),
+              [](const peer* a, const peer* b) { return a->serial < b->serial; });
+    std::vector<codec::blob> items;
+    for (const peer* q : workers) {
+      if (items.size() == limit) break;
+      const auto w = tasks_.worker_state(q->id).value_or(task_manager::worker_view{});
+      items.push_back(codec::map_writer(10)
+                          .str("id", q->id)
+                          .str("role", to_string(q->role))
+                          .resources("resources", q->resources)
+                          .str("task", w.task)
+                          .uint("attempt", w.attempt)
+                          .uint("heartbeat_age_ms", ms_since(q->last_seen, now))
+                          .boolean("quarantined", w.quarantined)
+                          .boolean("leaving", w.leaving)
+                          .boolean("drained", w.drained)
+                          .uint("session", q->serial)
+                          .done());
+    }
+    return codec::map_writer(2).array("workers", items).uint("total", workers.size()).done();
+  }
+  if (op.verb == "tasks") {
+    std::optional<rlbus::role> kind;
+    if (op.kind) kind = parse_role(*op.kind);
+    const auto [tasks, total] =
+        tasks_.list_tasks(op.state.value_or(""), kind, op.coordinator.value_or(""), limit);
+    std::vector<codec::blob> items;
+    items.reserve(tasks.size());
+    for (const auto& t : tasks)
+      items.push_back(codec::map_writer(7)
+                          .str("id", t.id)
+                          .str("kind", to_string(t.kind))
+                          .str("state", t.state)
+                          .uint("attempt", t.attempt)
+                          .str("worker", t.worker)
+                          .str("coordinator", t.coordinator)
+                          .uint("age_ms", ms_since(t.submitted, now))
+                          .done());
+    return codec::map_writer(2).array("tasks", items).uint("total", total).done();
+  }
+  if (op.verb == "drain" || op.verb == "undrain" || op.verb == "evict") {
+    if (!op.worker) return missing(op.verb, "worker");
+    const auto& id = *op.worker;
+    const peer* q = peers_.by_id(id);
+    if (q == nullptr || q->role == rlbus::role::coordinator)
+      return refusal{codec::error_code::no_such_peer,
+                     fmt::format("no worker '{}' has a session", id)};
+    if (op.verb == "evict") {
+      const auto held = tasks_.take_back(id, "evicted by an operator", now).value_or("");
+      spdlog::warn("worker {} evicted by an operator{}", id,
+                   held.empty() ? "" : fmt::format(" (its task {} handed back)", held));
+      const peer gone = *q;  // end_session's caller forgets the session
+      end_session(gone, codec::error_code::evicted, "evicted by an operator", true);
+      peers_.erase(*peers_.by_id(id));
+      counters_.peers.store(peers_.size(), std::memory_order_relaxed);
+      store_counters();
+      return codec::map_writer(2).str("worker", id).str("task", held).done();
+    }
+    tasks_.set_drained(id, op.verb == "drain", now);
+    store_counters();
+    if (op.verb == "undrain") return codec::map_writer(1).str("worker", id).done();
+    const auto w = tasks_.worker_state(id).value_or(task_manager::worker_view{});
+    return codec::map_writer(2).str("worker", id).str("task", w.task).done();
+  }
+  // set (the decoder allows no other verb)
+  if (!op.key) return missing(op.verb, "key");
+  if (!op.value) return missing(op.verb, "value");
+  const auto* s = find_setting(*op.key);
+  if (s == nullptr || s->key() != *op.key)
+    return refusal{codec::error_code::bad_field,
+                   fmt::format("'{}' is not a setting (keys as in the config file, e.g. "
+                               "tasks.max-queue)",
+                               *op.key)};
+  if (std::find(live_settings.begin(), live_settings.end(), *op.key) == live_settings.end())
+    return refusal{codec::error_code::bad_field,
+                   fmt::format("{} cannot change while the broker runs; the ones that can: {}",
+                               *op.key, fmt::join(live_settings, ", "))};
+  config next = cfg_;
+  if (auto why = s->assign(next, *op.value); !why.empty())
+    return refusal{codec::error_code::bad_field, fmt::format("{}: {}", *op.key, why)};
+  try {
+    next.validate();
+  } catch (const std::invalid_argument& e) {
+    return refusal{codec::error_code::bad_field, fmt::format("{}: {}", *op.key, e.what())};
+  }
+  auto was = s->text(cfg_);
+  cfg_ = std::move(next);  // the task manager reads the same object
+  spdlog::warn("an operator set {} = {} (was {})", *op.key, *op.value, was);
+  changes_.push_back({*op.key, *op.value, was, now});
+  return codec::map_writer(3).str("key", *op.key).str("value", *op.value).str("was", was).done();
+}
+
+codec::blob server::ops_status(util::time_point now) const {
+  const auto s = snapshot();
+  const auto coordinators = s.peers - std::min(s.peers, s.collectors + s.learners);
+  std::vector<codec::blob> streams;
+  for (const auto& st : tasks_.list_streams())
+    streams.push_back(codec::map_writer(5)
+                          .str("coordinator", st.coordinator)
+                          .uint("seq", st.seq)
+                          .uint("acked", st.acked)
+                          .boolean("windowed", st.windowed)
+                          .uint("held", st.held)
+                          .done());
+  std::vector<codec::blob> changes;
+  for (const auto& c : changes_)
+    changes.push_back(codec::map_writer(4)
+                          .str("key", c.key)
+                          .str("value", c.value)
+                          .str("was", c.was)
+                          .uint("age_ms", ms_since(c.at, now))
+                          .done());
+  const std::pair<std::string_view, std::uint64_t> counts[] = {
+      {"messages_in", s.messages_in},
+      {"messages_out", s.messages_out},
+      {"faults", s.faults},
+      {"expired", s.expired},
+      {"events", s.events},
+      {"tasks_finished", s.tasks_finished},
+      {"tasks_failed", s.tasks_failed},
+      {"tasks_requeued", s.tasks_requeued},
+      {"stale_messages", s.stale_messages},
+      {"stream_replays", s.stream_replays},
+      {"stream_resent", s.stream_resent},
+      {"stream_lost", s.stream_lost},
+      {"data_duplicates", s.data_duplicates},
+      {"data_lost", s.data_lost},
+      {"quarantines", s.quarantines},
+      {"connections", s.connections}};
+  codec::map_writer counters(static_cast<std::uint32_t>(std::size(counts)));
+  for (const auto& [name, v] : counts) counters.uint(name, v);
+  return codec::map_writer(8)
+      .uint("uptime_ms", ms_since(started_, now))
+      .boolean("draining", s.draining)
+      .raw("peers", codec::map_writer(3)
+                        .uint("collector", s.collectors)
+                        .uint("learner", s.learners)
+                        .uint("coordinator", coordinators)
+                        .done())
+      .raw("tasks", codec::map_writer(2)
+                        .uint("queued", s.tasks_queued)
+                        .uint("running", s.tasks_running)
+                        .done())
+      .uint("queue_depth", s.tasks_queued)
+      .raw("counters", counters.done())
+      .array("streams", streams)
+      .array("changes", changes)
+      .done();
+}
+
+}  // namespace rlbus::broker

@@ -1,0 +1,337 @@
+// rlbus-ctl: an operator's view of a running broker, and its levers, over the protocol's
+// operations messages (SPEC §16): one OPS, one OPS_REPLY (or ERROR) per command. Human
+// tables by default, the reply's result as JSON with --json.
+//
+// Exit status: 0 done; 1 no answer (the broker is not there, or did not answer within
+// --timeout); 2 bad usage; 3 the broker refused (it says why).
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <zmq.hpp>
+
+#include "codec/codec.hpp"
+#include "rlbus/types.hpp"
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr int exit_no_answer = 1;
+constexpr int exit_usage = 2;
+constexpr int exit_refused = 3;
+
+// Why a command ended without a result, and with which exit status.
+struct failure {
+  int status;
+  std::string text;
+};
+
+class broker_link {
+ public:
+  broker_link(const std::string& endpoint, const std::optional<rlbus::curve_keys>& keys)
+      : sock_(ctx_, zmq::socket_type::dealer) {
+    sock_.set(zmq::sockopt::linger, 0);
+    if (keys) {
+      sock_.set(zmq::sockopt::curve_serverkey, keys->server_key);
+      sock_.set(zmq::sockopt::curve_publickey, keys->public_key);
+      sock_.set(zmq::sockopt::curve_secretkey, keys->secret_key);
+    }
+    sock_.connect(endpoint);
+  }
+
+  /// Sends `op` and waits for its answer: the result as JSON, or why there is none.
+  std::variant<json, failure> ask(rlbus::codec::ops op, std::chrono::milliseconds timeout) {
+    op.request_id = ++next_id_;
+    const auto header = rlbus::codec::make_header(rlbus::codec::msg_type::ops);
+    const auto body = rlbus::codec::encode_body(rlbus::codec::message{op});
+    sock_.send(zmq::buffer(header.data(), header.size()), zmq::send_flags::sndmore);
+    sock_.send(zmq::buffer(body), zmq::send_flags::none);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      zmq::pollitem_t item{sock_.handle(), 0, ZMQ_POLLIN, 0};
+      if (left.count() <= 0 || zmq::poll(&item, 1, left) == 0)
+        return failure{exit_no_answer,
+                       fmt::format("no answer within {} ms (is a broker at {}?)", timeout.count(),
+                                   sock_.get(zmq::sockopt::last_endpoint))};
+      std::vector<zmq::message_t> frames;
+      do {
+        frames.emplace_back();
+        (void)sock_.recv(frames.back(), zmq::recv_flags::none);
+      } while (frames.back().more());
+      if (frames.size() != 2) continue;
+      const auto h = rlbus::codec::parse_header(frames[0].to_string_view());
+      if (!h) continue;
+      auto m = rlbus::codec::decode_body(h->type, frames[1].to_string_view());
+      if (!m) continue;
+      if (auto* r = std::get_if<rlbus::codec::ops_reply>(&m.value())) {
+        if (r->request_id != op.request_id) continue;  // an answer to an earlier, timed-out ask
+        const auto& bytes = r->result;
+        return json::from_msgpack(bytes.begin(), bytes.end());
+      }
+      if (auto* e = std::get_if<rlbus::codec::error>(&m.value()))
+        return failure{exit_refused, fmt::format("the broker refused: {} {}: {}", e->code,
+                                                 rlbus::codec::code_name(e->code), e->reason)};
+    }
+  }
+
+ private:
+  zmq::context_t ctx_{1};
+  zmq::socket_t sock_;
+  std::uint64_t next_id_ = 0;
+};
+
+// ---- human output -------------------------------------------------------------------------
+
+std::string text_of(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_boolean()) return v.get<bool>() ? "yes" : "no";
+  if (v.is_object()) {
+    std::string out;
+    for (const auto& [k, x] : v.items()) out += (out.empty() ? "" : ",") + k + "=" + text_of(x);
+    return out.empty() ? "-" : out;
+  }
+  return v.dump();
+}
+
+std::string age(const json& ms) {
+  const auto v = ms.get<std::uint64_t>();
+  if (v < 10'000) return fmt::format("{}ms", v);
+  if (v < 600'000) return fmt::format("{}s", v / 1000);
+  if (v < 36'000'000) return fmt::format("{}m", v / 60'000);
+  return fmt::format("{}h", v / 3'600'000);
+}
+
+void table(const std::vector<std::string>& head,
+           const std::vector<std::vector<std::string>>& rows) {
+  std::vector<std::size_t> width(head.size());
+  for (std::size_t i = 0; i < head.size(); ++i) width[i] = head[i].size();
+  for (const auto& r : rows)
+    for (std::size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  const auto line = [&](const std::vector<std::string>& cells) {
+    std::string out;
+    for (std::size_t i = 0; i < cells.size(); ++i)
+      out += i + 1 == cells.size() ? cells[i] : fmt::format("{:<{}}  ", cells[i], width[i]);
+    std::puts(out.c_str());
+  };
+  line(head);
+  for (const auto& r : rows) line(r);
+}
+
+void print_status(const json& s) {
+  const auto& p = s.at("peers");
+  const auto& t = s.at("tasks");
+  std::printf("uptime       %s%s\n", age(s.at("uptime_ms")).c_str(),
+              s.at("draining").get<bool>() ? "  (draining)" : "");
+  std::printf("peers        %s collectors, %s learners, %s coordinators\n",
+              p.at("collector").dump().c_str(), p.at("learner").dump().c_str(),
+              p.at("coordinator").dump().c_str());
+  std::printf("tasks        %s queued, %s running\n", t.at("queued").dump().c_str(),
+              t.at("running").dump().c_str());
+  std::string counters;
+  for (const auto& [k, v] : s.at("counters").items())
+    counters += fmt::format("{}{}={}", counters.empty() ? "" : " ", k, v.dump());
+  std::printf("counters     %s\n", counters.c_str());
+  if (!s.at("streams").empty()) {
+    std::puts("");
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& st : s.at("streams"))
+      rows.push_back({text_of(st.at("coordinator")), st.at("seq").dump(), st.at("acked").dump(),
+                      text_of(st.at("windowed")), st.at("held").dump()});
+    table({"STREAM", "SEQ", "ACKED", "WINDOWED", "HELD"}, rows);
+  }
+  if (!s.at("changes").empty()) {
+    std::puts("");
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& c : s.at("changes"))
+      rows.push_back({text_of(c.at("key")), text_of(c.at("value")), text_of(c.at("was")),
+                      age(c.at("age_ms")) + " ago"});
+    table({"CHANGED", "VALUE", "WAS", "WHEN"}, rows);
+  }
+}
+
+void print_workers(const json& r) {
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& w : r.at("workers")) {
+    std::string flags;
+    for (const auto* f : {"quarantined", "leaving", "drained"})
+      if (w.at(f).get<bool>()) flags += (flags.empty() ? "" : ",") + std::string(f);
+    rows.push_back({text_of(w.at("id")), text_of(w.at("role")),
+                    w.at("task").get<std::string>().empty() ? "-" : text_of(w.at("task")),
+                    w.at("attempt").get<std::uint64_t>() == 0 ? "-" : w.at("attempt").dump(),
+                    age(w.at("heartbeat_age_ms")), flags.empty() ? "-" : flags,
+                    text_of(w.at("resources"))});
+  }
+  table({"WORKER", "ROLE", "TASK", "ATTEMPT", "LAST SEEN", "FLAGS", "RESOURCES"}, rows);
+  if (r.at("total").get<std::size_t>() > rows.size())
+    std::printf("(%zu of %s shown: --limit)\n", rows.size(), r.at("total").dump().c_str());
+}
+
+void print_tasks(const json& r) {
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& t : r.at("tasks"))
+    rows.push_back({text_of(t.at("id")), text_of(t.at("kind")), text_of(t.at("state")),
+                    t.at("attempt").dump(),
+                    t.at("worker").get<std::string>().empty() ? "-" : text_of(t.at("worker")),
+                    text_of(t.at("coordinator")), age(t.at("age_ms"))});
+  table({"TASK", "KIND", "STATE", "ATTEMPT", "WORKER", "COORDINATOR", "AGE"}, rows);
+  if (r.at("total").get<std::size_t>() > rows.size())
+    std::printf("(%zu of %s shown: --limit)\n", rows.size(), r.at("total").dump().c_str());
+}
+
+void print_human(const std::string& verb, const json& r) {
+  if (verb == "status") return print_status(r);
+  if (verb == "workers") return print_workers(r);
+  if (verb == "tasks") return print_tasks(r);
+  const auto task = r.value("task", std::string());
+  const auto worker = r.value("worker", std::string());
+  if (verb == "drain")
+    std::printf("worker %s drained: no new task%s\n", worker.c_str(),
+                task.empty() ? "" : fmt::format(" (its task {} runs on)", task).c_str());
+  else if (verb == "undrain")
+    std::printf("worker %s may get tasks again\n", worker.c_str());
+  else if (verb == "evict")
+    std::printf("worker %s evicted%s\n", worker.c_str(),
+                task.empty() ? "" : fmt::format("; its task {} was handed back", task).c_str());
+  else if (verb == "set")
+    std::printf("%s = %s (was %s)\n", r.at("key").get<std::string>().c_str(),
+                r.at("value").get<std::string>().c_str(), r.at("was").get<std::string>().c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "rlbus-ctl: look inside a running rlbus broker and steer it.\n"
+      "Talks to the broker's ROUTER endpoint with the protocol's operations messages; with\n"
+      "CURVE on, give a key pair the broker's allowlist lists with the role `operator`.\n"
+      "Exit status: 0 done, 1 no answer from the broker, 2 bad usage, 3 the broker refused."};
+  app.require_subcommand(1);
+  std::string endpoint = "tcp://127.0.0.1:7235";
+  app.add_option("--broker", endpoint, "the broker's ROUTER endpoint")
+      ->envname("RLBUS_ENDPOINT")
+      ->capture_default_str();
+  bool as_json = false;
+  app.add_flag("--json", as_json, "print the broker's answer as JSON (one object per answer)");
+  std::uint32_t timeout_ms = 5000;
+  app.add_option("--timeout", timeout_ms, "ms to wait for an answer")
+      ->capture_default_str()
+      ->check(CLI::Range(1U, 3'600'000U));
+  std::string key_file, broker_key_file;
+  auto* key_opt = app.add_option("--curve-key", key_file,
+                                 "this operator's key pair (.key), when the broker has CURVE on")
+                      ->envname("RLBUS_CURVE_KEY");
+  app.add_option("--broker-key", broker_key_file, "the broker's public key (.pub)")
+      ->envname("RLBUS_BROKER_KEY")
+      ->needs(key_opt);
+  key_opt->needs("--broker-key");
+
+  rlbus::codec::ops op;
+  std::uint32_t interval_ms = 1000, count = 0;
+  app.add_subcommand("status", "uptime, peers by role, tasks, streams, counters");
+  auto* workers = app.add_subcommand("workers", "every worker session, with its task");
+  auto* tasks = app.add_subcommand("tasks", "live tasks, queued first, in queue order");
+  auto* watch = app.add_subcommand("watch", "status and workers, refreshed in place");
+  auto* drain = app.add_subcommand("drain", "give WORKER no new task (its task runs on)");
+  auto* undrain = app.add_subcommand("undrain", "let a drained WORKER get tasks again");
+  auto* evict =
+      app.add_subcommand("evict", "hand WORKER's task back to the queue and end its session");
+  auto* set = app.add_subcommand(
+      "set", "change a setting at run time (tasks.max-queue, timeouts, heartbeat bounds, ...)");
+  std::string kind, state, coordinator, worker, key, value;
+  std::uint32_t limit = 0;
+  for (auto* c : {workers, tasks}) {
+    c->add_option("--kind", kind, "collector or learner")
+        ->check(CLI::IsMember({"collector", "learner"}));
+    c->add_option("--limit", limit, "most entries (1..10000; default 1000)")
+        ->check(CLI::Range(1U, 10'000U));
+  }
+  tasks->add_option("--state", state, "queued, starting, running or closing")
+      ->check(CLI::IsMember({"queued", "starting", "running", "closing"}));
+  tasks->add_option("--coordinator", coordinator, "only this coordinator's tasks");
+  watch->add_option("--interval", interval_ms, "ms between refreshes")
+      ->capture_default_str()
+      ->check(CLI::Range(100U, 3'600'000U));
+  watch->add_option("--count", count, "refreshes before it stops (0: until interrupted)")
+      ->capture_default_str();
+  for (auto* c : {drain, undrain, evict})
+    c->add_option("worker", worker, "the worker's id")->required();
+  set->add_option("key", key, "the setting, as the config file names it")->required();
+  set->add_option("value", value, "its new value")->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return exit_usage;
+  }
+
+  std::optional<rlbus::curve_keys> keys;
+  if (!key_file.empty()) {
+    try {
+      keys = rlbus::curve_keys_from_files(key_file, broker_key_file);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rlbus-ctl: %s\n", e.what());
+      return exit_usage;
+    }
+  }
+  auto* chosen = app.get_subcommands().front();
+  op.verb = chosen == watch ? "status" : chosen->get_name();
+  if (!kind.empty()) op.kind = kind;
+  if (!state.empty()) op.state = state;
+  if (!coordinator.empty()) op.coordinator = coordinator;
+  if (limit != 0) op.limit = limit;
+  if (!worker.empty()) op.worker = worker;
+  if (chosen == set) {
+    op.key = key;
+    op.value = value;
+  }
+
+  broker_link broker(endpoint, keys);
+  const auto timeout = std::chrono::milliseconds(timeout_ms);
+  const auto ask = [&](const rlbus::codec::ops& o) -> std::optional<json> {
+    auto r = broker.ask(o, timeout);
+    if (auto* f = std::get_if<failure>(&r)) {
+      std::fprintf(stderr, "rlbus-ctl: %s\n", f->text.c_str());
+      std::exit(f->status);
+    }
+    return std::get<json>(std::move(r));
+  };
+  if (chosen != watch) {
+    const auto r = ask(op);
+    if (as_json)
+      std::cout << r->dump(2) << "\n";
+    else
+      print_human(op.verb, *r);
+    return 0;
+  }
+  rlbus::codec::ops list_workers;
+  list_workers.verb = "workers";
+  for (std::uint32_t n = 0; count == 0 || n < count; ++n) {
+    if (n > 0) std::this_thread::sleep_for(std::chrono::milliseconds(interval_ms));
+    const auto s = ask(op);
+    const auto w = ask(list_workers);
+    if (as_json) {
+      std::cout << json{{"status", *s}, {"workers", *w}}.dump() << std::endl;
+      continue;
+    }
+    std::fputs("\x1b[H\x1b[2J", stdout);  // refreshed in place
+    std::printf("rlbus-ctl watch %s, every %u ms\n\n", endpoint.c_str(), interval_ms);
+    print_status(*s);
+    std::puts("");
+    print_workers(*w);
+    std::fflush(stdout);
+  }
+  return 0;
+}

@@ -1,0 +1,169 @@
+// Integration: rlbus-ctl against the real broker binary, every verb, as an operator runs it:
+// the human tables, --json, and the exit codes (0 done, 1 no answer, 2 usage, 3 refused).
+#include <catch2/catch.hpp>
+
+#include <csignal>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "support/child.hpp"
+#include "support/support.hpp"
+
+using namespace rlbus;
+using namespace rlbus::test;
+using json = nlohmann::json;
+
+namespace {
+
+// The broker binary on free ports, stopped with SIGTERM at the end.
+struct running_broker {
+  child proc;
+  std::string router;
+  running_broker()
+      : proc(binary_from_env("RLBUS_BROKER_BIN"), {"--router", "tcp://127.0.0.1:0", "--events",
+                                                   "tcp://127.0.0.1:0", "--drain-ms", "0"}) {
+    const auto line = proc.wait_for_line("rlbus-broker listening", 10s);
+    INFO(proc.output());
+    REQUIRE(line);
+    const auto from = line->find("router=") + 7;
+    router = line->substr(from, line->find(' ', from) - from);
+  }
+  ~running_broker() {
+    proc.signal(SIGTERM);
+    (void)proc.wait(10s);
+  }
+  running_broker(const running_broker&) = delete;
+  running_broker& operator=(const running_broker&) = delete;
+};
+
+std::pair<int, std::string> ctl(const running_broker& b, std::vector<std::string> args) {
+  args.insert(args.begin(), {"--broker", b.router});
+  return run_to_end(binary_from_env("RLBUS_CTL_BIN"), args);
+}
+
+json ctl_json(const running_broker& b, std::vector<std::string> args) {
+  args.insert(args.begin(), "--json");
+  const auto [status, out] = ctl(b, args);
+  INFO(out);
+  REQUIRE(status == 0);
+  return json::parse(out);
+}
+
+}  // namespace
+
+TEST_CASE("rlbus-ctl shows status, workers and tasks of the running broker", "[binary][ctl]") {
+  running_broker b;
+  zmq::context_t ctx;
+  raw_peer coord(ctx, b.router), w(ctx, b.router);
+  coord.introduce("coord", role::coordinator, 30'000);
+  w.introduce("collector-7", role::collector, 30'000);
+  codec::submit s;
+  s.task_id = "t-run";
+  coord.send(s);
+  REQUIRE(w.recv_a<codec::task_start>());
+  s.task_id = "t-queued";
+  s.kind = role::learner;  // no learner: it waits
+  coord.send(s);
+  REQUIRE(wait_until([&] { return ctl_json(b, {"status"}).at("queue_depth") == 1; }));
+
+  const auto status = ctl_json(b, {"status"});
+  CHECK(status.at("peers").at("collector") == 1);
+  CHECK(status.at("peers").at("coordinator") == 1);
+  CHECK(status.at("tasks").at("running") == 1);
+  const auto [code, human] = ctl(b, {"status"});
+  CHECK(code == 0);
+  CHECK_THAT(human, Catch::Contains("1 collectors, 0 learners, 1 coordinators"));
+  CHECK_THAT(human, Catch::Contains("1 queued, 1 running"));
+
+  const auto workers = ctl_json(b, {"workers"});
+  REQUIRE(workers.at("workers").size() == 1);
+  CHECK(workers.at("workers")[0].at("task") == "t-run");
+  const auto [wcode, wtable] = ctl(b, {"workers"});
+  CHECK(wcode == 0);
+  CHECK_THAT(wtable, Catch::Contains("WORKER") && Catch::Contains("collector-7") &&
+                         Catch::Contains("t-run"));
+
+  const auto queued = ctl_json(b, {"tasks", "--state", "queued"});
+  REQUIRE(queued.at("tasks").size() == 1);
+  CHECK(queued.at("tasks")[0].at("id") == "t-queued");
+  const auto [tcode, ttable] = ctl(b, {"tasks", "--kind", "collector"});
+  CHECK(tcode == 0);
+  CHECK_THAT(ttable, Catch::Contains("t-run") && Catch::Contains("starting") &&
+                         !Catch::Contains("t-queued"));
+}
+
+TEST_CASE("rlbus-ctl drains, undrains and evicts a worker and sets a limit", "[binary][ctl]") {
+  running_broker b;
+  zmq::context_t ctx;
+  raw_peer coord(ctx, b.router), w(ctx, b.router);
+  coord.introduce("coord", role::coordinator, 30'000);
+  w.introduce("w", role::collector, 30'000);
+  auto [code, out] = ctl(b, {"drain", "w"});
+  CHECK(code == 0);
+  CHECK_THAT(out, Catch::Contains("worker w drained"));
+  codec::submit s;
+  s.task_id = "t0";
+  coord.send(s);
+  CHECK_FALSE(w.recv_a<codec::task_start>(300ms));  // drained: nothing comes
+  std::tie(code, out) = ctl(b, {"undrain", "w"});
+  CHECK(code == 0);
+  REQUIRE(w.recv_a<codec::task_start>());  // undrained: the waiting task comes
+  std::tie(code, out) = ctl(b, {"evict", "w"});
+  CHECK(code == 0);
+  CHECK_THAT(out, Catch::Contains("its task t0 was handed back"));
+  CHECK(w.recv_a<codec::task_abort>());
+  const auto bye = w.recv_a<codec::disconnect>();
+  REQUIRE(bye);
+  CHECK(bye->code == 433);
+  CHECK(ctl_json(b, {"workers"}).at("total") == 0);
+
+  std::tie(code, out) = ctl(b, {"set", "tasks.max-queue", "5"});
+  CHECK(code == 0);
+  CHECK_THAT(out, Catch::Contains("tasks.max-queue = 5 (was 10000)"));
+  const auto changes = ctl_json(b, {"status"}).at("changes");
+  REQUIRE(changes.size() == 1);
+  CHECK(changes[0].at("value") == "5");
+}
+
+TEST_CASE("rlbus-ctl's exit status says what went wrong", "[binary][ctl]") {
+  running_broker b;
+  // 3: the broker refused, and says why.
+  auto [code, out] = ctl(b, {"evict", "nobody"});
+  CHECK(code == 3);
+  CHECK_THAT(out, Catch::Contains("432 NO_SUCH_PEER") && Catch::Contains("nobody"));
+  std::tie(code, out) = ctl(b, {"set", "router", "tcp://127.0.0.1:1"});
+  CHECK(code == 3);
+  CHECK_THAT(out, Catch::Contains("cannot change while the broker runs"));
+  // 2: bad usage, never sent.
+  std::tie(code, out) = ctl(b, {});
+  CHECK(code == 2);
+  std::tie(code, out) = ctl(b, {"tasks", "--state", "done"});
+  CHECK(code == 2);
+  // 1: nobody answers.
+  std::tie(code, out) = run_to_end(binary_from_env("RLBUS_CTL_BIN"),
+                                   {"--broker", "tcp://127.0.0.1:1", "--timeout", "200", "status"});
+  CHECK(code == 1);
+  CHECK_THAT(out, Catch::Contains("no answer within 200 ms"));
+}
+
+TEST_CASE("rlbus-ctl watch refreshes status and workers", "[binary][ctl]") {
+  running_broker b;
+  const auto [code, out] = ctl(b, {"--json", "watch", "--interval", "100", "--count", "3"});
+  CHECK(code == 0);
+  std::istringstream lines(out);
+  int n = 0;
+  for (std::string line; std::getline(lines, line);) {
+    INFO(line);
+    const auto j = json::parse(line);
+    CHECK(j.at("status").contains("uptime_ms"));
+    CHECK(j.at("workers").contains("total"));
+    ++n;
+  }
+  CHECK(n == 3);
+  const auto [hcode, human] = ctl(b, {"watch", "--interval", "100", "--count", "1"});
+  CHECK(hcode == 0);
+  CHECK_THAT(human, Catch::Contains("\x1b[H\x1b[2J") && Catch::Contains("WORKER"));
+}
