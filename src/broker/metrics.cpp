@@ -9,6 +9,20 @@ namespace rlbus::broker {
 
 namespace {
 
+// A label value as the exposition format writes it: \\, \" and \n escaped.
+std::string escaped(std::string_view v) {
+  std::string out;
+  for (const char c : v) {
+    if (c == '\\' || c == '"') out.push_back('\\');
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
 class exposition {
  public:
   /// A family of one sample.
@@ -34,6 +48,13 @@ class exposition {
     fmt::format_to(std::back_inserter(out_),
                    "{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, h.count, name,
                    h.sum_seconds, name, h.count);
+  }
+  /// One sample per (label value, value) pair.
+  void labelled(std::string_view name, std::string_view type, std::string_view help,
+                std::string_view label,
+                const std::vector<std::pair<std::string, std::uint64_t>>& values) {
+    head(name, type, help);
+    for (const auto& [v, n] : values) sample(name, label, escaped(v), n);
   }
   std::string done() { return std::move(out_); }
 
@@ -75,6 +96,13 @@ std::string prometheus_text(const stats& s) {
   e.sample("rlbus_tasks", "state", "queued", s.tasks_queued);
   e.sample("rlbus_tasks", "state", "running", s.tasks_running);
   e.one("rlbus_queue_depth", "gauge", "tasks waiting for a worker", s.tasks_queued);
+  e.labelled("rlbus_queue_depth_by_requirements", "gauge",
+             "tasks waiting for a worker, by the resources they require (\"\" none), as of "
+             "the last status tick",
+             "requirements", s.queued_by_shape);
+  e.labelled("rlbus_policy_version", "gauge",
+             "the latest version of each policy the broker holds, as of the last status tick",
+             "policy", s.policy_versions);
   e.histogram("rlbus_assignment_latency_seconds",
               "time from a task's queueing to the start of its attempt, each attempt",
               s.assignment_latency);

@@ -126,6 +126,11 @@ stats server::snapshot() const {
   }
   for (std::size_t i = 0; i < s.errors_by_code.size(); ++i)
     s.errors_by_code[i] = c.errors_by_code[i].load(std::memory_order_relaxed);
+  {
+    const std::lock_guard lock(ticked_mu_);
+    s.queued_by_shape = ticked_shapes_;
+    s.policy_versions = ticked_policies_;
+  }
   s.assignment_latency = tasks_.assignment_latency().counts();
   s.task_duration = tasks_.task_duration().counts();
   s.peers = c.peers.load();
@@ -718,6 +723,11 @@ void server::publish_status(util::time_point now) {
   publish(codec::topic::broker_heartbeat,
           codec::broker_status{peers_.size(), static_cast<std::uint64_t>(uptime.count())});
   next_status_ = now + std::chrono::milliseconds(cfg_.status_interval_ms);
+  auto shapes = tasks_.queued_by_shape();
+  auto policies = tasks_.policy_versions();
+  const std::lock_guard lock(ticked_mu_);
+  ticked_shapes_ = std::move(shapes);
+  ticked_policies_ = std::move(policies);
 }
 
 // The first stop request: the broker says how long it will wait, closes its doors (HELLO of

@@ -21,10 +21,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -104,6 +106,8 @@ struct stats {
   std::array<std::uint64_t, 200> errors_by_code{};
   // queued -> assigned, each attempt; attempt start -> RESULT, each finished attempt
   histogram_counts assignment_latency, task_duration;
+  // as of the last status tick: queued tasks by requirements ("" none), policies' versions
+  std::vector<std::pair<std::string, std::uint64_t>> queued_by_shape, policy_versions;
 };
 
 class server : private task_sink {
@@ -183,6 +187,9 @@ class server : private task_sink {
     util::time_point at;
   };
   std::vector<change> changes_;
+  // What the loop hands the metrics endpoint at each status tick (not in atomics: lists).
+  mutable std::mutex ticked_mu_;
+  std::vector<std::pair<std::string, std::uint64_t>> ticked_shapes_, ticked_policies_;
   void end_session(const peer& p, codec::error_code code, std::string reason, bool lost);
   bool send(std::string_view routing_id, const codec::message& m);
   /// What the task manager said of a task message: a refusal is answered and counted.

@@ -1326,6 +1326,24 @@ std::vector<task_manager::stream_view> task_manager::list_streams() const {
   return out;
 }
 
+std::vector<std::pair<std::string, std::uint64_t>> task_manager::queued_by_shape() const {
+  std::map<std::string, std::uint64_t> shapes;
+  for (const auto& [order, id] : queue_) {
+    std::string shape;
+    for (const auto& [name, amount] : tasks_.at(id).requirements)
+      shape += fmt::format("{}{}={}", shape.empty() ? "" : ",", name, amount);
+    ++shapes[shape];
+  }
+  return {shapes.begin(), shapes.end()};
+}
+
+std::vector<std::pair<std::string, std::uint64_t>> task_manager::policy_versions() const {
+  std::vector<std::pair<std::string, std::uint64_t>> out;
+  for (const auto& [id, p] : policies_.all()) out.emplace_back(id, p.version);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 bool task_manager::set_drained(const std::string& id, bool drained, util::time_point now) {
   const auto it = workers_.find(id);
   if (it == workers_.end()) return false;

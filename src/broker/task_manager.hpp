@@ -117,6 +117,10 @@ class task_manager {
     std::size_t held = 0;
   };
   [[nodiscard]] std::vector<stream_view> list_streams() const;
+  /// Queued tasks by what they require ("gpu=1,mem=16", "" for nothing), and the latest
+  /// version of each policy held: what the metrics show per resource shape and policy.
+  [[nodiscard]] std::vector<std::pair<std::string, std::uint64_t>> queued_by_shape() const;
+  [[nodiscard]] std::vector<std::pair<std::string, std::uint64_t>> policy_versions() const;
   /// A drained worker gets no new task (the one it holds runs on) until undrained or gone.
   /// False when `id` holds no worker session.
   bool set_drained(const std::string& id, bool drained, util::time_point now);

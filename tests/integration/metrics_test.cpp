@@ -45,7 +45,7 @@ int free_port() {
 // A histogram's samples are its family's name with _bucket, _sum or _count.
 std::map<std::string, double> parse_exposition(const std::string& text) {
   static const std::regex sample(
-      R"(^([a-z_]+)(\{[a-z_]+="[^"]*"\})? ([0-9]+(\.[0-9]+)?(e[-+]?[0-9]+)?)$)");
+      R"(^([a-z_]+)(\{[a-z_]+="(?:[^"\\]|\\.)*"\})? ([0-9]+(\.[0-9]+)?(e[-+]?[0-9]+)?)$)");
   static const std::regex comment(R"(^# (HELP|TYPE) ([a-z_]+) (.+)$)");
   static const std::regex histogram_part(R"(^(.+)_(bucket|sum|count)$)");
   std::map<std::string, double> out;
@@ -88,6 +88,8 @@ TEST_CASE("the HTTP endpoint answers health, readiness and metrics", "[binary][m
     s.draining = draining.load();
     s.tasks_queued = 7;
     s.assignment_latency = latency.counts();
+    s.queued_by_shape = {{"", 2}, {"gpu=1", 1}, {"odd\"name=1", 1}};
+    s.policy_versions = {{"pi", 7}};
     return s;
   });
   httplib::Client client(http.url());
@@ -119,6 +121,11 @@ TEST_CASE("the HTTP endpoint answers health, readiness and metrics", "[binary][m
   CHECK(samples.at("rlbus_assignment_latency_seconds_count") == 2);
   CHECK(samples.at("rlbus_assignment_latency_seconds_sum") == Approx(2.003));
   CHECK(samples.at("rlbus_task_duration_seconds_count") == 0);
+  CHECK(samples.at("rlbus_queue_depth_by_requirements{requirements=\"\"}") == 2);
+  CHECK(samples.at("rlbus_queue_depth_by_requirements{requirements=\"gpu=1\"}") == 1);
+  // A quote in a label value is escaped, as the format says.
+  CHECK(samples.at("rlbus_queue_depth_by_requirements{requirements=\"odd\\\"name=1\"}") == 1);
+  CHECK(samples.at("rlbus_policy_version{policy=\"pi\"}") == 7);
   CHECK(client.Get("/nothing")->status == 404);
 }
 

@@ -168,6 +168,18 @@ TEST_CASE_METHOD(fixture, "the assignment latency and the task duration are meas
   CHECK(duration.sum_seconds == Approx(2.0));
 }
 
+TEST_CASE_METHOD(fixture, "queued tasks are counted by the resources they require",
+                 "[unit][tasks]") {
+  submit("coord", "a", role::collector, {{"gpu", 1}});
+  submit("coord", "b", role::collector, {{"gpu", 1}});
+  submit("coord", "c", role::collector, {{"cpu", 2}, {"gpu", 1}});
+  submit("coord", "d", role::learner);
+  using shapes = std::vector<std::pair<std::string, std::uint64_t>>;
+  CHECK(tm->queued_by_shape() == shapes{{"", 1}, {"cpu=2,gpu=1", 1}, {"gpu=1", 2}});
+  join("c0", role::collector, {{"gpu", 1}});  // takes "a": one gpu=1 is left
+  CHECK(tm->queued_by_shape() == shapes{{"", 1}, {"cpu=2,gpu=1", 1}, {"gpu=1", 1}});
+}
+
 TEST_CASE_METHOD(fixture, "a learner task asks for data, waits for it, learns and finishes",
                  "[unit][tasks]") {
   join("l0", role::learner);
