@@ -221,3 +221,18 @@ def test_the_systemd_unit_verifies_and_its_config_is_taken(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stderr.strip() == "", run.stderr
+
+
+def test_the_image_builds_targets_the_build_defines():
+    docker = (DEPLOY / "docker" / "Dockerfile").read_text()
+    built = re.search(r"ninja -C /build ((?:src/\S+ ?)+)", docker).group(1).split()
+    copied = re.search(r"^COPY --from=build (.+) /usr/local/bin/$", docker, re.M).group(1).split()
+    assert {c.replace("/build/", "") for c in copied} == set(built)
+    entry = re.search(r'^ENTRYPOINT \["(\S+)"\]', docker, re.M).group(1)
+    assert entry == "/usr/local/bin/rlbus-broker"
+    # The targets exist in this tree's build (the build directory holds the broker).
+    build_dir = Path(BROKER).resolve().parent.parent
+    targets = subprocess.run(["ninja", "-C", str(build_dir), "-t", "targets", "all"],
+                             capture_output=True, text=True, check=True).stdout
+    names = {line.split(":")[0] for line in targets.splitlines()}
+    assert set(built) <= names, set(built) - names

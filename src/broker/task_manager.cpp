@@ -976,6 +976,7 @@ void task_manager::on_timers(util::time_point now) {
                          [](const auto& a, const auto& b) { return a.second < b.second; });
     if (due->second > now) break;
     const std::string id = due->first;
+    const util::log_scope log({.coordinator = id});
     spdlog::warn("coordinator {}: no new session adopted its tasks within {} ms", id,
                  cfg_.coordinator_grace_ms);
     drop_coordinator(id, now);
