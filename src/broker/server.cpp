@@ -361,6 +361,7 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
   if (type == codec::msg_type::data) {  // the hot path: read in place, never copied
     const auto d = codec::read_data(view(frames[2]), cfg_.limits);
     if (!d) return fault(routing_id, p, d.error().code, d.error().reason, header->type);
+    counters_due_ = true;
     return task_result(routing_id, p, tasks_.on_data(p->id, p->role, d.value(), now), header->type);
   }
   auto decoded = codec::decode_body(header->type, view(frames[2]), cfg_.limits);
@@ -369,9 +370,11 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
     return fault(routing_id, p, err.code, err.reason, header->type);
   }
   auto& msg = decoded.value();
-  if (codec::is_task_type(header->type))
+  if (codec::is_task_type(header->type)) {
+    counters_due_ = true;
     return task_result(routing_id, p, tasks_.handle(p->id, p->role, std::move(msg), now),
                        header->type);
+  }
   switch (type) {
     case codec::msg_type::hello: {
       // The connection's key, as the ZAP handler named it (SPEC §15.2).
@@ -634,6 +637,12 @@ void server::end_session(const peer& p, codec::error_code code, std::string reas
 }
 
 bool server::send_head(std::string_view routing_id, codec::msg_type type) {
+  // A snapshot taken once a peer has heard of a task step includes what the step changed
+  // before that message left: the counters are stored before its first message.
+  if (counters_due_) {
+    counters_due_ = false;
+    store_counters();
+  }
   try {
     if (!router_.send(zmq::buffer(routing_id),
                       zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
@@ -662,7 +671,8 @@ bool server::send(std::string_view routing_id, const codec::message& m) {
 
 void server::task_result(std::string_view routing_id, peer* p, std::optional<refusal> refused,
                          std::uint8_t type) {
-  store_counters();  // a snapshot taken once a peer has heard of a step includes it
+  counters_due_ = false;
+  store_counters();  // and what the step changed after its first message left
   // A late message about a task that moved on is normal after a re-assignment, a cancel or a
   // close: refused and counted, but no strike against the peer (SPEC §12.5.5).
   if (refused)

@@ -187,6 +187,7 @@ class server : private task_sink {
     util::time_point at;
   };
   std::vector<change> changes_;
+  bool counters_due_ = false;  // a task message is being handled: store before sending
   // What the loop hands the metrics endpoint at each status tick (not in atomics: lists).
   mutable std::mutex ticked_mu_;
   std::vector<std::pair<std::string, std::uint64_t>> ticked_shapes_, ticked_policies_;
