@@ -32,8 +32,11 @@ def load(name):
 
 
 def manifests():
+    """The manifests of a plain deployment (curve.yaml is the variant that replaces one)."""
     docs = {}
     for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
+        if path.name == "curve.yaml":
+            continue
         for d in load(path.name):
             docs[(d["kind"], d["metadata"]["name"])] = d
     return docs
@@ -236,3 +239,29 @@ def test_the_image_builds_targets_the_build_defines():
                              capture_output=True, text=True, check=True).stdout
     names = {line.split(":")[0] for line in targets.splitlines()}
     assert set(built) <= names, set(built) - names
+
+
+def test_curve_reads_its_keys_where_the_init_container_puts_them(docs):
+    curve = {(d["kind"], d["metadata"]["name"]): d for d in load("curve.yaml")}
+    config = effective_config(curve[("ConfigMap", "rlbus-broker")]["data"]["broker.toml"])
+    plain = effective_config(docs[("ConfigMap", "rlbus-broker")]["data"]["broker.toml"])
+    assert config["security"]["insecure"] is False
+    # The same broker otherwise: ports, journal and metrics as broker.yaml's.
+    for key in ("router", "events", "drain-ms", "durability", "metrics", "tasks"):
+        assert config[key] == plain[key], key
+    pod, container = broker_container(docs)
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    (init,) = pod["spec"]["initContainers"]
+    init_mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
+    assert init_mounts["keys"] == mounts["keys"]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["secret"]["secret"]["secretName"] == "rlbus-keys"
+    assert volumes["secret"]["secret"]["optional"] is True  # plain mode needs no Secret
+    assert "emptyDir" in volumes["keys"]
+    # The init container copies from the Secret's mount into the keys' mount, as 0600.
+    script = init["command"][-1]
+    assert init_mounts["secret"] in script and mounts["keys"] in script and "0600" in script
+    comment = (DEPLOY / "k8s" / "curve.yaml").read_text()
+    for path in (config["security"]["curve-key"], config["security"]["allowlist"]):
+        assert str(Path(path).parent) == mounts["keys"], path
+        assert f"--from-file={Path(path).name}=" in comment, path  # the Secret holds it
