@@ -87,11 +87,9 @@ std::string prometheus_text(const stats& s) {
     if (s.errors_by_code[i] != 0)
       e.sample("rlbus_errors_total", "code", std::to_string(400 + i), s.errors_by_code[i]);
   e.head("rlbus_peers", "gauge", "live sessions, by role");
-  const auto workers = s.collectors + s.learners;  // read apart from peers: may pass it
-  const auto coordinators = s.peers > workers ? s.peers - workers : 0;
   e.sample("rlbus_peers", "role", "collector", s.collectors);
   e.sample("rlbus_peers", "role", "learner", s.learners);
-  e.sample("rlbus_peers", "role", "coordinator", coordinators);
+  e.sample("rlbus_peers", "role", "coordinator", s.coordinators);
   e.head("rlbus_tasks", "gauge", "live tasks, by state");
   e.sample("rlbus_tasks", "state", "queued", s.tasks_queued);
   e.sample("rlbus_tasks", "state", "running", s.tasks_running);

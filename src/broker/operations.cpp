@@ -122,10 +122,7 @@ std::variant<codec::blob, refusal> server::ops_answer(const codec::ops& op, util
       const auto held = tasks_.take_back(id, "evicted by an operator", now).value_or("");
       spdlog::warn("worker {} evicted by an operator{}", id,
                    held.empty() ? "" : fmt::format(" (its task {} handed back)", held));
-      const peer gone = *q;  // end_session's caller forgets the session
-      end_session(gone, codec::error_code::evicted, "evicted by an operator", true);
-      peers_.erase(*peers_.by_id(id));
-      counters_.peers.store(peers_.size(), std::memory_order_relaxed);
+      forget_session(*q, codec::error_code::evicted, "evicted by an operator");
       store_counters();
       return codec::map_writer(2).str("worker", id).str("task", held).done();
     }
@@ -165,7 +162,6 @@ std::variant<codec::blob, refusal> server::ops_answer(const codec::ops& op, util
 
 codec::blob server::ops_status(util::time_point now) const {
   const auto s = snapshot();
-  const auto coordinators = s.peers - std::min(s.peers, s.collectors + s.learners);
   std::vector<codec::blob> streams;
   for (const auto& st : tasks_.list_streams())
     streams.push_back(codec::map_writer(5)
@@ -208,7 +204,7 @@ codec::blob server::ops_status(util::time_point now) const {
       .raw("peers", codec::map_writer(3)
                         .uint("collector", s.collectors)
                         .uint("learner", s.learners)
-                        .uint("coordinator", coordinators)
+                        .uint("coordinator", s.coordinators)
                         .done())
       .raw("tasks", codec::map_writer(2)
                         .uint("queued", s.tasks_queued)

@@ -150,6 +150,8 @@ stats server::snapshot() const {
   s.stale_messages = c.stale.load();
   s.collectors = c.collectors.load();
   s.learners = c.learners.load();
+  // Read apart from `peers`, the worker counts may pass it for a moment.
+  s.coordinators = s.peers - std::min(s.peers, s.collectors + s.learners);
   s.draining = c.draining.load();
   s.stream_replays = c.replays.load();
   s.stream_resent = c.resent.load();
@@ -548,10 +550,8 @@ void server::reload_allowlist() {
     const peer& p = *peers_.by_id(id);
     spdlog::warn("peer {} ({}): its key was revoked; session ended", p.id, to_string(p.role));
     counters_.revoked.fetch_add(1, std::memory_order_relaxed);
-    end_session(p, codec::error_code::unauthorized, "this peer's key was revoked", true);
-    peers_.erase(p);
+    forget_session(p, codec::error_code::unauthorized, "this peer's key was revoked");
   }
-  counters_.peers.store(peers_.size(), std::memory_order_relaxed);
   if (gate_.subscriber_revoked()) {
     spdlog::warn("a subscriber's key was revoked: reopening the event socket");
     gate_.forget_subscribers();
@@ -603,10 +603,8 @@ void server::fault(std::string_view routing_id, peer* p, codec::error_code code,
                p->faults + 1, cfg_.max_faults);
   (void)send(routing_id, codec::error{code_num, std::move(reason), ref_type});
   if (++p->faults >= cfg_.max_faults) {
-    end_session(*p, codec::error_code::too_many_faults, fmt::format("{} bad messages", p->faults),
-                true);
-    peers_.erase(*p);
-    counters_.peers.store(peers_.size(), std::memory_order_relaxed);
+    forget_session(*p, codec::error_code::too_many_faults,
+                   fmt::format("{} bad messages", p->faults));
   }
 }
 
@@ -634,6 +632,12 @@ void server::end_session(const peer& p, codec::error_code code, std::string reas
   publish(topic_for(p.role, lost ? "lost" : "left"),
           codec::peer_gone{p.id, p.role, p.serial, code_num, std::move(reason)});
   session_over(p, util::clock::now());
+}
+
+void server::forget_session(const peer& p, codec::error_code code, std::string reason) {
+  end_session(p, code, std::move(reason), true);
+  peers_.erase(p);
+  counters_.peers.store(peers_.size(), std::memory_order_relaxed);
 }
 
 bool server::send_head(std::string_view routing_id, codec::msg_type type) {

@@ -64,6 +64,7 @@ struct stats {
   std::uint64_t stale_messages = 0;  // worker messages of an attempt that had ended
   std::uint64_t collectors = 0;      // live collector sessions
   std::uint64_t learners = 0;        // live learner sessions
+  std::uint64_t coordinators = 0;    // live coordinator sessions (the rest of `peers`)
   bool draining = false;             // a stop was requested; waiting for running tasks
   std::uint64_t stream_replays = 0;  // REPLAYs served (SPEC §12.9)
   std::uint64_t stream_resent = 0;   // TASK_EVENTs sent again (replays)
@@ -192,6 +193,9 @@ class server : private task_sink {
   mutable std::mutex ticked_mu_;
   std::vector<std::pair<std::string, std::uint64_t>> ticked_shapes_, ticked_policies_;
   void end_session(const peer& p, codec::error_code code, std::string reason, bool lost);
+  /// end_session (lost) and the session forgotten: for every caller but expiry, whose table
+  /// erases the peer itself.
+  void forget_session(const peer& p, codec::error_code code, std::string reason);
   bool send(std::string_view routing_id, const codec::message& m);
   /// What the task manager said of a task message: a refusal is answered and counted.
   void task_result(std::string_view routing_id, peer* p, std::optional<refusal> refused,

@@ -18,6 +18,9 @@
 
 namespace rlbus::codec {
 
+/// Resources (a map of str -> number) as they travel: canonical form (SPEC §4.1.4).
+blob encode_resources(const rlbus::resources& res);
+
 class map_writer {
  public:
   /// `reserve`: the bytes expected, so a body with a payload is written in one allocation.
@@ -41,18 +44,9 @@ class map_writer {
     pk_.pack(k).pack(v);
     return *this;
   }
-  /// A map of str -> number in canonical form (whole numbers below 2^53 as integers).
+  /// A map of str -> number in canonical form (codec::encode_resources).
   map_writer& resources(std::string_view k, const rlbus::resources& res) {
-    pk_.pack(k).pack_map(static_cast<std::uint32_t>(res.size()));
-    for (const auto& [name, v] : res) {
-      pk_.pack(std::string_view(name));
-      if (v >= 0 && v < 9007199254740992.0 &&
-          v == static_cast<double>(static_cast<std::uint64_t>(v)))
-        pk_.pack(static_cast<std::uint64_t>(v));
-      else
-        pk_.pack_double(v);
-    }
-    return *this;
+    return raw(k, encode_resources(res));
   }
   /// `v` must be one complete msgpack value (a blob that passed decoding, or made here).
   map_writer& raw(std::string_view k, std::string_view v) {

@@ -328,6 +328,13 @@ void write_item(blob& out, std::string_view data_id, std::string_view buffer_id,
 }
 }  // namespace
 
+blob encode_resources(const rlbus::resources& res) {
+  msgpack::sbuffer out;
+  msgpack::packer<msgpack::sbuffer> pk(out);
+  detail::pack_resources(pk, out, res);
+  return {out.data(), out.size()};
+}
+
 event_fixed::event_fixed(std::string_view task_id, std::uint32_t attempt,
                          std::string_view worker_id)
     : made_(true), attempt_(attempt), worker_id_(worker_id) {

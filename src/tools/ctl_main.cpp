@@ -300,7 +300,7 @@ int main(int argc, char** argv) {
 
   broker_link broker(endpoint, keys);
   const auto timeout = std::chrono::milliseconds(timeout_ms);
-  const auto ask = [&](const rlbus::codec::ops& o) -> std::optional<json> {
+  const auto ask = [&](const rlbus::codec::ops& o) -> json {  // exits when there is none
     auto r = broker.ask(o, timeout);
     if (auto* f = std::get_if<failure>(&r)) {
       std::fprintf(stderr, "rlbus-ctl: %s\n", f->text.c_str());
@@ -311,9 +311,9 @@ int main(int argc, char** argv) {
   if (chosen != watch) {
     const auto r = ask(op);
     if (as_json)
-      std::cout << r->dump(2) << "\n";
+      std::cout << r.dump(2) << "\n";
     else
-      print_human(op.verb, *r);
+      print_human(op.verb, r);
     return 0;
   }
   rlbus::codec::ops list_workers;
@@ -323,14 +323,14 @@ int main(int argc, char** argv) {
     const auto s = ask(op);
     const auto w = ask(list_workers);
     if (as_json) {
-      std::cout << json{{"status", *s}, {"workers", *w}}.dump() << std::endl;
+      std::cout << json{{"status", s}, {"workers", w}}.dump() << std::endl;
       continue;
     }
     std::fputs("\x1b[H\x1b[2J", stdout);  // refreshed in place
     std::printf("rlbus-ctl watch %s, every %u ms\n\n", endpoint.c_str(), interval_ms);
-    print_status(*s);
+    print_status(s);
     std::puts("");
-    print_workers(*w);
+    print_workers(w);
     std::fflush(stdout);
   }
   return 0;
