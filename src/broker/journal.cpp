@@ -4,6 +4,7 @@
 #include "broker/journal.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -96,14 +97,67 @@ std::string errno_text() {
   return std::strerror(errno);
 }
 
+bool known_type(std::uint8_t t) {
+  return t >= submitted_rec && t <= policy_rec;
+}
+
+// What the bytes at `pos` hold as a record, judged by its header alone and its checksum.
+enum class framing { whole, cut_short, impossible_length, bad_checksum };
+struct framed {
+  framing verdict;
+  std::uint32_t len = 0;  // of type + body, as the header says
+  std::string_view rec;   // type + body, when whole
+};
+
+framed frame_at(std::string_view data, std::size_t pos) {
+  const auto left = data.size() - pos;
+  fields head(data.substr(pos, std::min(left, record_header)));
+  const auto len = head.u32();
+  const auto crc = head.u32();
+  if (left < record_header) return {framing::cut_short};
+  if (len == 0 || len > max_record) return {framing::impossible_length, len};
+  if (len > left - record_header) return {framing::cut_short, len};
+  const auto rec = data.substr(pos + record_header, len);
+  if (crc_of(rec) != crc) return {framing::bad_checksum, len};
+  return {framing::whole, len, rec};
+}
+
+// Whether the bytes from `at` to the end can be the start of one record whose write was cut
+// short: its length is possible, its type (once written) is one we write, and no whole record
+// (a possible length, a known type and a checksum that holds) starts anywhere after it. A
+// damaged length in the middle of the file runs past its end too, but the records after it
+// are still whole. The search is bounded in the bytes it checksums; past the bound the tail
+// cannot be told from damage, and is not taken for torn.
+bool plausible_torn_tail(std::string_view data, std::size_t at, const framed& f) {
+  if (data.size() - at < record_header) return true;  // the header itself is cut
+  if (f.len == 0 || f.len > max_record) return false;
+  if (data.size() - at > record_header &&
+      !known_type(static_cast<std::uint8_t>(data[at + record_header])))
+    return false;
+  std::size_t budget = std::size_t{256} * 1024 * 1024;
+  for (auto p = at + 1; p + record_header < data.size(); ++p) {
+    if (!known_type(static_cast<std::uint8_t>(data[p + record_header]))) continue;
+    fields head(data.substr(p, record_header));
+    const auto len = head.u32();
+    if (len == 0 || len > data.size() - p - record_header) continue;
+    if (len > budget) return false;
+    budget -= len;
+    if (crc_of(data.substr(p + record_header, len)) == head.u32()) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 journal::journal(std::string path, fsync_policy fsync, const codec::decode_limits& limits,
                  std::size_t compact_bytes)
     : path_(std::move(path)), fsync_(fsync), compact_bytes_(compact_bytes) {
+  lock();
   load(limits);
   fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
   if (fd_ < 0) throw journal_error(fmt::format("journal {}: cannot open: {}", path_, errno_text()));
+  if (loaded_.short_signature && ::ftruncate(fd_, 0) != 0)
+    throw journal_error(fmt::format("journal {}: cannot empty it: {}", path_, errno_text()));
   if (loaded_.bytes == 0) {
     write_all(signature.data(), signature.size());
     sync();
@@ -120,6 +174,67 @@ journal::~journal() {
     spdlog::error("{}", e.what());
   }
   if (fd_ >= 0) ::close(fd_);
+}
+
+journal::owned_fd::~owned_fd() {
+  if (fd >= 0) ::close(fd);
+}
+
+// One broker per journal: an exclusive lock on PATH.lock, held for the journal's life (the
+// journal itself is replaced at each compaction, so it cannot carry the lock). The file says
+// which process holds it.
+void journal::lock() {
+  const auto lock_path = path_ + ".lock";
+  lock_.fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock_.fd < 0)
+    throw journal_error(
+        fmt::format("journal {}: cannot open its lock {}: {}", path_, lock_path, errno_text()));
+  if (::flock(lock_.fd, LOCK_EX | LOCK_NB) != 0) {
+    const auto why = errno;
+    char held[32] = {};
+    const auto n = ::pread(lock_.fd, held, sizeof held - 1, 0);
+    std::string holder(held, n > 0 ? static_cast<std::size_t>(n) : 0);
+    holder.erase(std::remove_if(holder.begin(), holder.end(),
+                                [](char c) { return c < '0' || c > '9'; }),
+                 holder.end());
+    ::close(lock_.fd);
+    lock_.fd = -1;
+    if (why == EWOULDBLOCK)
+      throw journal_in_use(fmt::format(
+          "journal {}: another broker is using it{} (it holds {}); two brokers on one journal "
+          "would both run its tasks. Stop that one first, or give this one a journal of its own",
+          path_, holder.empty() ? "" : fmt::format(" (process {})", holder), lock_path));
+    throw journal_error(
+        fmt::format("journal {}: cannot lock {}: {}", path_, lock_path, std::strerror(why)));
+  }
+  const auto pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(lock_.fd, 0) != 0 ||
+      ::pwrite(lock_.fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
+    spdlog::warn("journal {}: cannot write this process's id into {}: {}", path_, lock_path,
+                 errno_text());
+}
+
+// The file as it was read, beside it, before a compaction writes it afresh without its torn
+// tail: what the broker could not read is never thrown away by the broker.
+void journal::keep_torn(std::string_view data) {
+  const auto aside = path_ + ".torn";
+  const int fd = ::open(aside.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0)
+    throw journal_error(fmt::format("journal {}: cannot keep the file as read in {}: {}", path_,
+                                    aside, errno_text()));
+  const int held = fd_;
+  fd_ = fd;
+  try {
+    write_all(data.data(), data.size());
+    sync();
+  } catch (...) {
+    fd_ = held;
+    ::close(fd);
+    throw;
+  }
+  fd_ = held;
+  ::close(fd);
+  loaded_.torn_kept = aside;
 }
 
 void journal::load(const codec::decode_limits& limits) {
@@ -144,6 +259,15 @@ void journal::load(const codec::decode_limits& limits) {
   ::close(fd);
   loaded_.bytes = data.size();
   if (data.empty()) return;
+  if (data.size() < signature.size() && signature.substr(0, data.size()) == data) {
+    // A crash while the file was being created: it never held a record.
+    spdlog::warn("journal {}: {} bytes, the start of a signature and nothing else (a crash "
+                 "while it was created): taken as empty",
+                 path_, data.size());
+    loaded_.bytes = 0;
+    loaded_.short_signature = true;
+    return;
+  }
   if (data.size() < signature.size() || data.compare(0, signature.size(), signature) != 0)
     throw journal_error(fmt::format(
         "journal {}: not an rlbus journal (its first bytes are not the signature); name "
@@ -156,36 +280,35 @@ void journal::load(const codec::decode_limits& limits) {
   std::size_t pos = signature.size();
   const auto damaged = [&](std::size_t at, const std::string& what) {
     throw journal_error(fmt::format(
-        "journal {}: the record at byte {} {}, and {} bytes follow it: the file is damaged. "
-        "Move it aside to start without it (its tasks are then lost)",
-        path_, at, what, data.size() - at));
+        "journal {}: the record at byte {} {}, and {} bytes follow it: the file is damaged, "
+        "so the broker does not start. To start with the {} records before it (what follows "
+        "is lost), cut the file there: truncate -s {} {}; or move it aside to start without "
+        "any",
+        path_, at, what, data.size() - at, loaded_.records, at, path_));
   };
   while (pos < data.size()) {
     const auto at = pos;
-    const auto left = data.size() - pos;
-    fields head(std::string_view(data).substr(pos, std::min(left, record_header)));
-    const auto len = head.u32();
-    const auto crc = head.u32();
-    if (left < record_header || len > left - record_header) {
-      loaded_.torn = fmt::format("the last record, at byte {}, is cut short ({} bytes)", at, left);
+    const auto framing_at = frame_at(data, pos);
+    if (framing_at.verdict != framing::whole) {
+      if (std::all_of(data.begin() + static_cast<std::ptrdiff_t>(at), data.end(),
+                      [](char c) { return c == 0; })) {
+        loaded_.torn = fmt::format("the file ends in {} zero bytes at byte {} (space the file "
+                                   "system gave to a write that never reached it)",
+                                   data.size() - at, at);
+      } else if (framing_at.verdict == framing::cut_short && plausible_torn_tail(data, at, framing_at)) {
+        loaded_.torn = fmt::format("the last record, at byte {}, is cut short ({} of {} bytes)",
+                                   at, data.size() - at, record_header + framing_at.len);
+      } else {
+        damaged(at, framing_at.verdict == framing::bad_checksum ? "fails its checksum"
+                    : framing_at.verdict == framing::cut_short
+                        ? fmt::format("says it is {} bytes long, past the end of the file", framing_at.len)
+                        : fmt::format("has an impossible length ({})", framing_at.len));
+      }
+      keep_torn(data);
       break;
     }
-    const std::string_view rec(data.data() + pos + record_header, len);
-    pos += record_header + len;
-    if (len == 0 || len > max_record) {
-      if (pos >= data.size()) {
-        loaded_.torn = fmt::format("the last record, at byte {}, has an impossible length", at);
-        break;
-      }
-      damaged(at, "has an impossible length");
-    }
-    if (crc_of(rec) != crc) {
-      if (pos >= data.size()) {
-        loaded_.torn = fmt::format("the last record, at byte {}, fails its checksum", at);
-        break;
-      }
-      damaged(at, "fails its checksum");
-    }
+    const std::string_view rec = framing_at.rec;
+    pos += record_header + rec.size();
     const auto type = static_cast<std::uint8_t>(rec[0]);
     fields f(rec.substr(1));
     bool good = true;
@@ -240,7 +363,13 @@ void journal::load(const codec::decode_limits& limits) {
         const auto owner = f.str();
         auto e = decode_as<codec::task_event>(f.str(), limits);
         good = f.ok() && e.has_value();
-        if (good) streams[owner].ends.push_back(std::move(*e));
+        if (good) {
+          // The event ends its task, whether or not the record that erases the task made it
+          // to the file after it (a crash between the two).
+          if (auto it = tasks.find(e->task_id); it != tasks.end() && it->second.owner == owner)
+            tasks.erase(it);
+          streams[owner].ends.push_back(std::move(*e));
+        }
         break;
       }
       case reserved_rec: {

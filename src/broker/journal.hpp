@@ -8,9 +8,18 @@
 //   u32 length (of type + body, little endian) | u32 CRC-32 of type + body | u8 type | body
 // and a body is a sequence of fields, each a u32 length and that many bytes or a u64, in the
 // record's own order; protocol messages inside (a SUBMIT, a TASK_EVENT, a POLICY) are their
-// wire bodies, decoded on load under the broker's limits like any message from a peer. A
-// torn last record (the process or machine died while writing it) fails its length or its
-// checksum and is skipped and reported; damage followed by more records stops the load.
+// wire bodies, decoded on load under the broker's limits like any message from a peer.
+//
+// A torn tail is told from damage by construction. A write the process or machine died in
+// leaves a final record cut short: a possible length that runs past the end of the file, a
+// type we write, and no whole record after it (or, after a machine crash, a run of zeros to
+// the end). Only that is skipped, reported, and kept beside the journal as PATH.torn. Any
+// other failure (an impossible length, a checksum that fails, a length past the end with
+// whole records after it, a record that does not hold what its type says) is damage: the
+// load stops, naming the offset, and nothing is compacted away.
+//
+// One broker per journal: PATH.lock is locked (flock) for the journal's life, and names the
+// process that holds it.
 //
 // Writes go ahead of their effect: a record that a reply depends on (SUBMITTED, a task's
 // events, a seq a coordinator may see) is handed to the kernel with write(2) before the
@@ -45,6 +54,12 @@ class journal_error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// The journal is held by another live broker.
+class journal_in_use : public journal_error {
+ public:
+  using journal_error::journal_error;
+};
+
 /// A task's effective settings, as the broker runs it.
 struct journal_task {
   std::string owner;
@@ -75,6 +90,8 @@ struct journal_state {
   std::size_t records = 0;  // records read
   std::size_t bytes = 0;    // of the file
   std::string torn;         // empty, or what was wrong with the last record (skipped)
+  std::string torn_kept;    // where the file as read was kept when a tail was skipped
+  bool short_signature = false;  // the file held part of a signature only (taken as empty)
 };
 
 class journal {
@@ -122,7 +139,9 @@ class journal {
   [[nodiscard]] counters stats() const noexcept { return stats_; }
 
  private:
+  void lock();
   void load(const codec::decode_limits& limits);
+  void keep_torn(std::string_view data);
   void append(std::uint8_t type, const std::string& body, bool through);
   void write_all(const char* data, std::size_t n);
   void sync();
@@ -131,6 +150,13 @@ class journal {
   fsync_policy fsync_;
   std::size_t compact_bytes_;
   int fd_ = -1;
+  struct owned_fd {  // closed even when the constructor throws after lock()
+    int fd = -1;
+    owned_fd() = default;
+    owned_fd(const owned_fd&) = delete;
+    owned_fd& operator=(const owned_fd&) = delete;
+    ~owned_fd();
+  } lock_;
   std::string buf_;
   std::size_t size_ = 0;        // bytes in the file, with what is buffered
   std::size_t compact_at_ = 0;  // compact when size_ passes this

@@ -86,8 +86,9 @@ void server::open_journal() {
                                        cfg_.journal_compact_bytes);
   const auto& js = journal_->loaded();
   if (!js.torn.empty())
-    spdlog::warn("journal {}: {}; it was skipped (a write the crash cut short)", journal_->path(),
-                 js.torn);
+    spdlog::warn("journal {}: {}; it was skipped (a write the crash cut short), and the file "
+                 "as read is kept as {}",
+                 journal_->path(), js.torn, js.torn_kept);
   spdlog::info("journal {} (fsync {}): {} records, {} bytes", journal_->path(),
                to_string(cfg_.journal_fsync), js.records, js.bytes);
   if (cfg_.coordinator_grace_ms == 0 && !js.tasks.empty())

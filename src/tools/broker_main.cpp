@@ -230,6 +230,9 @@ int main(int argc, char** argv) {
   } catch (const zmq::error_t& e) {
     spdlog::critical("cannot start: {} (is another broker using the endpoint?)", e.what());
     return 1;
+  } catch (const rlbus::broker::journal_in_use& e) {
+    spdlog::critical("{}", e.what());
+    return 2;
   } catch (const rlbus::broker::journal_error& e) {
     spdlog::critical("{}", e.what());
     return 1;

@@ -6,10 +6,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <random>
 #include <string>
+
+#include <fmt/format.h>
 
 #include "broker/journal.hpp"
 #include "broker/task_manager.hpp"
@@ -29,15 +32,14 @@ struct scratch {
   std::string path =
       "/tmp/rlbus-journal-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++);
   ~scratch() {
-    ::unlink(path.c_str());
-    ::unlink((path + ".tmp").c_str());
+    for (const auto* suffix : {"", ".tmp", ".lock", ".torn"}) ::unlink((path + suffix).c_str());
   }
   static int& counter() {
     static int n = 0;
     return n;
   }
-  [[nodiscard]] std::string read() const {
-    std::ifstream f(path, std::ios::binary);
+  [[nodiscard]] std::string read(const char* suffix = "") const {
+    std::ifstream f(path + suffix, std::ios::binary);
     return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
   }
   void write(const std::string& data) const {
@@ -120,7 +122,7 @@ TEST_CASE("journal: what was written is what a restart reads", "[unit][journal]"
   CHECK(c.ends[0] == end_of("t4", 9));
 }
 
-TEST_CASE("journal: a torn last record is skipped and reported", "[unit][journal]") {
+TEST_CASE("journal: a torn last record is skipped, reported and kept aside", "[unit][journal]") {
   scratch s;
   {
     auto j = open(s);
@@ -128,8 +130,6 @@ TEST_CASE("journal: a torn last record is skipped and reported", "[unit][journal
     j.submitted(task("t2", "coord", 2));
   }
   const auto whole = s.read();
-  auto bad_sum = whole;
-  bad_sum.back() = static_cast<char>(bad_sum.back() ^ 0x5A);
   struct tail {
     const char* what;
     std::string data;
@@ -137,7 +137,7 @@ TEST_CASE("journal: a torn last record is skipped and reported", "[unit][journal
   };
   const tail tails[] = {{"cut short", whole.substr(0, whole.size() - 3), 1},
                         {"half a header", whole + std::string("\x10\x00\x00", 3), 2},
-                        {"a checksum that fails", bad_sum, 1}};
+                        {"zeros a file system gave", whole + std::string(4096, '\0'), 2}};
   for (const auto& t : tails) {
     INFO(t.what);
     s.write(t.data);
@@ -145,10 +145,12 @@ TEST_CASE("journal: a torn last record is skipped and reported", "[unit][journal
     CHECK_FALSE(j.loaded().torn.empty());
     REQUIRE(j.loaded().tasks.size() == t.tasks);
     CHECK(j.loaded().tasks[0].submit.task_id == "t1");
+    CHECK(j.loaded().torn_kept == s.path + ".torn");
+    CHECK(s.read(".torn") == t.data);  // what it could not read is not thrown away
   }
 }
 
-TEST_CASE("journal: damage with records after it stops the start, naming where",
+TEST_CASE("journal: a last record that fails its checksum is damage, not a torn tail",
           "[unit][journal]") {
   scratch s;
   {
@@ -156,11 +158,164 @@ TEST_CASE("journal: damage with records after it stops the start, naming where",
     j.submitted(task("t1", "coord", 1));
     j.submitted(task("t2", "coord", 2));
   }
+  auto bad_sum = s.read();
+  bad_sum.back() = static_cast<char>(bad_sum.back() ^ 0x5A);  // whole length, wrong bytes
+  s.write(bad_sum);
+  CHECK_THROWS_WITH(open(s), Catch::Contains("fails its checksum") &&
+                                 Catch::Contains("truncate -s"));
+}
+
+TEST_CASE("journal: a length damaged to run past the end is damage when whole records follow",
+          "[unit][journal]") {
+  scratch s;
+  std::size_t second = 0;  // where the second record starts
+  {
+    auto j = open(s);
+    j.submitted(task("t0", "coord", 0));
+    j.flush();
+    second = s.read().size();
+    for (std::uint64_t i = 1; i < 20; ++i) j.submitted(task("t" + std::to_string(i), "coord", i));
+  }
   auto bad = s.read();
-  bad[8 + 8 + 3] = static_cast<char>(bad[8 + 8 + 3] ^ 0x01);  // in the first record's body
+  bad[second + 3] = 0x01;  // the length's high byte: 16 MiB more, past the end of the file
   s.write(bad);
-  CHECK_THROWS_WITH(open(s), Catch::Contains("byte 8") && Catch::Contains("damaged"));
-  s.write("not a journal at all");
+  CHECK_THROWS_WITH(open(s), Catch::Contains(fmt::format("byte {}", second)) &&
+                                 Catch::Contains("past the end") && Catch::Contains("damaged"));
+  CHECK(s.read() == bad);  // nothing was rewritten
+}
+
+// The property of SPEC §14.6: whatever one changed byte or one cut does to a journal, the load
+// either refuses, naming the record that holds the damage, or gives exactly the state of every
+// whole record before it: never fewer tasks, never a record it could not read thrown away.
+TEST_CASE("journal: every one-byte change and every cut is refused or loses nothing intact",
+          "[unit][journal]") {
+  scratch s;
+  {
+    auto j = open(s);
+    for (std::uint64_t i = 1; i <= 20; ++i) j.submitted(task("t" + std::to_string(i), "coord", i));
+    for (const auto* id : {"t2", "t5", "t9"}) j.started(id, 1, "w");
+    j.requeued("t5", 1);
+    j.end_event("coord", end_of("t9", 4));  // ends t9 by itself
+    j.ended("t7");
+    j.reserved("coord", 64);
+  }
+  const auto good = s.read();
+  // Where each record starts, and the state a load of the whole records before it gives.
+  std::vector<std::size_t> starts;
+  for (std::size_t p = 8; p < good.size();) {
+    starts.push_back(p);
+    std::uint32_t len = 0;
+    for (int i = 3; i >= 0; --i) len = (len << 8U) | static_cast<std::uint8_t>(good[p + i]);
+    p += 8 + len;
+  }
+  starts.push_back(good.size());
+  using summary = std::vector<std::pair<std::string, bool>>;  // task, running
+  const auto summarize = [](const broker::journal_state& st) {
+    summary out;
+    for (const auto& t : st.tasks) out.emplace_back(t.submit.task_id, t.running);
+    return out;
+  };
+  std::vector<summary> before;  // before[k]: the records before record k, whole
+  for (const auto start : starts) {
+    s.write(good.substr(0, start));
+    before.push_back(summarize(open(s).loaded()));
+  }
+  REQUIRE(before.back().size() == 18);  // t7 and t9 have ended
+  const auto record_of = [&](std::size_t at) {
+    return static_cast<std::size_t>(std::upper_bound(starts.begin(), starts.end(), at) -
+                                    starts.begin()) - 1;
+  };
+  std::size_t cases = 0, refused = 0, torn = 0;
+  // A cut is what a crash leaves: it is never refused.
+  const auto judge = [&](const std::string& data, std::size_t damaged_record, bool cut) {
+    ++cases;
+    s.write(data);
+    try {
+      auto j = open(s);
+      const auto& st = j.loaded();
+      // Records up to the damaged one are whole; that one at most is skipped, as torn.
+      const auto got = summarize(st);
+      if (st.torn.empty()) {
+        REQUIRE(got == before[record_of(data.size())]);
+      } else {
+        ++torn;
+        // Skipped as torn: only the last record, so no whole record after it was dropped.
+        REQUIRE((cut || damaged_record + 2 == starts.size()));
+        REQUIRE(got == before[damaged_record]);
+        REQUIRE(s.read(".torn") == data);
+      }
+    } catch (const journal_error& e) {
+      ++refused;
+      INFO(e.what());
+      REQUIRE_FALSE(cut);
+      REQUIRE_THAT(e.what(), Catch::Contains(fmt::format("byte {} ", starts[damaged_record])));
+    }
+  };
+  for (std::size_t at = 8; at < good.size(); ++at) {
+    for (const auto change : {0x01, 0x80, 0xFF}) {
+      auto data = good;
+      data[at] = static_cast<char>(data[at] ^ change);
+      INFO("byte " << at << " ^ " << change);
+      judge(data, record_of(at), false);
+    }
+    INFO("cut at " << at);
+    judge(good.substr(0, at), record_of(at), true);
+  }
+  WARN(cases << " cases: " << refused << " refused, " << torn << " torn");
+  CHECK(cases == 4 * (good.size() - 8));
+  CHECK(refused > 0);
+  CHECK(torn >= good.size() - 8 - (starts.size() - 1));  // every cut inside a record at least
+}
+
+TEST_CASE("journal: a journaled end ends its task though the record that erases it is missing",
+          "[unit][journal]") {
+  scratch s;
+  {
+    auto j = open(s);
+    j.submitted(task("t1", "coord", 1));
+    j.started("t1", 1, "w");
+    j.end_event("coord", end_of("t1", 3));  // the broker was killed before ended("t1")
+    j.submitted(task("t1", "coord", 2));   // the same id, submitted again after its end
+    j.submitted(task("t2", "coord", 3));
+    j.started("t2", 1, "w");
+    j.end_event("other", end_of("t2", 5));  // another coordinator's task of that name: not it
+  }
+  auto j = open(s);
+  const auto& st = j.loaded();
+  REQUIRE(st.tasks.size() == 2);
+  CHECK(st.tasks[0].submit.task_id == "t1");
+  CHECK_FALSE(st.tasks[0].running);  // the second t1, not yet begun
+  CHECK(st.tasks[1].submit.task_id == "t2");
+  REQUIRE(st.streams.at("coord").ends.size() == 1);  // still delivered to its coordinator
+}
+
+TEST_CASE("journal: one broker per journal, across compactions", "[unit][journal]") {
+  scratch s;
+  auto first = open(s);
+  first.submitted(task("t1", "coord", 1));
+  CHECK_THROWS_AS(open(s), broker::journal_in_use);
+  CHECK_THROWS_WITH(open(s), Catch::Contains("another broker") &&
+                                 Catch::Contains(fmt::format("process {}", ::getpid())));
+  first.compact([](journal& out) { out.submitted(task("t1", "coord", 1)); });
+  CHECK_THROWS_AS(open(s), broker::journal_in_use);  // the lock is not the journal's inode
+}
+
+TEST_CASE("journal: a file that holds part of the signature only is taken as empty",
+          "[unit][journal]") {
+  scratch s;
+  s.write("RLBU");
+  {
+    auto j = open(s);
+    CHECK(j.loaded().short_signature);
+    CHECK(j.loaded().tasks.empty());
+    j.submitted(task("t1", "coord", 1));
+  }
+  {
+    auto j = open(s);  // and it is a journal from then on
+    REQUIRE(j.loaded().tasks.size() == 1);
+    CHECK(j.loaded().torn.empty());
+  }
+  s.write("RLBX");  // not the start of ours: somebody else's file
   CHECK_THROWS_WITH(open(s), Catch::Contains("not an rlbus journal"));
 }
 
