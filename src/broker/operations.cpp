@@ -40,23 +40,27 @@ refusal missing(std::string_view verb, std::string_view field) {
 void server::on_ops(std::string_view routing_id, peer* p, zmq::message_t& body,
                     util::time_point now) {
   constexpr auto type = static_cast<std::uint8_t>(codec::msg_type::ops);
+  // An operator's mistake (a bad field, an unknown worker, a key that is not an operator's)
+  // is answered and counted, never a strike against the session: a coordinator that also
+  // runs operations keeps its work (§16.2).
+  const auto refuse = [&](codec::error_code code, std::string reason) {
+    fault(routing_id, p, code, std::move(reason), type, false);
+  };
   const std::string_view bytes(static_cast<const char*>(body.data()), body.size());
   auto decoded = codec::decode_body(type, bytes, cfg_.limits);
-  if (!decoded) return fault(routing_id, p, decoded.error().code, decoded.error().reason, type);
+  if (!decoded) return refuse(decoded.error().code, decoded.error().reason);
   const auto& op = std::get<codec::ops>(decoded.value());
   if (gate_.curve()) {  // §16.2: only keys listed as operators
     std::string key;
     if (const char* k = body.gets("User-Id")) key = k;
     const auto* e = gate_.entry(key);
     if (e == nullptr || !e->operator_)
-      return fault(routing_id, p, codec::error_code::unauthorized,
-                   e == nullptr ? std::string("this connection's key is not in the allowlist")
-                                : fmt::format("key '{}' is not an operator", e->name),
-                   type);
+      return refuse(codec::error_code::unauthorized,
+                    e == nullptr ? std::string("this connection's key is not in the allowlist")
+                                 : fmt::format("key '{}' is not an operator", e->name));
   }
   auto answer = ops_answer(op, now);
-  if (auto* why = std::get_if<refusal>(&answer))
-    return fault(routing_id, p, why->code, std::move(why->reason), type);
+  if (auto* why = std::get_if<refusal>(&answer)) return refuse(why->code, std::move(why->reason));
   (void)send(routing_id,
              codec::ops_reply{op.request_id, op.verb, std::move(std::get<codec::blob>(answer))});
 }

@@ -224,6 +224,27 @@ TEST_CASE_METHOD(fixture, "SPEC 16.3.1: OPS without what its verb needs, or nami
   CHECK_THAT(refused(ctl, no_value, error_code::bad_field).reason, Catch::Contains("value"));
 }
 
+// §16.2 "A refused OPS changes nothing, and is never a fault against the sender's session"
+TEST_CASE_METHOD(fixture, "SPEC 16.2: refused OPS from a session never cost it its session",
+                 "[spec]") {
+  raw_peer coord(ctx, router);
+  join(coord, "coord", role::coordinator);
+  submit_ok(coord, task_of("t1"));
+  const auto limit = test_config().max_faults;
+  for (std::uint32_t i = 0; i < 3 * limit; ++i) {  // past the fault limit, thrice
+    auto named = op("evict", 100 + i);
+    named.worker = "nobody";
+    refused(coord, named, error_code::no_such_peer);
+    refused(coord, op("set", 200 + i), error_code::bad_field);
+  }
+  // still the same session, its task still its own: a collector joining is handed it
+  raw_peer w(ctx, router);
+  join(w, "w", role::collector);
+  CHECK(next_a<codec::task_start>(w).task_id == "t1");
+  raw_peer ctl(ctx, router);
+  CHECK(ask(ctl, op("status"))["peers"]["coordinator"] == 1);
+}
+
 // §16.5 set: "Keys that may change at run time ... The broker SHALL log each change"
 TEST_CASE_METHOD(fixture, "SPEC 16.5: set changes a run-time setting and status shows it",
                  "[spec]") {
