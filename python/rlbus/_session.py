@@ -163,6 +163,7 @@ class Session:
         self._heartbeat = heartbeat_ms / 1000.0
         self._liveness = 3
         self._attempt = 0
+        self._revoked_detail = ""  # the DISCONNECT or ERROR 431 since the last WELCOME
         self._hello_deadline = 0.0
         self._next_heartbeat = 0.0
         self._broker_deadline = 0.0
@@ -443,7 +444,19 @@ class Session:
                 why = "the handshake failed: does the broker expect CURVE keys?"
         return why
 
+    def _revoked(self, detail: str) -> None:
+        """Our key was revoked, or may not make our HELLO: the operator's to undo (an allowlist
+        emptied for a moment, a key taken out by mistake), so not final. The session starts
+        anew at the longest reconnect interval; :attr:`last_error` names the revocation until
+        a WELCOME."""
+        self.token = 0
+        self._attempt = max(self._attempt, 30)  # straight to reconnect_max
+        self._revoked_detail = detail
+        self._retry_later(detail)
+
     def _retry_later(self, why: str) -> None:
+        if self._revoked_detail and why != self._revoked_detail:
+            why = f"{self._revoked_detail}; since then: {why}"
         self._close_socket()
         delay = min(self.reconnect_max, self.reconnect_min * (2 ** min(self._attempt, 30)))
         delay += self._rng.uniform(0.0, delay / 4)
@@ -493,6 +506,7 @@ class Session:
             self._heartbeat = msg["heartbeat_ms"] / 1000.0
             self._liveness = msg["liveness"]
             self._attempt = 0
+            self._revoked_detail = ""
             self._next_heartbeat = now + self._heartbeat
             self._broker_deadline = now + self._silence()
             with self._cond:
@@ -506,6 +520,8 @@ class Session:
             about_hello = msg.get("ref_type") == _HELLO_ID
             if about_hello and msg["code"] in (_DUPLICATE_ID, _BUSY):
                 self._retry_later(detail)  # may clear up: the old session expires, a drain ends
+            elif about_hello and msg["code"] == _UNAUTHORIZED:
+                self._revoked(detail)  # our key may not make this HELLO: the allowlist may change
             elif about_hello:
                 self._close_socket()
                 self._set_state(REFUSED, detail)  # our fields are wrong: retrying cannot help
@@ -519,10 +535,12 @@ class Session:
         else:  # DISCONNECT
             detail = (f"broker said DISCONNECT {msg['code']} {P.code_name(msg['code'])}: "
                       f"{msg['reason']}")
-            if msg["code"] in (_REPLACED, _UNAUTHORIZED):
+            if msg["code"] == _REPLACED:
                 self._close_socket()
-                # another connection holds our session, or our key was revoked
-                self._set_state(REFUSED, detail)
+                self._set_state(REFUSED, detail)  # another connection holds our session
+                return
+            if msg["code"] == _UNAUTHORIZED:
+                self._revoked(detail)
                 return
             if msg["code"] in (_EXPIRED, _TOO_MANY_FAULTS):
                 self.token = 0  # that session is gone for good

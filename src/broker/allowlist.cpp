@@ -52,6 +52,7 @@ allowlist_entry read_entry(const toml::table& t, std::size_t n, const std::strin
     std::filesystem::path file(key_file->get());
     if (file.is_relative()) file = std::filesystem::path(path).parent_path() / file;
     try {
+      util::refuse_writable_by_others(file.string());
       e.public_key = util::read_curve_file(file.string()).public_key;
     } catch (const std::runtime_error& err) {
       throw fail(err.what());
@@ -99,6 +100,11 @@ allowlist_entry read_entry(const toml::table& t, std::size_t n, const std::strin
 
 allowlist allowlist::load(const std::string& path) {
   toml::table doc;
+  try {
+    util::refuse_writable_by_others(path);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(fmt::format("allowlist {}", e.what()));
+  }
   try {
     doc = toml::parse_file(path);
   } catch (const toml::parse_error& e) {

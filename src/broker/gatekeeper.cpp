@@ -260,7 +260,13 @@ bool gatekeeper::reload_allowlist() {
   }
   list_file_ = stat_allowlist();  // a bad file is reported once, not every second
   try {
-    list_ = allowlist::load(cfg_.allowlist_path);
+    auto next = allowlist::load(cfg_.allowlist_path);
+    if (next.size() == 0)
+      throw std::runtime_error(fmt::format(
+          "allowlist {}: lists no key (an editor's rewrite, or a file emptied by mistake?); "
+          "taking it would end every session. To stop serving everyone, stop the broker",
+          cfg_.allowlist_path));
+    list_ = std::move(next);
   } catch (const std::runtime_error& e) {
     ++counts_.allowlist_errors;
     spdlog::error("{}; the allowlist in force stays ({} keys)", e.what(), list_.size());

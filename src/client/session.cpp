@@ -147,7 +147,19 @@ std::string session::handshake_failure() {
   return why;
 }
 
-void session::retry_later(util::time_point now, const std::string& why) {
+// Our key was revoked, or may not make our HELLO. That is the operator's to undo (an allowlist
+// emptied for a moment, a key taken out by mistake), so it is not final: the session starts
+// anew at the longest reconnect interval, and last_error names the revocation until a WELCOME.
+void session::revoked(util::time_point now, const std::string& detail) {
+  token_ = 0;
+  attempt_ = std::max(attempt_, 20U);  // straight to reconnect_max
+  revoked_ = detail;
+  retry_later(now, detail);
+}
+
+void session::retry_later(util::time_point now, const std::string& reason) {
+  const auto why =
+      revoked_.empty() || reason == revoked_ ? reason : revoked_ + "; since then: " + reason;
   close_socket();
   const auto shift = std::min(attempt_, 20U);
   auto delay = std::min<std::chrono::milliseconds>(opts_.reconnect_max,
@@ -196,6 +208,7 @@ void session::handle(codec::message&& m, util::time_point now) {
     heartbeat_ = std::chrono::milliseconds(w->heartbeat_ms);
     liveness_ = w->liveness;
     attempt_ = 0;
+    revoked_.clear();
     next_heartbeat_ = now + heartbeat_;
     broker_deadline_ = now + broker_silence();
     set_state(connection_state::ready, w->resumed ? "session resumed" : "");
@@ -209,6 +222,8 @@ void session::handle(codec::message&& m, util::time_point now) {
     if (about_hello && (e->code == code(codec::error_code::duplicate_id) ||
                         e->code == code(codec::error_code::busy))) {
       retry_later(now, detail);  // may clear up: the old session expires, the broker drains
+    } else if (about_hello && e->code == code(codec::error_code::unauthorized)) {
+      revoked(now, detail);  // our key may not make this HELLO: the allowlist may change
     } else if (about_hello) {
       close_socket();
       set_state(connection_state::refused, detail);  // our version or fields are wrong
@@ -222,10 +237,13 @@ void session::handle(codec::message&& m, util::time_point now) {
   } else if (const auto* d = std::get_if<codec::disconnect>(&m)) {
     const auto detail = fmt::format("broker said DISCONNECT {} {}: {}", d->code,
                                     codec::code_name(d->code), d->reason);
-    if (d->code == code(codec::error_code::replaced) ||
-        d->code == code(codec::error_code::unauthorized)) {
+    if (d->code == code(codec::error_code::replaced)) {
       close_socket();
-      set_state(connection_state::refused, detail);
+      set_state(connection_state::refused, detail);  // another connection holds our session
+      return;
+    }
+    if (d->code == code(codec::error_code::unauthorized)) {
+      revoked(now, detail);
       return;
     }
     if (d->code == code(codec::error_code::expired) ||

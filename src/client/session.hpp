@@ -77,6 +77,7 @@ class session {
   [[nodiscard]] std::chrono::milliseconds hello_timeout() const;
   [[nodiscard]] std::chrono::milliseconds broker_silence() const;
   void retry_later(util::time_point now, const std::string& why);
+  void revoked(util::time_point now, const std::string& detail);
   void handle(codec::message&& m, util::time_point now);
   void set_state(connection_state s, const std::string& detail);
   bool send(const codec::message& m);
@@ -93,6 +94,7 @@ class session {
   std::chrono::milliseconds heartbeat_;
   std::uint32_t liveness_ = 3;
   unsigned attempt_ = 0;
+  std::string revoked_;  // the DISCONNECT or ERROR 431 since the last WELCOME, if any
   util::time_point hello_deadline_{};
   util::time_point next_heartbeat_{};
   util::time_point broker_deadline_{};

@@ -98,6 +98,15 @@ void write_curve_pair(const std::string& stem, const curve_pair& pair) {
                  0644);
 }
 
+void refuse_writable_by_others(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 022) != 0)
+    throw std::runtime_error(fmt::format(
+        "{}: its group or others may write it (mode {:o}), so they could add a key of their "
+        "own: chmod go-w {}",
+        path, st.st_mode & 0777, path));
+}
+
 curve_pair read_curve_file(const std::string& path) {
   toml::table t;
   try {

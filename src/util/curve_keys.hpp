@@ -28,6 +28,10 @@ struct curve_pair {
 /// never overwritten by mistake) and `stem`.pub. Throws std::runtime_error naming the file.
 void write_curve_pair(const std::string& stem, const curve_pair& pair);
 
+/// Throws std::runtime_error naming `path` and its mode when its group or others may write
+/// it: a file that says whom to trust (an allowlist, a public key) that anyone may rewrite.
+void refuse_writable_by_others(const std::string& path);
+
 /// Reads a key file: a .key file gives both keys (the public one checked against the
 /// secret), a .pub file only `public_key`. Throws std::runtime_error naming the file and
 /// what is wrong with it (unreadable, not TOML, a key missing or malformed, readable by

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,10 @@ struct scratch {
   }
   void write(const std::string& name, const std::string& text) const {
     std::ofstream(path(name)) << text;
+  }
+  [[nodiscard]] std::string read(const std::string& name) const {
+    std::ifstream f(path(name));
+    return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
   }
 };
 
@@ -128,6 +133,17 @@ TEST_CASE("the broker will not start with CURVE half set up", "[binary][security
       run({"--curve-key", s.path("broker.key"), "--allowlist", s.path("role.toml")});
   CHECK(status == 2);
   CHECK_THAT(out, Catch::Contains("unknown role 'admin'"));
+
+  // Files that say whom to trust, writable by others: anyone local could list a key.
+  for (const auto* file : {"allow.toml", "peer.pub"}) {
+    INFO(file);
+    ::chmod(s.path(file).c_str(), 0666);
+    std::tie(status, out) =
+        run({"--curve-key", s.path("broker.key"), "--allowlist", s.path("allow.toml")});
+    CHECK(status == 2);
+    CHECK_THAT(out, Catch::Contains(s.path(file)) && Catch::Contains("chmod go-w"));
+    ::chmod(s.path(file).c_str(), 0644);
+  }
 }
 
 TEST_CASE("plain mode binds other machines' addresses only with --insecure, and says so",
@@ -164,6 +180,7 @@ TEST_CASE("CURVE end to end: both SDKs with keys run a task; a stranger is told 
   wo.endpoint = router;
   wo.id = "coll-1";
   wo.heartbeat = 200ms;
+  wo.reconnect_max = 300ms;  // the interval of its retries after a revocation
   wo.curve = curve_keys_from_files(s.path("coll.key"), broker_pub);
   task_handlers h;
   h.run = [](task_handle& t) {
@@ -213,15 +230,35 @@ TEST_CASE("CURVE end to end: both SDKs with keys run a task; a stranger is told 
   REQUIRE(wait_until(
       [&] { return lost.last_error().find("broker's public key") != std::string::npos; }, 10s));
 
-  // SIGHUP reads the allowlist again: the collector's key gone, its session ends (431) and the
-  // worker gives up for good.
+  // An allowlist emptied for a moment (an editor's rewrite) is refused: nobody is cut off.
+  const auto full_list = s.read("allow.toml");
+  s.write("allow.toml", "");
+  broker.signal(SIGHUP);
+  REQUIRE(broker.wait_for_line("lists no key", 10s));
+  // Nor is one that others may write: they could have listed a key of their own.
+  s.write("allow.toml", full_list + "\n");
+  ::chmod(s.path("allow.toml").c_str(), 0666);
+  broker.signal(SIGHUP);
+  REQUIRE(broker.wait_for_line("chmod go-w", 10s));
+  ::chmod(s.path("allow.toml").c_str(), 0644);
+  CHECK(w.state() == connection_state::ready);
+  CHECK(c.state() == connection_state::ready);
+
+  // SIGHUP reads the allowlist again: the collector's key gone, its session ends (431). The
+  // worker says so and keeps trying at its longest interval: when the operator puts the key
+  // back, it is served again by itself.
   s.write("allow.toml",
           "[[key]]\nname = \"coord\"\npublic-key-file = \"coord.pub\"\nroles = "
           "[\"coordinator\"]\n");
   broker.signal(SIGHUP);
   REQUIRE(broker.wait_for_line("reloaded: 1 keys", 10s));
-  REQUIRE(w.wait_for(connection_state::refused, 5s));
-  CHECK_THAT(w.last_error(), Catch::Contains("431"));
+  REQUIRE(wait_until([&] { return w.last_error().find("431") != std::string::npos; }, 10s));
+  CHECK(w.state() != connection_state::ready);
+  CHECK(w.state() != connection_state::refused);
+  s.write("allow.toml", full_list);
+  broker.signal(SIGHUP);
+  REQUIRE(broker.wait_for_line("reloaded: 2 keys", 10s));
+  REQUIRE(w.wait_for(connection_state::ready, 10s));
   broker.signal(SIGTERM);
   const auto code = broker.wait(10s);
   REQUIRE(code);
