@@ -44,15 +44,23 @@ void config::validate() const {
                           "reaches it can join as any peer: turn CURVE on (--curve-key, "
                           "--allowlist) or say --insecure",
                           *ep));
+    require(metrics_port == 0 || loopback_host(metrics_address),
+            fmt::format("metrics.address (--metrics-address) {} is reachable from other "
+                        "machines, and without CURVE every other socket of the broker stays on "
+                        "loopback unless told: turn CURVE on or say --insecure",
+                        metrics_address));
   }
+}
+
+bool loopback_host(std::string_view host) {
+  return host.rfind("127.", 0) == 0 || host == "localhost" || host == "::1" || host == "[::1]";
 }
 
 bool loopback_endpoint(std::string_view ep) {
   if (ep.rfind("ipc://", 0) == 0 || ep.rfind("inproc://", 0) == 0) return true;
   if (ep.rfind("tcp://", 0) != 0) return false;
   ep.remove_prefix(6);
-  const auto host = ep.substr(0, ep.rfind(':'));
-  return host.rfind("127.", 0) == 0 || host == "localhost" || host == "[::1]";
+  return loopback_host(ep.substr(0, ep.rfind(':')));
 }
 
 std::optional<fsync_policy> parse_fsync_policy(std::string_view s) {

@@ -131,5 +131,7 @@ std::string normalize_endpoint(std::string endpoint);
 
 /// Whether an endpoint is reachable from this machine only (loopback TCP, ipc, inproc).
 bool loopback_endpoint(std::string_view endpoint);
+/// Whether a host name or address is this machine's loopback (127.*, localhost, ::1).
+bool loopback_host(std::string_view host);
 
 }  // namespace rlbus::broker

@@ -166,7 +166,7 @@ std::vector<setting> make_table() {
        &c::metrics_port, 0, 65'535, any, "", "metrics-port"},
       {"metrics", "address",
        "address the HTTP endpoint listens on (a scraper on another machine needs 0.0.0.0 or "
-       "the host's address)",
+       "the host's address; in plain mode that also needs insecure, as the sockets do)",
        &c::metrics_address, 1, 0, any, "", "metrics-address"},
       // ---- logging ----
       {"log",

@@ -152,6 +152,12 @@ TEST_CASE("plain mode binds other machines' addresses only with --insecure, and 
       run_to_end(broker_bin(), {"--router", "tcp://0.0.0.0:0", "--events", "tcp://127.0.0.1:0"});
   CHECK(status == 2);
   CHECK_THAT(out, Catch::Contains("--insecure"));
+  // The metrics endpoint too: it is a bind like the others.
+  std::tie(status, out) =
+      run_to_end(broker_bin(), {"--router", "tcp://127.0.0.1:0", "--events", "tcp://127.0.0.1:0",
+                                "--metrics-port", "65001", "--metrics-address", "0.0.0.0"});
+  CHECK(status == 2);
+  CHECK_THAT(out, Catch::Contains("--metrics-address") && Catch::Contains("--insecure"));
   child broker(broker_bin(),
                {"--router", "tcp://0.0.0.0:0", "--events", "tcp://127.0.0.1:0", "--insecure"});
   REQUIRE(broker.wait_for_line("anyone who can reach the ports", 10s));
