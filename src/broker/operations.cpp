@@ -25,6 +25,11 @@ constexpr std::array<std::string_view, 11> live_settings{
     "tasks.queue-timeout-ms", "tasks.no-data-retry", "heartbeat-min",
     "heartbeat-max",          "max-faults"};
 
+// Every array in a reply fits the decoding limits of §5.1 (1024 entries): a page holds at
+// most this many (§16.3.2), and so do the lists of status.
+constexpr std::size_t ops_page_max = 1000;
+constexpr std::size_t ops_changes_kept = 64;
+
 std::uint64_t ms_since(util::time_point then, util::time_point now) {
   if (now <= then) return 0;
   return static_cast<std::uint64_t>(
@@ -66,7 +71,8 @@ void server::on_ops(std::string_view routing_id, peer* p, zmq::message_t& body,
 }
 
 std::variant<codec::blob, refusal> server::ops_answer(const codec::ops& op, util::time_point now) {
-  const auto limit = std::size_t{op.limit.value_or(1000)};
+  const auto limit = std::min(std::size_t{op.limit.value_or(1000)}, ops_page_max);
+  const auto offset = op.offset.value_or(0);
   if (op.verb == "status") return ops_status(now);
   if (op.verb == "workers") {
     std::vector<const peer*> workers;
@@ -78,7 +84,9 @@ std::variant<codec::blob, refusal> server::ops_answer(const codec::ops& op, util
     std::sort(workers.begin(), workers.end(),
               [](const peer* a, const peer* b) { return a->serial < b->serial; });
     std::vector<codec::blob> items;
-    for (const peer* q : workers) {
+    for (std::size_t i = offset < workers.size() ? offset : workers.size(); i < workers.size();
+         ++i) {
+      const peer* q = workers[i];
       if (items.size() == limit) break;
       const auto w = tasks_.worker_state(q->id).value_or(task_manager::worker_view{});
       items.push_back(codec::map_writer(10)
@@ -100,7 +108,7 @@ std::variant<codec::blob, refusal> server::ops_answer(const codec::ops& op, util
     std::optional<rlbus::role> kind;
     if (op.kind) kind = parse_role(*op.kind);
     const auto [tasks, total] =
-        tasks_.list_tasks(op.state.value_or(""), kind, op.coordinator.value_or(""), limit);
+        tasks_.list_tasks(op.state.value_or(""), kind, op.coordinator.value_or(""), limit, offset);
     std::vector<codec::blob> items;
     items.reserve(tasks.size());
     for (const auto& t : tasks)
@@ -161,13 +169,17 @@ std::variant<codec::blob, refusal> server::ops_answer(const codec::ops& op, util
   cfg_ = std::move(next);  // the task manager reads the same object
   spdlog::warn("an operator set {} = {} (was {})", *op.key, *op.value, was);
   changes_.push_back({*op.key, *op.value, was, now});
+  ++changes_total_;
+  if (changes_.size() > ops_changes_kept) changes_.pop_front();
   return codec::map_writer(3).str("key", *op.key).str("value", *op.value).str("was", was).done();
 }
 
 codec::blob server::ops_status(util::time_point now) const {
   const auto s = snapshot();
   std::vector<codec::blob> streams;
-  for (const auto& st : tasks_.list_streams())
+  const auto all_streams = tasks_.list_streams();
+  for (const auto& st : all_streams) {
+    if (streams.size() == ops_page_max) break;
     streams.push_back(codec::map_writer(5)
                           .str("coordinator", st.coordinator)
                           .uint("seq", st.seq)
@@ -175,6 +187,7 @@ codec::blob server::ops_status(util::time_point now) const {
                           .boolean("windowed", st.windowed)
                           .uint("held", st.held)
                           .done());
+  }
   std::vector<codec::blob> changes;
   for (const auto& c : changes_)
     changes.push_back(codec::map_writer(4)
@@ -202,7 +215,7 @@ codec::blob server::ops_status(util::time_point now) const {
       {"connections", s.connections}};
   codec::map_writer counters(static_cast<std::uint32_t>(std::size(counts)));
   for (const auto& [name, v] : counts) counters.uint(name, v);
-  return codec::map_writer(8)
+  return codec::map_writer(10)
       .uint("uptime_ms", ms_since(started_, now))
       .boolean("draining", s.draining)
       .raw("peers", codec::map_writer(3)
@@ -217,7 +230,9 @@ codec::blob server::ops_status(util::time_point now) const {
       .uint("queue_depth", s.tasks_queued)
       .raw("counters", counters.done())
       .array("streams", streams)
+      .uint("streams_total", all_streams.size())
       .array("changes", changes)
+      .uint("changes_total", changes_total_)
       .done();
 }
 

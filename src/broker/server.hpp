@@ -19,6 +19,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -187,7 +188,8 @@ class server : private task_sink {
     std::string key, value, was;
     util::time_point at;
   };
-  std::vector<change> changes_;
+  std::deque<change> changes_;  // the last ops_changes_kept
+  std::uint64_t changes_total_ = 0;
   bool counters_due_ = false;  // a task message is being handled: store before sending
   // What the loop hands the metrics endpoint at each status tick (not in atomics: lists).
   mutable std::mutex ticked_mu_;

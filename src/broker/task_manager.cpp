@@ -1284,7 +1284,7 @@ std::string_view state_name(int st) {
 
 std::pair<std::vector<task_manager::task_view>, std::size_t> task_manager::list_tasks(
     std::string_view state, std::optional<rlbus::role> kind, std::string_view coordinator,
-    std::size_t limit) const {
+    std::size_t limit, std::uint64_t offset) const {
   std::vector<const task*> order;
   order.reserve(tasks_.size());
   for (const auto& [order_key, id] : queue_) order.push_back(&tasks_.at(id));
@@ -1301,7 +1301,7 @@ std::pair<std::vector<task_manager::task_view>, std::size_t> task_manager::list_
     if ((!state.empty() && name != state) || (kind && t->kind != *kind) ||
         (!coordinator.empty() && t->owner != coordinator))
       continue;
-    ++total;
+    if (total++ < offset) continue;
     if (out.size() < limit)
       out.push_back({t->id, t->kind, name, t->attempt, t->worker, t->owner, t->submitted_at});
   }

@@ -99,10 +99,11 @@ class task_manager {
     util::time_point submitted{};
   };
   /// Live tasks matching every filter given (empty: any), queued ones first in queue order,
-  /// then the others by submission; at most `limit`, and how many matched in all.
+  /// then the others by submission; at most `limit` after the first `offset`, and how many
+  /// matched in all.
   [[nodiscard]] std::pair<std::vector<task_view>, std::size_t> list_tasks(
       std::string_view state, std::optional<rlbus::role> kind, std::string_view coordinator,
-      std::size_t limit) const;
+      std::size_t limit, std::uint64_t offset = 0) const;
   struct worker_view {
     std::string task;  // "" when free
     std::uint32_t attempt = 0;

@@ -595,6 +595,7 @@ struct ops {
   std::optional<std::string> kind;         // tasks, workers: a filter
   std::optional<std::string> coordinator;  // tasks: a filter
   std::optional<std::uint32_t> limit;      // tasks, workers: most entries
+  std::optional<std::uint64_t> offset;     // tasks, workers: matching entries skipped first
   RLBUS_TASK_MESSAGE(ops, ops)
   template <class S, class F>
   static void fields(S& s, F&& f) {
@@ -607,6 +608,7 @@ struct ops {
     f("kind", s.kind, rule::text{32});
     f("coordinator", s.coordinator, rule::id{});
     f("limit", s.limit, rule::range{1, 10'000});
+    f("offset", s.offset, rule::range{0, ~std::uint64_t{0}});
   }
   static std::optional<std::string_view> check(const ops& m) {
     if (!detail::one_of(ops_verbs, m.verb))

@@ -45,7 +45,13 @@ class broker_link {
       sock_.set(zmq::sockopt::curve_publickey, keys->public_key);
       sock_.set(zmq::sockopt::curve_secretkey, keys->secret_key);
     }
-    sock_.connect(endpoint);
+    try {
+      sock_.connect(endpoint);
+    } catch (const zmq::error_t& e) {
+      throw std::invalid_argument(fmt::format(
+          "bad endpoint '{}': {} (e.g. tcp://127.0.0.1:7235, ipc:///run/rlbus.sock)", endpoint,
+          e.what()));
+    }
   }
 
   /// Sends `op` and waits for its answer: the result as JSON, or why there is none.
@@ -73,6 +79,11 @@ class broker_link {
       const auto h = rlbus::codec::parse_header(frames[0].to_string_view());
       if (!h) continue;
       auto m = rlbus::codec::decode_body(h->type, frames[1].to_string_view());
+      if (!m && (h->type == static_cast<std::uint8_t>(rlbus::codec::msg_type::ops_reply) ||
+                 h->type == static_cast<std::uint8_t>(rlbus::codec::msg_type::error)))
+        return failure{exit_no_answer,
+                       fmt::format("the broker answered, but its answer cannot be read: {} {}",
+                                   static_cast<int>(m.error().code), m.error().reason)};
       if (!m) continue;
       if (auto* r = std::get_if<rlbus::codec::ops_reply>(&m.value())) {
         if (r->request_id != op.request_id) continue;  // an answer to an earlier, timed-out ask
@@ -217,6 +228,7 @@ int main(int argc, char** argv) {
       "CURVE on, give a key pair the broker's allowlist lists with the role `operator`.\n"
       "Exit status: 0 done, 1 no answer from the broker, 2 bad usage, 3 the broker refused."};
   app.require_subcommand(1);
+  app.fallthrough();  // the global options go before or after the verb, as kubectl takes them
   std::string endpoint = "tcp://127.0.0.1:7235";
   app.add_option("--broker", endpoint, "the broker's ROUTER endpoint")
       ->envname("RLBUS_ENDPOINT")
@@ -298,7 +310,14 @@ int main(int argc, char** argv) {
     op.value = value;
   }
 
-  broker_link broker(endpoint, keys);
+  std::optional<broker_link> link;
+  try {
+    link.emplace(endpoint, keys);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "rlbus-ctl: %s\n", e.what());
+    return exit_usage;
+  }
+  auto& broker = *link;
   const auto timeout = std::chrono::milliseconds(timeout_ms);
   const auto ask = [&](const rlbus::codec::ops& o) -> json {  // exits when there is none
     auto r = broker.ask(o, timeout);
@@ -308,8 +327,27 @@ int main(int argc, char** argv) {
     }
     return std::get<json>(std::move(r));
   };
+  // A list longer than a page (§16.3.2) is asked for page by page, up to the limit.
+  const auto ask_all = [&](rlbus::codec::ops o, const char* list) -> json {
+    const std::size_t want = o.limit.value_or(1000);
+    auto r = ask(o);
+    while (r.contains(list) && r.contains("total")) {
+      const auto got = r[list].size();
+      const auto total = r["total"].get<std::size_t>();
+      if (got >= want || got >= total) break;
+      o.offset = got;
+      o.limit = static_cast<std::uint32_t>(want - got);
+      auto next = ask(o);
+      if (!next.contains(list) || next[list].empty()) break;
+      for (auto& item : next[list]) r[list].push_back(std::move(item));
+      r["total"] = next["total"];
+    }
+    return r;
+  };
   if (chosen != watch) {
-    const auto r = ask(op);
+    const auto r = chosen == tasks || chosen == workers
+                       ? ask_all(op, chosen == tasks ? "tasks" : "workers")
+                       : ask(op);
     if (as_json)
       std::cout << r.dump(2) << "\n";
     else

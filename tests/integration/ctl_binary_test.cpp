@@ -22,9 +22,8 @@ namespace {
 struct running_broker {
   child proc;
   std::string router;
-  running_broker()
-      : proc(binary_from_env("RLBUS_BROKER_BIN"), {"--router", "tcp://127.0.0.1:0", "--events",
-                                                   "tcp://127.0.0.1:0", "--drain-ms", "0"}) {
+  explicit running_broker(std::vector<std::string> extra = {})
+      : proc(binary_from_env("RLBUS_BROKER_BIN"), with_ports(std::move(extra))) {
     const auto line = proc.wait_for_line("rlbus-broker listening", 10s);
     INFO(proc.output());
     REQUIRE(line);
@@ -34,6 +33,11 @@ struct running_broker {
   ~running_broker() {
     proc.signal(SIGTERM);
     (void)proc.wait(10s);
+  }
+  static std::vector<std::string> with_ports(std::vector<std::string> extra) {
+    extra.insert(extra.begin(), {"--router", "tcp://127.0.0.1:0", "--events",
+                                 "tcp://127.0.0.1:0", "--drain-ms", "0"});
+    return extra;
   }
   running_broker(const running_broker&) = delete;
   running_broker& operator=(const running_broker&) = delete;
@@ -147,6 +151,56 @@ TEST_CASE("rlbus-ctl's exit status says what went wrong", "[binary][ctl]") {
                                    {"--broker", "tcp://127.0.0.1:1", "--timeout", "200", "status"});
   CHECK(code == 1);
   CHECK_THAT(out, Catch::Contains("no answer within 200 ms"));
+  // 2: an endpoint ZeroMQ cannot take, said as that (it was an abort).
+  std::tie(code, out) =
+      run_to_end(binary_from_env("RLBUS_CTL_BIN"), {"--broker", "nonsense", "status"});
+  CHECK(code == 2);
+  CHECK_THAT(out, Catch::Contains("bad endpoint 'nonsense'"));
+}
+
+TEST_CASE("rlbus-ctl takes its global options after the verb too", "[binary][ctl]") {
+  running_broker b;
+  const auto [code, out] = run_to_end(binary_from_env("RLBUS_CTL_BIN"),
+                                      {"status", "--json", "--broker", b.router, "--timeout",
+                                       "5000"});
+  INFO(out);
+  REQUIRE(code == 0);
+  CHECK(json::parse(out).contains("uptime_ms"));
+}
+
+TEST_CASE("rlbus-ctl lists more tasks than a page and status stays readable after many sets",
+          "[binary][ctl]") {
+  running_broker b({"--log-level", "error"});  // not a line per set: nobody reads them here
+  zmq::context_t ctx;
+  raw_peer coord(ctx, b.router), op(ctx, b.router);
+  coord.introduce("coord", role::coordinator, 30'000);
+  constexpr int n = 1100;  // past a page (1000) and past the decoder's 1024 array entries
+  for (int i = 0; i < n; ++i) {
+    codec::submit s;
+    s.task_id = "t" + std::to_string(i);
+    coord.send(s);
+  }
+  for (int i = 0; i < n; ++i) REQUIRE(coord.recv_a<codec::submitted>());
+  const auto listed = ctl_json(b, {"tasks", "--limit", "2000"});
+  CHECK(listed.at("total") == n);
+  REQUIRE(listed.at("tasks").size() == n);
+  CHECK(listed.at("tasks").at(0).at("id") == "t0");
+  CHECK(listed.at("tasks").at(n - 1).at("id") == "t" + std::to_string(n - 1));
+  CHECK(ctl_json(b, {"tasks", "--limit", "1050"}).at("tasks").size() == 1050);
+
+  codec::ops set;
+  set.verb = "set";
+  set.key = "tasks.max-queue";
+  for (int i = 0; i < n; ++i) {  // each set is remembered, but not all of them in status
+    set.request_id = static_cast<std::uint64_t>(i) + 1;
+    set.value = std::to_string(20'000 + i);
+    op.send(set);
+    REQUIRE(op.recv_a<codec::ops_reply>());
+  }
+  const auto status = ctl_json(b, {"status"});
+  CHECK(status.at("changes_total") == n);
+  REQUIRE(status.at("changes").size() == 64);
+  CHECK(status.at("changes").back().at("value") == std::to_string(20'000 + n - 1));
 }
 
 TEST_CASE("rlbus-ctl watch refreshes status and workers", "[binary][ctl]") {
