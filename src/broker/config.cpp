@@ -32,6 +32,15 @@ void config::validate() const {
           fmt::format("tasks.stream-window (--stream-window) is {} but must be 1..{}, half the "
                       "stream ring (--stream-ring {})",
                       stream_window, stream_ring / 2, stream_ring));
+  require(max_connection_bytes >= 2 * max_message,
+          fmt::format("security.max-connection-bytes (--max-connection-bytes) is {} but must be "
+                      "at least twice max-message ({}): a connection must be able to take the "
+                      "largest message",
+                      max_connection_bytes, max_message));
+  require(memory_budget >= max_connection_bytes,
+          fmt::format("security.memory-budget (--memory-budget) is {} but must be at least "
+                      "max-connection-bytes ({})",
+                      memory_budget, max_connection_bytes));
   // Security (SPEC §15): fail closed. CURVE without an allowlist would let any key in.
   require(curve_key_path.empty() == allowlist_path.empty(),
           curve_key_path.empty()

@@ -60,6 +60,10 @@ struct config {
   /// past either is refused by the ZAP handler before it can say anything.
   std::size_t max_connections = 100'000;
   std::size_t max_connections_per_address = 16'384;
+  /// Bytes the broker holds in its send queue for one connection, and for all of them: a
+  /// message past either is not sent (as to a full queue) and counted (SPEC §15.5).
+  std::size_t max_connection_bytes = std::size_t{64} * 1024 * 1024;
+  std::size_t memory_budget = std::size_t{512} * 1024 * 1024;
   /// A connection that has not finished the ZeroMQ handshake by then is dropped.
   std::uint32_t handshake_timeout_ms = 10'000;
   /// Most sessions of each role at once (within max_peers); HELLO past it gets BUSY.

@@ -194,9 +194,9 @@ void journal::lock() {
     char held[32] = {};
     const auto n = ::pread(lock_.fd, held, sizeof held - 1, 0);
     std::string holder(held, n > 0 ? static_cast<std::size_t>(n) : 0);
-    holder.erase(std::remove_if(holder.begin(), holder.end(),
-                                [](char c) { return c < '0' || c > '9'; }),
-                 holder.end());
+    holder.erase(
+        std::remove_if(holder.begin(), holder.end(), [](char c) { return c < '0' || c > '9'; }),
+        holder.end());
     ::close(lock_.fd);
     lock_.fd = -1;
     if (why == EWOULDBLOCK)
@@ -261,9 +261,10 @@ void journal::load(const codec::decode_limits& limits) {
   if (data.empty()) return;
   if (data.size() < signature.size() && signature.substr(0, data.size()) == data) {
     // A crash while the file was being created: it never held a record.
-    spdlog::warn("journal {}: {} bytes, the start of a signature and nothing else (a crash "
-                 "while it was created): taken as empty",
-                 path_, data.size());
+    spdlog::warn(
+        "journal {}: {} bytes, the start of a signature and nothing else (a crash "
+        "while it was created): taken as empty",
+        path_, data.size());
     loaded_.bytes = 0;
     loaded_.short_signature = true;
     return;
@@ -292,16 +293,19 @@ void journal::load(const codec::decode_limits& limits) {
     if (framing_at.verdict != framing::whole) {
       if (std::all_of(data.begin() + static_cast<std::ptrdiff_t>(at), data.end(),
                       [](char c) { return c == 0; })) {
-        loaded_.torn = fmt::format("the file ends in {} zero bytes at byte {} (space the file "
-                                   "system gave to a write that never reached it)",
-                                   data.size() - at, at);
-      } else if (framing_at.verdict == framing::cut_short && plausible_torn_tail(data, at, framing_at)) {
-        loaded_.torn = fmt::format("the last record, at byte {}, is cut short ({} of {} bytes)",
-                                   at, data.size() - at, record_header + framing_at.len);
+        loaded_.torn = fmt::format(
+            "the file ends in {} zero bytes at byte {} (space the file "
+            "system gave to a write that never reached it)",
+            data.size() - at, at);
+      } else if (framing_at.verdict == framing::cut_short &&
+                 plausible_torn_tail(data, at, framing_at)) {
+        loaded_.torn = fmt::format("the last record, at byte {}, is cut short ({} of {} bytes)", at,
+                                   data.size() - at, record_header + framing_at.len);
       } else {
         damaged(at, framing_at.verdict == framing::bad_checksum ? "fails its checksum"
                     : framing_at.verdict == framing::cut_short
-                        ? fmt::format("says it is {} bytes long, past the end of the file", framing_at.len)
+                        ? fmt::format("says it is {} bytes long, past the end of the file",
+                                      framing_at.len)
                         : fmt::format("has an impossible length ({})", framing_at.len));
       }
       keep_torn(data);

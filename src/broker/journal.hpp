@@ -87,10 +87,10 @@ struct journal_state {
     codec::policy latest;
   };
   std::vector<policy> policies;
-  std::size_t records = 0;  // records read
-  std::size_t bytes = 0;    // of the file
-  std::string torn;         // empty, or what was wrong with the last record (skipped)
-  std::string torn_kept;    // where the file as read was kept when a tail was skipped
+  std::size_t records = 0;       // records read
+  std::size_t bytes = 0;         // of the file
+  std::string torn;              // empty, or what was wrong with the last record (skipped)
+  std::string torn_kept;         // where the file as read was kept when a tail was skipped
   bool short_signature = false;  // the file held part of a signature only (taken as empty)
 };
 

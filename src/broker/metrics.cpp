@@ -117,6 +117,11 @@ std::string prometheus_text(const stats& s) {
   e.one("rlbus_sessions_expired_total", "counter", "sessions ended by silence", s.expired);
   e.one("rlbus_faults_total", "counter", "messages refused with ERROR, any peer", s.faults);
   e.one("rlbus_unroutable_total", "counter", "messages that could not be delivered", s.unroutable);
+  e.one("rlbus_over_bytes_total", "counter",
+        "messages not sent: their connection, or all, held max-connection-bytes or memory-budget",
+        s.over_bytes);
+  e.one("rlbus_send_queue_bytes", "gauge", "bytes held in the send queues of all connections",
+        s.queued_bytes);
   e.one("rlbus_events_total", "counter", "events made on the PUB (sent or unheard)", s.events);
   e.one("rlbus_events_unheard_total", "counter", "events no subscriber asked for",
         s.events_unheard);

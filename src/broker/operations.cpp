@@ -212,7 +212,9 @@ codec::blob server::ops_status(util::time_point now) const {
       {"data_duplicates", s.data_duplicates},
       {"data_lost", s.data_lost},
       {"quarantines", s.quarantines},
-      {"connections", s.connections}};
+      {"connections", s.connections},
+      {"over_bytes", s.over_bytes},
+      {"send_queue_bytes", s.queued_bytes}};
   codec::map_writer counters(static_cast<std::uint32_t>(std::size(counts)));
   for (const auto& [name, v] : counts) counters.uint(name, v);
   return codec::map_writer(10)

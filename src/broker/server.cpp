@@ -59,6 +59,7 @@ server::server(zmq::context_t& ctx, config cfg)
     : cfg_((cfg.validate(), std::move(cfg))),
       epoch_(util::random_u64_nonzero()),
       gate_(ctx, cfg_),
+      meter_(cfg_.max_connection_bytes, cfg_.memory_budget),
       router_(ctx, zmq::socket_type::router),
       events_(
           ctx, normalize_endpoint(cfg_.events_endpoint), epoch_,
@@ -86,9 +87,10 @@ void server::open_journal() {
                                        cfg_.journal_compact_bytes);
   const auto& js = journal_->loaded();
   if (!js.torn.empty())
-    spdlog::warn("journal {}: {}; it was skipped (a write the crash cut short), and the file "
-                 "as read is kept as {}",
-                 journal_->path(), js.torn, js.torn_kept);
+    spdlog::warn(
+        "journal {}: {}; it was skipped (a write the crash cut short), and the file "
+        "as read is kept as {}",
+        journal_->path(), js.torn, js.torn_kept);
   spdlog::info("journal {} (fsync {}): {} records, {} bytes", journal_->path(),
                to_string(cfg_.journal_fsync), js.records, js.bytes);
   if (cfg_.coordinator_grace_ms == 0 && !js.tasks.empty())
@@ -139,6 +141,8 @@ stats server::snapshot() const {
   s.messages_out = c.messages_out.load();
   s.faults = c.faults.load();
   s.unroutable = c.unroutable.load();
+  s.over_bytes = c.over_bytes.load();
+  s.queued_bytes = meter_.total();
   s.refused_hellos = c.refused_hellos.load();
   s.expired = c.expired.load();
   s.events = c.events.load();
@@ -297,6 +301,8 @@ void server::run() {
       gate_.on_readable();  // besides its descriptors' signals (gatekeeper::poll_items)
       if (gate_.allowlist_changed()) reload_allowlist();
       forget_coordinator_keys();
+      meter_.prune();
+      tasks_.pump_streams();
       publish_status(now);
     }
     store_counters();
@@ -641,35 +647,44 @@ void server::forget_session(const peer& p, codec::error_code code, std::string r
   counters_.peers.store(peers_.size(), std::memory_order_relaxed);
 }
 
-bool server::send_head(std::string_view routing_id, codec::msg_type type) {
+util::send_meter::account* server::send_head(std::string_view routing_id, codec::msg_type type,
+                                             std::size_t body) {
   // A snapshot taken once a peer has heard of a task step includes what the step changed
   // before that message left: the counters are stored before its first message.
   if (counters_due_) {
     counters_due_ = false;
     store_counters();
   }
+  auto& account = meter_.of(routing_id);
+  if (!meter_.admits(account, body)) {
+    // What this connection has not read, or all of them, is at its bound (SPEC §15.5).
+    counters_.unroutable.fetch_add(1, std::memory_order_relaxed);
+    counters_.over_bytes.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  }
   try {
     if (!router_.send(zmq::buffer(routing_id),
                       zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
       counters_.unroutable.fetch_add(1, std::memory_order_relaxed);  // peer's queue is full
-      return false;
+      return nullptr;
     }
   } catch (const zmq::error_t& e) {
     if (e.num() != EHOSTUNREACH) throw;
     counters_.unroutable.fetch_add(1, std::memory_order_relaxed);  // connection is gone
-    return false;
+    return nullptr;
   }
   const auto header = codec::make_header(type);
   router_.send(zmq::buffer(header), zmq::send_flags::sndmore);
   counters_.sent_by_type[static_cast<std::uint8_t>(type)].fetch_add(1, std::memory_order_relaxed);
-  return true;
+  return &account;
 }
 
 bool server::send(std::string_view routing_id, const codec::message& m) {
   out_.clear();
   codec::encode_body(m, out_);
-  if (!send_head(routing_id, codec::type_of(m))) return false;
-  util::send_last_frame(router_, out_);
+  auto* account = send_head(routing_id, codec::type_of(m), out_.size());
+  if (account == nullptr) return false;
+  util::send_last_frame(router_, meter_, *account, out_);
   counters_.messages_out.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
@@ -721,8 +736,10 @@ bool server::send_to(std::string_view peer_id, const codec::message& m) {
 bool server::send_encoded(std::string_view peer_id, codec::msg_type type,
                           const util::shared_frame& body) {
   const peer* p = peers_.by_id(peer_id);
-  if (p == nullptr || !send_head(p->routing_id, type)) return false;
-  body.send_last(router_);
+  if (p == nullptr) return false;
+  auto* account = send_head(p->routing_id, type, body.size());
+  if (account == nullptr) return false;
+  body.send_last(router_, meter_, *account);
   counters_.messages_out.fetch_add(1, std::memory_order_relaxed);
   return true;
 }

@@ -53,6 +53,8 @@ struct stats {
   std::uint64_t messages_out = 0;    // messages sent on the ROUTER
   std::uint64_t faults = 0;          // messages refused with ERROR (any peer)
   std::uint64_t unroutable = 0;      // replies that could not be delivered
+  std::uint64_t over_bytes = 0;      // of those, past max-connection-bytes or memory-budget
+  std::uint64_t queued_bytes = 0;    // held in the send queues now (SPEC §15.5)
   std::uint64_t refused_hellos = 0;  // HELLOs answered with ERROR
   std::uint64_t expired = 0;         // sessions ended by silence
   std::uint64_t events = 0;          // events made (published or unheard)
@@ -141,7 +143,7 @@ class server : private task_sink {
  private:
   struct counters {
     std::atomic<std::uint64_t> peers{0}, messages_in{0}, messages_out{0}, faults{0}, unroutable{0},
-        refused_hellos{0}, expired{0}, events{0}, tasks_queued{0}, tasks_running{0},
+        over_bytes{0}, refused_hellos{0}, expired{0}, events{0}, tasks_queued{0}, tasks_running{0},
         tasks_finished{0}, tasks_failed{0}, tasks_requeued{0}, stale{0}, collectors{0}, learners{0},
         replays{0}, resent{0}, lost{0}, data_duplicates{0}, data_out_of_order{0}, data_lost{0},
         events_unheard{0}, quarantined{0}, quarantines{0}, orphaned{0}, adoptions{0}, restored{0},
@@ -202,9 +204,12 @@ class server : private task_sink {
   /// What the task manager said of a task message: a refusal is answered and counted.
   void task_result(std::string_view routing_id, peer* p, std::optional<refusal> refused,
                    std::uint8_t type);
-  /// Queues the routing id and the header of a message of `type`: false (counted) when the
-  /// peer cannot take it; the body must follow.
-  bool send_head(std::string_view routing_id, codec::msg_type type);
+  /// Queues the routing id and the header of a message of `type` whose body is `body` bytes:
+  /// the account the body is to be charged to, or nullptr (counted) when the connection
+  /// cannot take it (gone, its queue full, or past its bytes or the budget); the body must
+  /// follow.
+  util::send_meter::account* send_head(std::string_view routing_id, codec::msg_type type,
+                                       std::size_t body);
   void publish_status(util::time_point now);
   /// Sends CAPACITY to every coordinator and publishes capacity.<kind> (SPEC §12.10).
   void capacity_changed(const peer& worker, bool increase);
@@ -214,7 +219,8 @@ class server : private task_sink {
 
   config cfg_;
   std::uint64_t epoch_;
-  gatekeeper gate_;  // before the sockets it guards
+  gatekeeper gate_;         // before the sockets it guards
+  util::send_meter meter_;  // what the router's queues hold, by connection (SPEC §15.5)
   zmq::socket_t router_;
   event_bus events_;
   std::string router_endpoint_;

@@ -145,6 +145,15 @@ std::vector<setting> make_table() {
        "most connections at once from one source "
        "address",
        &c::max_connections_per_address, 1, ten_million},
+      {"security", "max-connection-bytes",
+       "bytes of answers and events the broker holds for one connection that has not read "
+       "them; a message past it is not sent (as to a full queue) and counted; at least twice "
+       "max-message",
+       &c::max_connection_bytes, 4096, std::uint64_t{1} << 40U, any, "bytes"},
+      {"security", "memory-budget",
+       "bytes of answers and events the broker holds for all connections together; a message "
+       "past it is not sent and counted; at least max-connection-bytes",
+       &c::memory_budget, 4096, std::uint64_t{1} << 44U, any, "bytes"},
       {"security", "handshake-timeout",
        "time a new connection has to finish the ZeroMQ "
        "handshake before it is dropped",

@@ -1048,6 +1048,11 @@ void task_manager::emit(task& t, std::string_view event, std::string_view body,
 
 // ---- replay and flow control (§12.9) ---------------------------------------------------
 
+void task_manager::pump_streams() {
+  for (auto& [owner, s] : streams_)
+    if (s.windowed && s.next <= s.seq) pump(owner, s);
+}
+
 std::optional<refusal> task_manager::on_replay(const std::string& from, const codec::replay& r) {
   auto& s = streams_[from];
   if (auto no = s.replay(r.from_seq)) return no;

@@ -85,6 +85,9 @@ class task_manager {
 
   /// Ends attempts whose step deadline has passed.
   void on_timers(util::time_point now);
+  /// Sends what each windowed stream holds unsent within its window: a send refused for the
+  /// broker's memory budget leaves a coordinator nothing to acknowledge (call it now and then).
+  void pump_streams();
   [[nodiscard]] std::optional<util::time_point> next_deadline() const;
 
   [[nodiscard]] task_counts counts() const;

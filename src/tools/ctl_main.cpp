@@ -48,9 +48,9 @@ class broker_link {
     try {
       sock_.connect(endpoint);
     } catch (const zmq::error_t& e) {
-      throw std::invalid_argument(fmt::format(
-          "bad endpoint '{}': {} (e.g. tcp://127.0.0.1:7235, ipc:///run/rlbus.sock)", endpoint,
-          e.what()));
+      throw std::invalid_argument(
+          fmt::format("bad endpoint '{}': {} (e.g. tcp://127.0.0.1:7235, ipc:///run/rlbus.sock)",
+                      endpoint, e.what()));
     }
   }
 

@@ -16,6 +16,8 @@
 #include <msgpack.hpp>
 #include <zmq.hpp>
 
+#include "util/send_meter.hpp"
+
 namespace rlbus::util {
 
 inline constexpr std::size_t zero_copy_from = 64 * 1024;
@@ -32,6 +34,18 @@ inline void send_last_frame(zmq::socket_t& s, msgpack::sbuffer& body) {
   zmq::message_t m(
       data, size, [](void* d, void* /*hint*/) { std::free(d); }, nullptr);
   s.send(m, zmq::send_flags::none);
+}
+
+/// The same, charged to `a` of `meter` until libzmq lets go of it (see send_meter.hpp).
+inline void send_last_frame(zmq::socket_t& s, send_meter& meter, send_meter::account& a,
+                            msgpack::sbuffer& body) {
+  if (body.size() < zero_copy_from) {
+    meter.send_last(s, a, {body.data(), body.size()});
+    return;
+  }
+  const auto size = body.size();
+  char* data = body.release();
+  meter.send_last_shared(s, a, {data, size}, data, [](void* d) { std::free(d); });
 }
 
 /// Encoded bytes kept to be sent, maybe more than once. Empty when default-made.
@@ -65,6 +79,16 @@ class shared_frame {
         [](void* /*data*/, void* hint) { delete static_cast<ref*>(hint); }, held.get());
     (void)held.release();  // the message owns it now
     s.send(m, zmq::send_flags::none);
+  }
+  /// The same, charged to `a` of `meter` until libzmq lets go of it.
+  void send_last(zmq::socket_t& s, send_meter& meter, send_meter::account& a) const {
+    if (!large_) {
+      meter.send_last(s, a, small_);
+      return;
+    }
+    using ref = std::shared_ptr<const std::string>;
+    meter.send_last_shared(s, a, *large_, new ref(large_),
+                           [](void* r) { delete static_cast<ref*>(r); });
   }
 
  private:

@@ -35,8 +35,8 @@ struct running_broker {
     (void)proc.wait(10s);
   }
   static std::vector<std::string> with_ports(std::vector<std::string> extra) {
-    extra.insert(extra.begin(), {"--router", "tcp://127.0.0.1:0", "--events",
-                                 "tcp://127.0.0.1:0", "--drain-ms", "0"});
+    extra.insert(extra.begin(), {"--router", "tcp://127.0.0.1:0", "--events", "tcp://127.0.0.1:0",
+                                 "--drain-ms", "0"});
     return extra;
   }
   running_broker(const running_broker&) = delete;
@@ -160,9 +160,9 @@ TEST_CASE("rlbus-ctl's exit status says what went wrong", "[binary][ctl]") {
 
 TEST_CASE("rlbus-ctl takes its global options after the verb too", "[binary][ctl]") {
   running_broker b;
-  const auto [code, out] = run_to_end(binary_from_env("RLBUS_CTL_BIN"),
-                                      {"status", "--json", "--broker", b.router, "--timeout",
-                                       "5000"});
+  const auto [code, out] =
+      run_to_end(binary_from_env("RLBUS_CTL_BIN"),
+                 {"status", "--json", "--broker", b.router, "--timeout", "5000"});
   INFO(out);
   REQUIRE(code == 0);
   CHECK(json::parse(out).contains("uptime_ms"));

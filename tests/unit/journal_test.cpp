@@ -161,8 +161,8 @@ TEST_CASE("journal: a last record that fails its checksum is damage, not a torn 
   auto bad_sum = s.read();
   bad_sum.back() = static_cast<char>(bad_sum.back() ^ 0x5A);  // whole length, wrong bytes
   s.write(bad_sum);
-  CHECK_THROWS_WITH(open(s), Catch::Contains("fails its checksum") &&
-                                 Catch::Contains("truncate -s"));
+  CHECK_THROWS_WITH(open(s),
+                    Catch::Contains("fails its checksum") && Catch::Contains("truncate -s"));
 }
 
 TEST_CASE("journal: a length damaged to run past the end is damage when whole records follow",
@@ -223,7 +223,8 @@ TEST_CASE("journal: every one-byte change and every cut is refused or loses noth
   REQUIRE(before.back().size() == 18);  // t7 and t9 have ended
   const auto record_of = [&](std::size_t at) {
     return static_cast<std::size_t>(std::upper_bound(starts.begin(), starts.end(), at) -
-                                    starts.begin()) - 1;
+                                    starts.begin()) -
+           1;
   };
   std::size_t cases = 0, refused = 0, torn = 0;
   // A cut is what a crash leaves: it is never refused.
@@ -275,7 +276,7 @@ TEST_CASE("journal: a journaled end ends its task though the record that erases 
     j.submitted(task("t1", "coord", 1));
     j.started("t1", 1, "w");
     j.end_event("coord", end_of("t1", 3));  // the broker was killed before ended("t1")
-    j.submitted(task("t1", "coord", 2));   // the same id, submitted again after its end
+    j.submitted(task("t1", "coord", 2));    // the same id, submitted again after its end
     j.submitted(task("t2", "coord", 3));
     j.started("t2", 1, "w");
     j.end_event("other", end_of("t2", 5));  // another coordinator's task of that name: not it

@@ -1,0 +1,107 @@
+// See send_meter.hpp.
+#include "util/send_meter.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace rlbus::util {
+
+namespace {
+
+// What a queued message carries for its free function: the account, the bytes charged, and
+// for a shared body what keeps it alive.
+struct charged {
+  send_meter::account* account;
+  std::size_t bytes;
+  void* keep = nullptr;
+  void (*drop)(void*) = nullptr;
+};
+
+}  // namespace
+
+void send_meter::account::charge(std::size_t n) noexcept {
+  refs_.fetch_add(1, std::memory_order_relaxed);
+  bytes_.fetch_add(n, std::memory_order_relaxed);
+  total_->fetch_add(n, std::memory_order_relaxed);
+}
+
+void send_meter::account::refund(std::size_t n) noexcept {
+  total_->fetch_sub(n, std::memory_order_relaxed);
+  bytes_.fetch_sub(n, std::memory_order_relaxed);
+  release();
+}
+
+void send_meter::account::release() noexcept {
+  if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+}
+
+send_meter::~send_meter() {
+  for (auto& [id, a] : accounts_) a->release();
+}
+
+send_meter::account& send_meter::of(std::string_view routing_id) {
+  if (const auto it = accounts_.find(routing_id); it != accounts_.end()) return *it->second;
+  auto* a = new account(total_);
+  accounts_.emplace(std::string(routing_id), a);
+  return *a;
+}
+
+bool send_meter::admits(const account& a, std::size_t body) const noexcept {
+  const auto n = body + per_message;
+  const auto held = a.bytes() + n;
+  if (held > per_connection_) return false;
+  // The last quarter of the budget is kept for connections that hold little: those that
+  // read what they are sent. Connections that never read fill three quarters at most, and
+  // the others are served meanwhile.
+  const auto room = held <= budget_ / 64 ? budget_ : budget_ - budget_ / 4;
+  return total() + n <= room;
+}
+
+void send_meter::send_last(zmq::socket_t& s, account& a, std::string_view body) {
+  // One allocation: what the free function needs, then the bytes.
+  void* block = std::malloc(sizeof(charged) + body.size());
+  if (block == nullptr) throw std::bad_alloc();
+  auto* c = new (block) charged{&a, body.size() + per_message};
+  char* data = static_cast<char*>(block) + sizeof(charged);
+  if (!body.empty()) std::memcpy(data, body.data(), body.size());
+  a.charge(c->bytes);
+  zmq::message_t m(
+      data, body.size(),
+      [](void* /*data*/, void* hint) {
+        auto* held = static_cast<charged*>(hint);
+        held->account->refund(held->bytes);
+        std::free(hint);
+      },
+      c);
+  s.send(m, zmq::send_flags::none);
+}
+
+void send_meter::send_last_shared(zmq::socket_t& s, account& a, std::string_view body, void* keep,
+                                  void (*drop)(void*)) {
+  auto* c = new charged{&a, body.size() + per_message, keep, drop};
+  a.charge(c->bytes);
+  zmq::message_t m(
+      const_cast<char*>(body.data()), body.size(),
+      [](void* /*data*/, void* hint) {
+        auto* held = static_cast<charged*>(hint);
+        held->account->refund(held->bytes);
+        held->drop(held->keep);
+        delete held;
+      },
+      c);
+  s.send(m, zmq::send_flags::none);
+}
+
+void send_meter::prune() {
+  for (auto it = accounts_.begin(); it != accounts_.end();) {
+    if (it->second->bytes() == 0) {
+      it->second->release();
+      it = accounts_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+}  // namespace rlbus::util

@@ -1,0 +1,96 @@
+// What a socket's owner holds in ZeroMQ's send queues, in bytes: per connection and in all.
+//
+// ZeroMQ bounds a pipe in messages (the high-water mark), not in bytes, so a peer that never
+// reads can make the sender hold its high-water mark times the largest message it answers
+// with. Here every metered message is handed to ZeroMQ as a buffer of ours with a free
+// function: its bytes are counted when the message is queued and counted off when libzmq lets
+// go of it (once written to the kernel, or dropped with its connection), on libzmq's I/O
+// thread, so the counts are atomics. A send that would take a connection past its bound, or
+// all of them past the budget, is not made: the caller treats it as a full queue.
+//
+// Lifetime: an account lives while the meter knows it and while any message charged to it is
+// queued, and keeps the meter's total alive with it: libzmq may free a message after the
+// socket, and the meter, are gone.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include <zmq.hpp>
+
+namespace rlbus::util {
+
+class send_meter {
+ public:
+  /// Charged on top of each message's body: the frames before it and ZeroMQ's bookkeeping.
+  static constexpr std::size_t per_message = 256;
+
+  class account {
+   public:
+    [[nodiscard]] std::size_t bytes() const noexcept {
+      return bytes_.load(std::memory_order_relaxed);
+    }
+
+   private:
+    friend class send_meter;
+    explicit account(std::shared_ptr<std::atomic<std::size_t>> total) : total_(std::move(total)) {}
+    void charge(std::size_t n) noexcept;
+    void refund(std::size_t n) noexcept;  // from any thread; may delete the account
+    void release() noexcept;              // one reference fewer; the last deletes it
+    std::shared_ptr<std::atomic<std::size_t>> total_;
+    std::atomic<std::size_t> bytes_{0};
+    std::atomic<std::uint32_t> refs_{1};  // the meter's own, plus one per queued message
+  };
+
+  send_meter(std::size_t per_connection, std::size_t budget)
+      : per_connection_(per_connection), budget_(budget) {}
+  ~send_meter();
+  send_meter(const send_meter&) = delete;
+  send_meter& operator=(const send_meter&) = delete;
+
+  /// The account of the connection `routing_id`, made on first use.
+  account& of(std::string_view routing_id);
+  /// Whether a message of `body` bytes may be queued for `a` now: within its connection's
+  /// bound, and within the budget, whose last quarter is kept for connections that would hold
+  /// at most a 64th of it (those that read).
+  [[nodiscard]] bool admits(const account& a, std::size_t body) const noexcept;
+  /// Sends `body` as the last frame of a message on `s`, charged to `a` until libzmq frees it.
+  /// The frames before it must have been queued; `s` must take it (it is never refused).
+  void send_last(zmq::socket_t& s, account& a, std::string_view body);
+  /// The same for a large body shared by several messages: `keep` is a heap object the message
+  /// holds (deleted with `drop` once libzmq lets go of it) that keeps `body` alive.
+  void send_last_shared(zmq::socket_t& s, account& a, std::string_view body, void* keep,
+                        void (*drop)(void*));
+  /// Forgets the accounts of connections that hold nothing now (call it now and then; a
+  /// connection that sends again gets a fresh one).
+  void prune();
+
+  [[nodiscard]] std::size_t total() const noexcept {
+    return total_->load(std::memory_order_relaxed);
+  }
+  [[nodiscard]] std::size_t connections() const noexcept { return accounts_.size(); }
+  [[nodiscard]] std::size_t per_connection() const noexcept { return per_connection_; }
+  [[nodiscard]] std::size_t budget() const noexcept { return budget_; }
+  void set_bounds(std::size_t per_connection, std::size_t budget) noexcept {
+    per_connection_ = per_connection;
+    budget_ = budget;
+  }
+
+ private:
+  struct by_name {  // heterogeneous lookup by string_view
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const noexcept {
+      return std::hash<std::string_view>{}(s);
+    }
+  };
+  std::size_t per_connection_, budget_;
+  std::shared_ptr<std::atomic<std::size_t>> total_ = std::make_shared<std::atomic<std::size_t>>(0);
+  std::unordered_map<std::string, account*, by_name, std::equal_to<>> accounts_;
+};
+
+}  // namespace rlbus::util

@@ -1,0 +1,116 @@
+// The send meter (util/send_meter.hpp): what is queued is counted per connection and in all
+// until libzmq lets go of it, a send past either bound is not admitted, and accounts of
+// connections that hold nothing are forgotten. Over inproc, where a message's bytes are held
+// until the receiver drops the message it got.
+#include <catch2/catch.hpp>
+
+#include <memory>
+#include <string>
+
+#include <zmq.hpp>
+
+#include "util/send_meter.hpp"
+#include "util/zmq_send.hpp"
+
+using rlbus::util::send_meter;
+
+namespace {
+
+struct pipe_pair {
+  zmq::context_t ctx;
+  zmq::socket_t out{ctx, zmq::socket_type::pair}, in{ctx, zmq::socket_type::pair};
+  pipe_pair() {
+    in.bind("inproc://meter");
+    out.connect("inproc://meter");
+  }
+};
+
+}  // namespace
+
+TEST_CASE("send meter: queued bytes count until the message is let go of", "[unit][meter]") {
+  pipe_pair p;
+  send_meter meter(4096, 8000);  // three quarters: 6000 for connections that hold much
+  auto& a = meter.of("peer-a");
+  CHECK(&meter.of("peer-a") == &a);
+  const std::string body(1000, 'x');
+  REQUIRE(meter.admits(a, body.size()));
+  meter.send_last(p.out, a, body);
+  CHECK(a.bytes() == 1000 + send_meter::per_message);
+  CHECK(meter.total() == a.bytes());
+  meter.send_last(p.out, a, body);
+  meter.send_last(p.out, a, body);
+  CHECK(a.bytes() == 3 * (1000 + send_meter::per_message));
+  CHECK_FALSE(meter.admits(a, body.size()));  // past this connection's 4096
+  auto& b = meter.of("peer-b");
+  CHECK(meter.admits(b, 1000));        // another connection: room in the budget
+  CHECK_FALSE(meter.admits(b, 2200));  // but not past the budget of 6000
+  {
+    zmq::message_t got;
+    REQUIRE(p.in.recv(got));
+    CHECK(got.to_string_view() == body);
+    CHECK(a.bytes() == 3 * (1000 + send_meter::per_message));  // still ours until dropped
+  }
+  CHECK(a.bytes() == 2 * (1000 + send_meter::per_message));
+  for (int i = 0; i < 2; ++i) {
+    zmq::message_t got;
+    REQUIRE(p.in.recv(got));
+  }
+  CHECK(meter.total() == 0);
+  CHECK(meter.admits(a, body.size()));
+  meter.prune();
+  CHECK(meter.connections() == 0);
+}
+
+TEST_CASE("send meter: connections that never read leave the budget's last quarter to others",
+          "[unit][meter]") {
+  pipe_pair p;
+  send_meter meter(64 * 1024, 64 * 1024);
+  auto& hog = meter.of("hog");
+  const std::string body(4000, 'h');
+  int sent = 0;
+  while (meter.admits(hog, body.size())) {
+    meter.send_last(p.out, hog, body);
+    ++sent;
+  }
+  CHECK(meter.total() <= 48 * 1024);  // three quarters
+  CHECK(meter.total() + body.size() + send_meter::per_message > 48 * 1024);
+  auto& reader = meter.of("reader");
+  CHECK(meter.admits(reader, 700));  // at most a 64th of the budget: served from the reserve
+  CHECK_FALSE(meter.admits(reader, body.size()));  // more: as the hog is
+  for (int i = 0; i < sent; ++i) {
+    zmq::message_t got;
+    REQUIRE(p.in.recv(got));
+  }
+  CHECK(meter.total() == 0);
+}
+
+TEST_CASE("send meter: a shared body and a large encoded one are charged and let go of",
+          "[unit][meter]") {
+  pipe_pair p;
+  send_meter meter(std::size_t{1} << 24, std::size_t{1} << 24);
+  auto& a = meter.of("peer");
+  const rlbus::util::shared_frame frame(std::string(100'000, 'y'));  // shared: large
+  frame.send_last(p.out, meter, a);
+  frame.send_last(p.out, meter, a);
+  msgpack::sbuffer encoded;
+  encoded.write(std::string(70'000, 'z').data(), 70'000);
+  rlbus::util::send_last_frame(p.out, meter, a, encoded);  // handed over as it is
+  CHECK(a.bytes() == 270'000 + 3 * send_meter::per_message);
+  for (const auto size : {100'000U, 100'000U, 70'000U}) {
+    zmq::message_t got;
+    REQUIRE(p.in.recv(got));
+    CHECK(got.size() == size);
+  }
+  CHECK(meter.total() == 0);
+  CHECK(frame.size() == 100'000);  // the frame itself is still whole
+}
+
+TEST_CASE("send meter: the account outlives its meter while a message holds it", "[unit][meter]") {
+  pipe_pair p;
+  auto meter = std::make_unique<send_meter>(4096, 4096);
+  meter->send_last(p.out, meter->of("peer"), "bytes");
+  meter.reset();  // the broker gone first, the message still queued
+  zmq::message_t got;
+  REQUIRE(p.in.recv(got));
+  CHECK(got.to_string_view() == "bytes");
+}
