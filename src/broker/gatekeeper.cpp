@@ -144,17 +144,36 @@ void gatekeeper::on_monitor(int handle) {
       // it is cut only if that one's address is past its limit too.
       const bool over_total = counts_.connections > cfg_.max_connections;
       const bool over_address = n > cfg_.max_connections_per_address;
-      if ((over_total || over_address) && address != "?" && ::shutdown(fd, SHUT_RDWR) == 0) {
+      bool cut = false;
+      if (address == "?") {
+        // Gone before it could be looked at (libzmq closed it): nothing it said is served,
+        // though its HELLO may be queued still, for its WELCOME would go nowhere.
+        cut = true;
+      } else if ((over_total || over_address) && ::shutdown(fd, SHUT_RDWR) == 0) {
+        cut = true;
         ++(over_total ? counts_.refused_total : counts_.refused_address);
         note_refusal(address, over_total ? "max-connections" : "max-connections-per-address");
       } else if (!curve_) {
         ++counts_.admitted;  // plain mode has no handshake to pass: admitted at accept
       }
-      connections_[fd] = {handle, std::move(address)};
+      cut_gone_.erase(fd);  // a new connection on the descriptor
+      connections_[fd] = {handle, std::move(address), cut};
     } else if (event == ZMQ_EVENT_DISCONNECTED) {
-      if (const auto it = connections_.find(fd); it != connections_.end()) forget(it);
+      if (const auto it = connections_.find(fd); it != connections_.end()) {
+        // What a cut connection said before the cut can still be queued: remembered until
+        // the descriptor is taken by a new connection.
+        if (it->second.cut) cut_gone_.insert(fd);
+        forget(it);
+      }
     }
   }
+}
+
+bool gatekeeper::cut_off(int fd) {
+  for (std::size_t i = 0; i < monitors_.size(); ++i)
+    if (monitors_[i].handle() != nullptr) on_monitor(static_cast<int>(i));
+  const auto it = connections_.find(fd);
+  return it != connections_.end() ? it->second.cut : cut_gone_.count(fd) != 0;
 }
 
 void gatekeeper::on_zap() {

@@ -21,6 +21,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <zmq.hpp>
@@ -72,6 +73,10 @@ class gatekeeper {
   /// Handles whatever is readable: monitor events first, so that a connection is counted
   /// before it is asked about.
   void on_readable();
+  /// Whether the connection on descriptor `fd` (a message's source) was cut at accept for a
+  /// limit: its messages must never make a session. Reads the monitors first, as a message
+  /// can reach the broker before the event of its connection's accept does.
+  [[nodiscard]] bool cut_off(int fd);
 
   /// Whether the allowlist file changed on disk since it was read (checked about once a
   /// second by the loop).
@@ -119,9 +124,11 @@ class gatekeeper {
   struct connection {
     int monitor;          // which socket's
     std::string address;  // source address
+    bool cut = false;     // past a limit at accept: its messages are never served
   };
   void forget(std::unordered_map<int, connection>::iterator it);
-  std::unordered_map<int, connection> connections_;             // by fd
+  std::unordered_map<int, connection> connections_;  // by fd
+  std::unordered_set<int> cut_gone_;  // fds of cut connections since gone, not yet reused
   std::unordered_map<std::string, std::uint32_t> per_address_;  // live connections
   std::set<std::string> subscriber_keys_;                       // keys let in on the event socket
   gate_counts counts_;

@@ -214,6 +214,7 @@ codec::blob server::ops_status(util::time_point now) const {
       {"quarantines", s.quarantines},
       {"connections", s.connections},
       {"over_bytes", s.over_bytes},
+      {"cut_hellos", s.cut_hellos},
       {"send_queue_bytes", s.queued_bytes}};
   codec::map_writer counters(static_cast<std::uint32_t>(std::size(counts)));
   for (const auto& [name, v] : counts) counters.uint(name, v);

@@ -142,6 +142,7 @@ stats server::snapshot() const {
   s.faults = c.faults.load();
   s.unroutable = c.unroutable.load();
   s.over_bytes = c.over_bytes.load();
+  s.cut_hellos = c.cut_hellos.load();
   s.queued_bytes = meter_.total();
   s.refused_hellos = c.refused_hellos.load();
   s.expired = c.expired.load();
@@ -386,6 +387,15 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
   }
   switch (type) {
     case codec::msg_type::hello: {
+      // A connection cut at accept for a limit may have said HELLO before the cut: it never
+      // gets a session (its WELCOME would be lost, and the session would hold its id).
+      if (p == nullptr) {
+        const int fd = frames[1].get(ZMQ_SRCFD);  // a frame off the wire
+        if (fd >= 0 && gate_.cut_off(fd)) {
+          counters_.cut_hellos.fetch_add(1, std::memory_order_relaxed);
+          return;
+        }
+      }
       // The connection's key, as the ZAP handler named it (SPEC §15.2).
       std::string key;
       if (gate_.curve())
@@ -801,10 +811,13 @@ void server::shutdown(const std::string& reason) {
   spdlog::info(
       "connections: {} admitted; refused {} past max-connections, {} past "
       "max-connections-per-address, {} unlisted keys, {} non-subscriber keys; {} HELLOs "
-      "unauthorized, {} past a role's limit; {} SUBMITs past the task limit; {} faults unanswered",
+      "unauthorized, {} past a role's limit, {} from connections cut at accept; {} SUBMITs past "
+      "the task limit; {} faults unanswered; {} messages not sent past max-connection-bytes or "
+      "memory-budget",
       g.admitted, g.refused_total, g.refused_address, g.refused_key, g.refused_subscriber,
       counters_.refused_unauthorized.load(), counters_.refused_role_limit.load(),
-      counters_.refused_task_limit.load(), counters_.unanswered.load());
+      counters_.cut_hellos.load(), counters_.refused_task_limit.load(), counters_.unanswered.load(),
+      counters_.over_bytes.load());
 }
 
 server_thread::server_thread(config cfg)

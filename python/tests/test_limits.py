@@ -1,8 +1,10 @@
-"""What a peer that never reads can make the broker hold (SPEC §15.5): connections without a
-session ask for the largest answers the broker gives (OPS `tasks`, a page of 1000 of 10 000
-queued tasks, ~110 KB each) over and over and read none of them. The broker holds at most
-max-connection-bytes for each of them and memory-budget for all, drops the rest and counts
-it, and a good operator is answered meanwhile. The figures are printed (pytest -s)."""
+"""The broker's limits against peers that abuse them (SPEC §15.5). What a peer that never
+reads can make the broker hold: connections without a session ask for the largest answers the
+broker gives (OPS `tasks`, a page of 1000 of 10 000 queued tasks, ~110 KB each) over and over
+and read none of them; the broker holds at most max-connection-bytes for each and three
+quarters of memory-budget for all, drops the rest and counts it, and a good operator is
+answered meanwhile (the figures are printed with pytest -s). And a connection cut for a
+connection limit never gets a session, even when its HELLO came first."""
 
 from __future__ import annotations
 
@@ -98,4 +100,55 @@ def test_peers_that_never_read_are_held_to_their_bytes_and_the_budget(closing) -
         for s in hogs:
             s.close(0)
         ctx.term()
+        b.stop()
+
+
+def test_a_connection_cut_for_a_limit_never_gets_a_session(closing) -> None:
+    """SPEC §15.5: past max-connections-per-address a connection is cut at accept. One that
+    says HELLO at once may be heard before the cut lands: it must still get no session, or
+    the session (whose WELCOME is lost with the connection) would hold its id against the
+    real peer for the liveness window."""
+    b = Broker(["--max-connections-per-address", "2"])
+    try:
+        held = [RawWorker(b.router, "collector", id=uid("held")) for _ in range(2)]
+        for h in held:
+            closing(h)
+        ctx = zmq.Context()
+        try:
+            hello = P.encode("HELLO", dict(role="collector", id="victim", heartbeat_ms=60000,
+                                           resources={}))
+            welcomed = 0
+            for _ in range(400):  # a client reconnecting every few ms, HELLO first
+                s = ctx.socket(zmq.DEALER)
+                s.linger = 0
+                s.connect(b.router)
+                s.send_multipart(list(hello))
+                if s.poll(5):
+                    welcomed += P.decode(s.recv_multipart()).name == "WELCOME"
+                s.close(0)
+        finally:
+            ctx.term()
+        assert welcomed == 0
+        held[0].close()  # room again (once the broker has seen it go)
+        # The real peer is then welcomed under its own id: no ghost session holds it (that
+        # would answer 409 DUPLICATE_ID until the ghost expired, a minute here).
+        answers: List[str] = []
+
+        def victim_welcomed() -> bool:
+            s = ctx2.socket(zmq.DEALER)
+            s.linger = 0
+            s.connect(b.router)
+            s.send_multipart(list(hello))
+            got = P.decode(s.recv_multipart()) if s.poll(500) else None
+            s.close(0)
+            if got is not None:
+                answers.append(f"{got.name} {got.fields.get('code', '')}")
+            return got is not None and got.name == "WELCOME"
+        ctx2 = zmq.Context()
+        try:
+            assert wait_until(victim_welcomed, 20, step=0.05), answers
+        finally:
+            ctx2.term()
+        assert not any(a.startswith("ERROR") for a in answers), answers
+    finally:
         b.stop()
