@@ -129,6 +129,10 @@ std::string prometheus_text(const stats& s) {
   e.one("rlbus_stream_resent_total", "counter", "task events sent again", s.stream_resent);
   e.one("rlbus_stream_lost_total", "counter", "task events reported gone (STREAM_GAP)",
         s.stream_lost);
+  e.one("rlbus_stream_ring_bytes", "gauge", "task event bytes the streams' rings hold",
+        s.ring_bytes);
+  e.one("rlbus_stream_ring_budget_drops_total", "counter",
+        "task events dropped from a ring past its share of half the memory budget", s.ring_drops);
   e.one("rlbus_data_duplicates_total", "counter", "indexed DATA dropped as already relayed",
         s.data_duplicates);
   e.one("rlbus_data_out_of_order_total", "counter", "indexed DATA dropped past the next index",

@@ -215,7 +215,9 @@ codec::blob server::ops_status(util::time_point now) const {
       {"connections", s.connections},
       {"over_bytes", s.over_bytes},
       {"cut_hellos", s.cut_hellos},
-      {"send_queue_bytes", s.queued_bytes}};
+      {"send_queue_bytes", s.queued_bytes},
+      {"stream_ring_bytes", s.ring_bytes},
+      {"stream_ring_budget_drops", s.ring_drops}};
   codec::map_writer counters(static_cast<std::uint32_t>(std::size(counts)));
   for (const auto& [name, v] : counts) counters.uint(name, v);
   return codec::map_writer(10)

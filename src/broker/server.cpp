@@ -162,6 +162,8 @@ stats server::snapshot() const {
   s.stream_replays = c.replays.load();
   s.stream_resent = c.resent.load();
   s.stream_lost = c.lost.load();
+  s.ring_bytes = c.ring_bytes.load();
+  s.ring_drops = c.ring_drops.load();
   s.data_duplicates = c.data_duplicates.load();
   s.data_out_of_order = c.data_out_of_order.load();
   s.data_lost = c.data_lost.load();
@@ -207,6 +209,8 @@ void server::store_counters() {
   c.replays.store(t.replays, std::memory_order_relaxed);
   c.resent.store(t.resent, std::memory_order_relaxed);
   c.lost.store(t.lost, std::memory_order_relaxed);
+  c.ring_bytes.store(t.ring_bytes, std::memory_order_relaxed);
+  c.ring_drops.store(t.ring_budget_drops, std::memory_order_relaxed);
   c.data_duplicates.store(t.data_duplicates, std::memory_order_relaxed);
   c.data_out_of_order.store(t.data_out_of_order, std::memory_order_relaxed);
   c.data_lost.store(t.data_lost, std::memory_order_relaxed);

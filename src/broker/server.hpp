@@ -73,6 +73,8 @@ struct stats {
   std::uint64_t stream_replays = 0;  // REPLAYs served (SPEC §12.9)
   std::uint64_t stream_resent = 0;   // TASK_EVENTs sent again (replays)
   std::uint64_t stream_lost = 0;     // events reported gone with STREAM_GAP
+  std::uint64_t ring_bytes = 0;      // event bodies all stream rings hold now
+  std::uint64_t ring_drops = 0;      // events dropped from rings past half the memory budget
   // reliable data (SPEC §12.11)
   std::uint64_t data_duplicates = 0;    // indexed DATA already relayed, dropped (resends)
   std::uint64_t data_out_of_order = 0;  // indexed DATA past relayed + 1, dropped (a gap)
@@ -146,9 +148,9 @@ class server : private task_sink {
     std::atomic<std::uint64_t> peers{0}, messages_in{0}, messages_out{0}, faults{0}, unroutable{0},
         over_bytes{0}, cut_hellos{0}, refused_hellos{0}, expired{0}, events{0}, tasks_queued{0},
         tasks_running{0}, tasks_finished{0}, tasks_failed{0}, tasks_requeued{0}, stale{0},
-        collectors{0}, learners{0}, replays{0}, resent{0}, lost{0}, data_duplicates{0},
-        data_out_of_order{0}, data_lost{0}, events_unheard{0}, quarantined{0}, quarantines{0},
-        orphaned{0}, adoptions{0}, restored{0}, journal_torn{0}, journal_records{0},
+        collectors{0}, learners{0}, replays{0}, resent{0}, lost{0}, ring_bytes{0}, ring_drops{0},
+        data_duplicates{0}, data_out_of_order{0}, data_lost{0}, events_unheard{0}, quarantined{0},
+        quarantines{0}, orphaned{0}, adoptions{0}, restored{0}, journal_torn{0}, journal_records{0},
         journal_bytes{0}, journal_fsyncs{0}, journal_compactions{0}, connections{0}, admitted{0},
         refused_key{0}, refused_subscriber{0}, refused_address{0}, refused_connections{0},
         refused_unauthorized{0}, refused_role_limit{0}, refused_task_limit{0}, revoked{0},

@@ -151,8 +151,9 @@ std::vector<setting> make_table() {
        "max-message",
        &c::max_connection_bytes, 4096, std::uint64_t{1} << 40U, any, "bytes"},
       {"security", "memory-budget",
-       "bytes of answers and events the broker holds for all connections together; a message "
-       "past it is not sent and counted; at least max-connection-bytes",
+       "bytes of answers and events the broker holds for all connections together (a message "
+       "past it is not sent and counted; at least max-connection-bytes); the coordinators' "
+       "event rings together hold at most half of it",
        &c::memory_budget, 4096, std::uint64_t{1} << 44U, any, "bytes"},
       {"security", "handshake-timeout",
        "time a new connection has to finish the ZeroMQ "

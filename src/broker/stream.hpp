@@ -47,6 +47,9 @@ struct task_counts {
   std::uint64_t orphaned = 0, adoptions = 0;
   // SUBMITs refused because their coordinator held max-tasks-per-coordinator (§15.5)
   std::uint64_t task_limit = 0;
+  // event body bytes all rings hold now, and events dropped from a ring past its share of
+  // half the memory budget (§15.5)
+  std::uint64_t ring_bytes = 0, ring_budget_drops = 0;
 };
 
 struct coordinator_stream {

@@ -151,7 +151,10 @@ std::optional<std::uint64_t> task_manager::adopt(const std::string& id) {
 
 void task_manager::drop_coordinator(const std::string& id, util::time_point now) {
   orphans_.erase(id);
-  streams_.erase(id);  // first: the tasks below go without handing out credit
+  if (const auto it = streams_.find(id); it != streams_.end()) {
+    ring_total_ -= it->second.ring_bytes;
+    streams_.erase(it);  // first: the tasks below go without handing out credit
+  }
   if (journal_ != nullptr) journal_->stream_dropped(id);
   std::vector<std::string> owned;
   for (const auto& [task_id, t] : tasks_)
@@ -402,6 +405,7 @@ void task_manager::emit_with(task& t, std::string_view event, std::size_t reserv
   const auto head = wire.size();
   write_body(wire);
   const auto body_bytes = wire.size() - head;
+  const auto ring_before = s.ring_bytes;
   s.push({s.seq, util::shared_frame(std::move(wire)), body_bytes, items, ends_task(event)});
   const auto& made = s.ring.back();
   if (journal_ != nullptr) {  // written before the event can leave (§14)
@@ -419,6 +423,14 @@ void task_manager::emit_with(task& t, std::string_view event, std::size_t reserv
   if (event == "data") s.max_data_bytes = std::max(s.max_data_bytes, body_bytes);
   // The ring is bounded in events and in bytes (payloads can be large).
   s.trim(cfg_.stream_ring, cfg_.stream_ring_bytes);
+  ring_total_ = ring_total_ - ring_before + s.ring_bytes;
+  // Past the pool, a stream holding more than its share gives up its oldest events (a
+  // replay reports them lost): coordinators that never acknowledge cannot hold it all.
+  while (over_ring_share(s) && s.ring.size() > 1) {
+    ring_total_ -= s.ring.front().body_bytes;
+    s.pop_front();
+    ++counts_.ring_budget_drops;
+  }
   pump(t.owner, s);
   auto& topic = topic_;  // reused: no allocation per event
   topic.clear();
@@ -1099,7 +1111,7 @@ void task_manager::grant(stream& s, const task* announce) {
     if (left * 2 <= chunk) {
       std::uint64_t room = backlog + outstanding < window ? window - backlog - outstanding : 0;
       const auto unacked = s.unacked_bytes();
-      if (unacked >= byte_budget) {
+      if (unacked >= byte_budget || over_ring_share(s)) {
         room = 0;
       } else if (s.max_data_bytes > 0) {
         const std::uint64_t fit = (byte_budget - unacked) / s.max_data_bytes;
@@ -1140,6 +1152,7 @@ task_counts task_manager::counts() const {
   c.quarantined = quarantine_.active();
   c.quarantines = quarantine_.total();
   c.orphaned = orphans_.size();
+  c.ring_bytes = ring_total_;
   return c;
 }
 
@@ -1214,6 +1227,7 @@ void task_manager::restore(const journal_state& js, util::time_point now) {
         s.push({seq});  // a placeholder
       }
     }
+    ring_total_ += s.ring_bytes;
     // What the ring holds at or below acked counts as acknowledged, as it does in a live run.
     const auto acked = s.acked;
     s.acked = 0;

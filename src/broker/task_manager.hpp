@@ -295,6 +295,15 @@ class task_manager {
   class quarantine quarantine_;
   std::priority_queue<check, std::vector<check>, std::greater<>> checks_;
   task_counts counts_;
+  // The rings of all streams hold at most half the memory budget (§15.5): what they hold
+  // now, and a stream's share of it (each stream may hold its own bound until the pool is
+  // full; then one holding more than an equal share is held back and trimmed).
+  std::size_t ring_total_ = 0;
+  [[nodiscard]] std::size_t ring_pool() const noexcept { return cfg_.memory_budget / 2; }
+  [[nodiscard]] bool over_ring_share(const stream& s) const noexcept {
+    return ring_total_ >= ring_pool() &&
+           s.ring_bytes >= ring_pool() / std::max<std::size_t>(1, streams_.size());
+  }
   histogram assignment_, duration_;
   std::optional<std::string> closed_;  // the queue is closed (draining), with this reason
   journal* journal_ = nullptr;

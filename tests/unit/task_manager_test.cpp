@@ -797,3 +797,52 @@ TEST_CASE_METHOD(fixture, "resends use no credit; declared losses use it as DATA
   CHECK(tm->counts().data_duplicates == 3);
   CHECK(tm->counts().data_lost == limit - 3);
 }
+
+// §15.5: the rings of every coordinator's stream together hold at most half the memory
+// budget. Coordinators that never acknowledge (v1 streams, as here, have no credit to hold
+// their collectors back) each keep their own bound until the pool is full; then a ring past
+// an equal share gives up its oldest events, counted, and later reports them lost.
+TEST_CASE_METHOD(fixture, "the stream rings of coordinators that never ACK share half the budget",
+                 "[unit][tasks]") {
+  cfg.memory_budget = 256 * 1024;  // a pool of 128 KiB for the rings
+  cfg.stream_ring = 100'000;
+  cfg.stream_ring_bytes = 64 * 1024;  // each coordinator alone could hold 64 KiB
+  cfg.max_queue = 100;
+  constexpr int coordinators = 8;
+  for (int i = 0; i < coordinators; ++i) {
+    const auto c = "coord" + std::to_string(i), w = "w" + std::to_string(i);
+    join(w, role::collector);
+    REQUIRE(submit(c, "t" + std::to_string(i), role::collector).accepted);
+    ok(w, role::collector, codec::started{"t" + std::to_string(i), 1});
+  }
+  const std::string payload(1000, 'p');
+  for (int round = 0; round < 200; ++round)
+    for (int i = 0; i < coordinators; ++i)
+      ok("w" + std::to_string(i), role::collector,
+         codec::data_ready{"t" + std::to_string(i),
+                           1,
+                           "d" + std::to_string(round),
+                           "b",
+                           codec::empty_map_blob,
+                           payload,
+                           {},
+                           {}});
+  const auto c = tm->counts();
+  // 8 x 200 KB of events made; the rings hold the pool, with one event of slack per ring
+  CHECK(c.ring_bytes <= cfg.memory_budget / 2 + coordinators * 1100);
+  CHECK(c.ring_bytes >= cfg.memory_budget / 4);
+  CHECK(c.ring_budget_drops > 0);
+  // every coordinator still holds its share: none was starved by the others
+  for (int i = 0; i < coordinators; ++i) {
+    const auto c_id = "coord" + std::to_string(i);
+    ok(c_id, role::coordinator, codec::replay{1});  // what it kept comes, the rest is a gap
+    bool gap = false;
+    std::size_t events = 0;
+    for (auto& m : sink.inbox[c_id]) {
+      gap = gap || std::holds_alternative<codec::stream_gap>(m);
+      events += std::holds_alternative<codec::task_event>(m);
+    }
+    CHECK(gap);
+    CHECK(events > 200);  // the events sent as made, and those kept sent again
+  }
+}
