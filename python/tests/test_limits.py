@@ -152,3 +152,59 @@ def test_a_connection_cut_for_a_limit_never_gets_a_session(closing) -> None:
         assert not any(a.startswith("ERROR") for a in answers), answers
     finally:
         b.stop()
+
+
+def test_a_thousand_sessions_that_never_read_stay_within_the_budget(closing) -> None:
+    """The other worst case of SPEC §15.5: not one greedy connection but many sessions, each
+    within its own bound, that together would pass the budget (1000 x 8 MiB here)."""
+    sessions, asks = 1000, 3
+    b = Broker(["--max-connection-bytes", str(PER_CONNECTION), "--memory-budget", str(BUDGET),
+                "--max-queue", str(TASKS), "--max-peers", str(sessions + 10)])
+    ctx = zmq.Context()
+    socks: List[zmq.Socket] = []
+    try:
+        coord = RawWorker(b.router, "coordinator", id=uid("coord"))
+        closing(coord)
+        for i in range(TASKS):
+            coord.send("SUBMIT", task_id=f"t{i}", kind="learner", task_info={"i": i})
+        for _ in range(TASKS):
+            coord.expect("SUBMITTED")
+        op = RawWorker(b.router, "coordinator", id=uid("op"))
+        closing(op)
+        before = rss_mib(b.proc.pid)
+        for n in range(sessions):
+            s = ctx.socket(zmq.DEALER)
+            s.linger = 0
+            s.rcvhwm = 1
+            s.rcvbuf = 4096
+            s.connect(b.router)
+            s.send_multipart(list(P.encode("HELLO", dict(role="collector", id=f"mute-{n}",
+                                                         heartbeat_ms=600000, resources={}))))
+            socks.append(s)
+        for k in range(asks):
+            for s in socks:
+                ops(s, k + 1, verb="tasks", limit=1000)
+
+        def settled() -> bool:
+            c = answer(op, 1, verb="status")["counters"]
+            return c["messages_in"] >= TASKS + sessions * (asks + 1)
+        assert wait_until(settled, 120)
+        status = answer(op, 2, verb="status")
+        held = status["counters"]["send_queue_bytes"]
+        after = rss_mib(b.proc.pid)
+        print(f"\n{sessions} sessions that never read, {sessions * asks} asks of ~110 KB: "
+              f"{held / MIB:.1f} MiB held (budget {BUDGET // MIB} MiB), "
+              f"{status['counters']['over_bytes']} answers not sent; broker RSS {before:.0f} -> "
+              f"{after:.0f} MiB")
+        assert status["peers"]["collector"] == sessions
+        # (most answers leave: the kernel's socket buffers take them, outside the broker)
+        assert held <= BUDGET
+        # the budget, the allocator's slack, and libzmq's ~40 KiB for each connection
+        assert after - before < 2 * BUDGET / MIB + 16 + sessions * 0.04
+        # (The operator's status answers came through throughout. A large answer to it may
+        # not: a thousand small non-readers each look like a reader to the budget's reserve.)
+    finally:
+        for s in socks:
+            s.close(0)
+        ctx.term()
+        b.stop()
