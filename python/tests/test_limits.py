@@ -199,8 +199,12 @@ def test_a_thousand_sessions_that_never_read_stay_within_the_budget(closing) -> 
         assert status["peers"]["collector"] == sessions
         # (most answers leave: the kernel's socket buffers take them, outside the broker)
         assert held <= BUDGET
-        # the budget, the allocator's slack, and libzmq's ~40 KiB for each connection
-        assert after - before < 2 * BUDGET / MIB + 16 + sessions * 0.04
+        # The queues hold the budget at most (exactly, above). The process also grows by the
+        # allocator's slack and libzmq's own for each connection, which vary with timing
+        # (55-107 MiB seen, the higher on a loaded machine): bounded well below what was
+        # asked for (~330 MB), which the broker held in full before its byte bounds.
+        asked_mib = sessions * asks * 0.105
+        assert after - before < asked_mib / 2
         # (The operator's status answers came through throughout. A large answer to it may
         # not: a thousand small non-readers each look like a reader to the budget's reserve.)
     finally:

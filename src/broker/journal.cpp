@@ -226,7 +226,7 @@ void journal::keep_torn(std::string_view data) {
   fd_ = fd;
   try {
     write_all(data.data(), data.size());
-    sync();
+    if (fsync_ != fsync_policy::none) sync();
   } catch (...) {
     fd_ = held;
     ::close(fd);
