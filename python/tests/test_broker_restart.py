@@ -30,6 +30,27 @@ def vanish(raw: RawWorker) -> None:
     raw.ctx.term()
 
 
+def finish_unacknowledged(broker: Any, closing: Any, cid: str) -> RawWorker:
+    """Runs one task, "the-task", to its end ({"score": 195}) for coordinator ``cid``, a raw
+    coordinator that never ACKs; returns it, its `finished` event received."""
+    old = RawWorker(broker.router, "coordinator", id=cid)  # a coordinator that never ACKs
+    w = RawWorker(broker.router, "collector")
+    closing(old)  # (after vanish() a no-op; before it, a failing test leaves no socket open)
+    closing(w)
+    old.send("REPLAY", from_seq=1)
+    old.send("SUBMIT", task_id="the-task", kind="collector", task_info={})
+    assert old.expect("SUBMITTED")["accepted"]
+    task, attempt = w.take()
+    # FINISH once the broker has the STARTED: sent at once, it can overtake it (two
+    # connections) and be refused as out of order, and no TASK_CLOSE would ever come.
+    old.expect("TASK_EVENT", where=lambda m: m["event"] == "started")
+    old.send("FINISH", task_id=task)
+    w.expect("TASK_CLOSE")
+    w.send("RESULT", task_id=task, attempt=attempt, result={"score": 195})
+    old.expect("TASK_EVENT", where=lambda m: m["event"] == "finished")
+    return old
+
+
 def test_a_killed_broker_started_on_its_journal_finishes_every_task_exactly_once(
         broker_factory: Any, closing: Any, tmp_path: Any) -> None:
     broker = broker_factory("--journal", journal_path(tmp_path))
@@ -82,21 +103,7 @@ def test_a_new_coordinator_process_is_handed_the_end_its_predecessor_never_saw(
         broker_factory: Any, closing: Any, tmp_path: Any) -> None:
     broker = broker_factory("--journal", journal_path(tmp_path))
     cid = uid("coord")
-    old = RawWorker(broker.router, "coordinator", id=cid)  # a coordinator that never ACKs
-    w = RawWorker(broker.router, "collector")
-    closing(old)  # (after vanish() a no-op; before it, a failing test leaves no socket open)
-    closing(w)
-    old.send("REPLAY", from_seq=1)
-    old.send("SUBMIT", task_id="the-task", kind="collector", task_info={})
-    assert old.expect("SUBMITTED")["accepted"]
-    task, attempt = w.take()
-    # FINISH once the broker has the STARTED: sent at once, it can overtake it (two
-    # connections) and be refused as out of order, and no TASK_CLOSE would ever come.
-    old.expect("TASK_EVENT", where=lambda m: m["event"] == "started")
-    old.send("FINISH", task_id=task)
-    w.expect("TASK_CLOSE")
-    w.send("RESULT", task_id=task, attempt=attempt, result={"score": 195})
-    old.expect("TASK_EVENT", where=lambda m: m["event"] == "finished")
+    old = finish_unacknowledged(broker, closing, cid)
     broker.kill()  # with the coordinator: neither had acknowledged the end
     vanish(old)
     broker.start()
@@ -209,19 +216,7 @@ def test_a_task_whose_end_was_journaled_is_not_run_again_after_a_kill_before_its
     path = journal_path(tmp_path)
     broker = broker_factory("--journal", path)
     cid = uid("coord")
-    old = RawWorker(broker.router, "coordinator", id=cid)
-    w = RawWorker(broker.router, "collector")
-    closing(old)
-    closing(w)
-    old.send("REPLAY", from_seq=1)
-    old.send("SUBMIT", task_id="the-task", kind="collector", task_info={})
-    assert old.expect("SUBMITTED")["accepted"]
-    task, attempt = w.take()
-    old.expect("TASK_EVENT", where=lambda m: m["event"] == "started")
-    old.send("FINISH", task_id=task)
-    w.expect("TASK_CLOSE")
-    w.send("RESULT", task_id=task, attempt=attempt, result={"score": 195})
-    old.expect("TASK_EVENT", where=lambda m: m["event"] == "finished")
+    old = finish_unacknowledged(broker, closing, cid)
     # the record that ends the task (type 4) follows the end event (type 5) in the file
     assert wait_until(lambda: any(t == 4 for _, t, _ in records(path)))
     broker.kill()

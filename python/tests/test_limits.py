@@ -44,30 +44,41 @@ def answer(raw: RawWorker, request_id: int, **fields):
     return msgpack.unpackb(bytes(result)) if not isinstance(result, dict) else result
 
 
+def queue_tasks_and_operator(b: Broker, closing) -> RawWorker:
+    """Queues TASKS learner tasks (no learner takes them) and returns an operator session."""
+    coord = RawWorker(b.router, "coordinator", id=uid("coord"))
+    closing(coord)
+    for i in range(TASKS):
+        coord.send("SUBMIT", task_id=f"t{i}", kind="learner", task_info={"i": i})
+    for _ in range(TASKS):
+        coord.expect("SUBMITTED")
+    op = RawWorker(b.router, "coordinator", id=uid("op"))
+    closing(op)
+    return op
+
+
+def non_reader(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+    """A DEALER that never reads: what it is sent stays with the broker, not in this
+    process."""
+    s = ctx.socket(zmq.DEALER)
+    s.linger = 0
+    s.rcvhwm = 1
+    s.rcvbuf = 4096
+    s.connect(endpoint)
+    return s
+
+
 def test_peers_that_never_read_are_held_to_their_bytes_and_the_budget(closing) -> None:
     b = Broker(["--max-connection-bytes", str(PER_CONNECTION), "--memory-budget", str(BUDGET),
                 "--max-queue", str(TASKS)])
     ctx = zmq.Context()
     hogs: List[zmq.Socket] = []
     try:
-        coord = RawWorker(b.router, "coordinator", id=uid("coord"))
-        closing(coord)
-        for i in range(TASKS):
-            coord.send("SUBMIT", task_id=f"t{i}", kind="learner", task_info={"i": i})
-        for _ in range(TASKS):
-            coord.expect("SUBMITTED")
-        op = RawWorker(b.router, "coordinator", id=uid("op"))
-        closing(op)
+        op = queue_tasks_and_operator(b, closing)
         assert answer(op, 1, verb="status")["queue_depth"] == TASKS
         before = rss_mib(b.proc.pid)
 
-        for _ in range(NON_READERS):
-            s = ctx.socket(zmq.DEALER)
-            s.linger = 0
-            s.rcvhwm = 1     # what it does not read stays with the broker, not in this process
-            s.rcvbuf = 4096
-            s.connect(b.router)
-            hogs.append(s)
+        hogs = [non_reader(ctx, b.router) for _ in range(NON_READERS)]
         for n in range(ASKS):
             for s in hogs:
                 ops(s, n + 1, verb="tasks", limit=1000)
@@ -163,21 +174,10 @@ def test_a_thousand_sessions_that_never_read_stay_within_the_budget(closing) -> 
     ctx = zmq.Context()
     socks: List[zmq.Socket] = []
     try:
-        coord = RawWorker(b.router, "coordinator", id=uid("coord"))
-        closing(coord)
-        for i in range(TASKS):
-            coord.send("SUBMIT", task_id=f"t{i}", kind="learner", task_info={"i": i})
-        for _ in range(TASKS):
-            coord.expect("SUBMITTED")
-        op = RawWorker(b.router, "coordinator", id=uid("op"))
-        closing(op)
+        op = queue_tasks_and_operator(b, closing)
         before = rss_mib(b.proc.pid)
         for n in range(sessions):
-            s = ctx.socket(zmq.DEALER)
-            s.linger = 0
-            s.rcvhwm = 1
-            s.rcvbuf = 4096
-            s.connect(b.router)
+            s = non_reader(ctx, b.router)
             s.send_multipart(list(P.encode("HELLO", dict(role="collector", id=f"mute-{n}",
                                                          heartbeat_ms=600000, resources={}))))
             socks.append(s)

@@ -74,12 +74,6 @@ class send_meter {
     return total_->load(std::memory_order_relaxed);
   }
   [[nodiscard]] std::size_t connections() const noexcept { return accounts_.size(); }
-  [[nodiscard]] std::size_t per_connection() const noexcept { return per_connection_; }
-  [[nodiscard]] std::size_t budget() const noexcept { return budget_; }
-  void set_bounds(std::size_t per_connection, std::size_t budget) noexcept {
-    per_connection_ = per_connection;
-    budget_ = budget;
-  }
 
  private:
   struct by_name {  // heterogeneous lookup by string_view
