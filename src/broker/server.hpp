@@ -166,6 +166,7 @@ class server : private task_sink {
                     const util::shared_frame& body) override;
   void publish(std::string_view topic, decltype(codec::event::body) body) override;
   bool wanted(std::string_view topic) override { return events_.wanted(topic); }
+  [[nodiscard]] std::size_t queued_bytes() const override { return meter_.total(); }
   /// `orderly`: the peer said DISCONNECT itself (a coordinator's tasks end at once, §12.5.8).
   void session_over(const peer& p, util::time_point now, bool orderly = false);
   void store_counters();

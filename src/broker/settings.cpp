@@ -151,9 +151,10 @@ std::vector<setting> make_table() {
        "max-message",
        &c::max_connection_bytes, 4096, std::uint64_t{1} << 40U, any, "bytes"},
       {"security", "memory-budget",
-       "bytes of answers and events the broker holds for all connections together (a message "
-       "past it is not sent and counted; at least max-connection-bytes); the coordinators' "
-       "event rings together hold at most half of it",
+       "bytes the broker holds for its peers: the answers and events queued to all "
+       "connections and the coordinators' event rings together (a message past it is not "
+       "sent and counted; at least max-connection-bytes); the rings hold at most half of it, "
+       "and a quarter is kept for peers that read",
        &c::memory_budget, 4096, std::uint64_t{1} << 44U, any, "bytes"},
       {"security", "handshake-timeout",
        "time a new connection has to finish the ZeroMQ "

@@ -31,6 +31,8 @@ class task_sink {
   virtual void publish(std::string_view topic, decltype(codec::event::body) body) = 0;
   /// Whether any subscriber asked for `topic`: when not, a body need not be built.
   virtual bool wanted(std::string_view topic) = 0;
+  /// Bytes queued to all connections now, which share the memory budget with the rings.
+  [[nodiscard]] virtual std::size_t queued_bytes() const { return 0; }
 };
 
 struct task_counts {

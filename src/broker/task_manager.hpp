@@ -91,6 +91,8 @@ class task_manager {
   [[nodiscard]] std::optional<util::time_point> next_deadline() const;
 
   [[nodiscard]] task_counts counts() const;
+  /// Bytes the event rings of all streams hold now (at most half the memory budget).
+  [[nodiscard]] std::size_t ring_bytes() const noexcept { return ring_total_; }
 
   // ---- what an operator sees and steers (SPEC §16) ----
   struct task_view {
@@ -295,12 +297,16 @@ class task_manager {
   class quarantine quarantine_;
   std::priority_queue<check, std::vector<check>, std::greater<>> checks_;
   task_counts counts_;
-  // The rings of all streams hold at most half the memory budget (§15.5): what they hold
-  // now, and a stream's share of it (each stream may hold its own bound until the pool is
-  // full; then one holding more than an equal share is held back and trimmed).
+  // The rings of all streams hold at most half the memory budget, and with the connections'
+  // queues at most the three quarters that are not kept for peers that read (§15.5): what
+  // they hold now, and a stream's share of it (each stream may hold its own bound until the
+  // pool is full; then one holding more than an equal share is held back and trimmed).
   std::size_t ring_total_ = 0;
-  [[nodiscard]] std::size_t ring_pool() const noexcept { return cfg_.memory_budget / 2; }
-  [[nodiscard]] bool over_ring_share(const stream& s) const noexcept {
+  [[nodiscard]] std::size_t ring_pool() const {
+    const auto budget = cfg_.memory_budget, shared = budget - budget / 4;
+    return std::min(budget / 2, shared - std::min(sink_.queued_bytes(), shared));
+  }
+  [[nodiscard]] bool over_ring_share(const stream& s) const {
     return ring_total_ >= ring_pool() &&
            s.ring_bytes >= ring_pool() / std::max<std::size_t>(1, streams_.size());
   }

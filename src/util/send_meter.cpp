@@ -51,11 +51,14 @@ bool send_meter::admits(const account& a, std::size_t body) const noexcept {
   const auto n = body + per_message;
   const auto held = a.bytes() + n;
   if (held > per_connection_) return false;
-  // The last quarter of the budget is kept for connections that hold little: those that
-  // read what they are sent. Connections that never read fill three quarters at most, and
-  // the others are served meanwhile.
-  const auto room = held <= budget_ / 64 ? budget_ : budget_ - budget_ / 4;
-  return total() + n <= room;
+  // The queues share the budget with the bytes held elsewhere. Its last quarter is kept for
+  // a short message to a connection that holds nothing unread: one that reads what it is
+  // sent. Connections that never read fill three quarters at most (with what is held
+  // elsewhere), however many there are, and the others are served meanwhile. (A connection
+  // that never reads parks at most one message in the reserve: then it holds something.)
+  const bool reader = a.bytes() == 0 && n <= budget_ / 64;
+  const auto room = reader ? budget_ : budget_ - budget_ / 4;
+  return total() + elsewhere_ + n <= room;
 }
 
 void send_meter::send_last(zmq::socket_t& s, account& a, std::string_view body) {

@@ -35,6 +35,8 @@ struct fake_sink : broker::task_sink {
     topics.emplace_back(topic);
   }
   bool wanted(std::string_view /*topic*/) override { return true; }
+  std::size_t queued = 0;  // what the connections' queues would hold
+  [[nodiscard]] std::size_t queued_bytes() const override { return queued; }
   template <class T>
   T take(const std::string& peer) {
     auto& q = inbox[peer];

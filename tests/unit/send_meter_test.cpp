@@ -74,9 +74,48 @@ TEST_CASE("send meter: connections that never read leave the budget's last quart
   }
   CHECK(meter.total() <= 48 * 1024);  // three quarters
   CHECK(meter.total() + body.size() + send_meter::per_message > 48 * 1024);
+  while (meter.admits(hog, 100)) {  // and what short answers leave of them
+    meter.send_last(p.out, hog, std::string(100, 'h'));
+    ++sent;
+  }
+  CHECK(meter.total() + 100 + send_meter::per_message > 48 * 1024);
   auto& reader = meter.of("reader");
   CHECK(meter.admits(reader, 700));  // at most a 64th of the budget: served from the reserve
   CHECK_FALSE(meter.admits(reader, body.size()));  // more: as the hog is
+  // Many small connections that never read do not pass for readers: each parks one message
+  // in the reserve at most, then holds something and shares the three quarters.
+  auto& small = meter.of("small");
+  REQUIRE(meter.admits(small, 700));
+  meter.send_last(p.out, small, std::string(700, 's'));
+  ++sent;
+  CHECK_FALSE(meter.admits(small, 10));
+  CHECK(meter.admits(reader, 700));  // the reserve still serves the reader
+  for (int i = 0; i < sent; ++i) {
+    zmq::message_t got;
+    REQUIRE(p.in.recv(got));
+  }
+  CHECK(meter.total() == 0);
+}
+
+TEST_CASE("send meter: bytes held elsewhere count against the budget, whose last quarter stays for readers",
+          "[unit][meter]") {
+  pipe_pair p;
+  send_meter meter(64 * 1024, 64 * 1024);
+  auto& a = meter.of("a");
+  const std::string body(1000, 'x');
+  meter.hold_elsewhere(32 * 1024);  // half of it, as full event rings hold
+  int sent = 0;
+  while (meter.admits(a, body.size())) {
+    meter.send_last(p.out, a, body);
+    ++sent;
+  }
+  CHECK(meter.total() <= 16 * 1024);  // with the rings, three quarters of the budget
+  CHECK(meter.total() + body.size() + send_meter::per_message > 16 * 1024);
+  CHECK(meter.admits(meter.of("reader"), 10));  // the last quarter is left to a reader
+  meter.hold_elsewhere(64 * 1024);  // all of it: nothing is queued, not even a short answer
+  CHECK_FALSE(meter.admits(meter.of("reader"), 10));
+  meter.hold_elsewhere(0);  // given back: the queue takes more again
+  CHECK(meter.admits(a, body.size()));
   for (int i = 0; i < sent; ++i) {
     zmq::message_t got;
     REQUIRE(p.in.recv(got));

@@ -846,3 +846,33 @@ TEST_CASE_METHOD(fixture, "the stream rings of coordinators that never ACK share
     CHECK(events > 200);  // the events sent as made, and those kept sent again
   }
 }
+
+// §15.5: the queues and the rings draw from one budget. What the connections' queues hold
+// (peers that never read) is not left to the rings, which give up their oldest events past it.
+TEST_CASE_METHOD(fixture, "the stream rings get only what the connections' queues leave of the budget",
+                 "[unit][tasks]") {
+  cfg.memory_budget = 256 * 1024;
+  cfg.stream_ring = 100'000;
+  cfg.stream_ring_bytes = 1024 * 1024;  // the budget, not this, bounds the ring
+  join("w", role::collector);
+  REQUIRE(submit("coord", "t", role::collector).accepted);
+  ok("w", role::collector, codec::started{"t", 1});
+  const std::string payload(1000, 'p');
+  auto stream = [&](int from, int to) {
+    for (int i = from; i < to; ++i)
+      ok("w", role::collector,
+         codec::data_ready{"t", 1, "d" + std::to_string(i), "b", codec::empty_map_blob, payload,
+                           {}, {}});
+  };
+  stream(0, 100);  // ~100 KB: within half the budget, all kept
+  CHECK(tm->counts().ring_bytes >= 100 * 1000);
+  CHECK(tm->counts().ring_budget_drops == 0);
+  sink.queued = 150 * 1024;  // the queues now hold all but 42 KiB of the shared three quarters
+  stream(100, 110);
+  const auto c = tm->counts();
+  CHECK(c.ring_bytes <= cfg.memory_budget * 3 / 4 - sink.queued + 1100);
+  CHECK(c.ring_budget_drops > 0);
+  sink.queued = 0;  // the queues drained: the ring may hold half the budget again
+  stream(110, 160);
+  CHECK(tm->counts().ring_bytes > c.ring_bytes + 40 * 1000);
+}
