@@ -1,8 +1,12 @@
-// Integration: a tiny run of the bench harness (`rlbus-bench all --quick`), so the harness
-// cannot rot unnoticed: it starts its processes, finishes with status 0, prints its table
-// and writes a JSON report with every expected row. It never looks at a timing. When Debian's
-// python3-flask and python3-requests are installed (scripts/setup.sh installs them), the HTTP
-// baseline must have run too: an http series and ratio on every row that has one.
+// Integration: runs of the bench harness, so it cannot rot unnoticed: it starts its
+// processes, finishes with status 0, prints its table and writes a JSON report with every
+// expected row. It never looks at a timing. [bench-smoke] is the default suite's, seconds
+// long: one trial of each kind of row, the scale and journal scenarios, and the message
+// without valgrind. [bench] is the bench suite's (meson test --setup bench --suite bench):
+// `--quick` whole, the CURVE rows and the callgrind cost, a few minutes on a busy machine.
+// When Debian's python3-flask and python3-requests are installed (scripts/setup.sh installs
+// them), the HTTP baseline of `--quick` must have run too: an http series and ratio on every
+// row that has one.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -12,6 +16,7 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -41,14 +46,23 @@ nlohmann::json take_report(const std::string& path) {
   return report;
 }
 
-}  // namespace
+// What a run of `all` covers: the payload sizes of its latency rows, its collector counts and
+// its large payloads, as the flags and the report name them.
+struct shape {
+  std::vector<std::string> args;
+  int trials;
+  bool http;
+  std::vector<const char*> sizes, collectors, large;
+};
 
-TEST_CASE("rlbus-bench --quick runs and writes a report that parses", "[bench-smoke]") {
+// Runs `rlbus-bench all` with `s.args`; checks its table and that its report has every row of
+// the shape and no other, each with a number per trial beside its baselines.
+void check_all(const shape& s) {
   const auto json_path = "/tmp/rlbus-bench-smoke-" + std::to_string(::getpid()) + ".json";
-  const auto [status, out] =
-      run_to_end(env("RLBUS_BENCH_BIN"),
-                 {"all", "--quick", "--broker", env("RLBUS_BROKER_BIN"), "--json", json_path},
-                 std::chrono::seconds(90));
+  std::vector<std::string> args{"all", "--quick", "--broker", env("RLBUS_BROKER_BIN"), "--json",
+                                json_path};
+  args.insert(args.end(), s.args.begin(), s.args.end());
+  const auto [status, out] = run_to_end(env("RLBUS_BENCH_BIN"), args, std::chrono::seconds(90));
   INFO(out);
   REQUIRE(status == 0);
   CHECK_THAT(out, Catch::Contains("scenario") && Catch::Contains("r/proxy"));
@@ -57,9 +71,9 @@ TEST_CASE("rlbus-bench --quick runs and writes a report that parses", "[bench-sm
   CHECK(report.at("schema") == "rlbus-bench/1");
   CHECK(report.at("machine").at("nproc").get<int>() > 0);
   const int trials = report.at("settings").at("trials").get<int>();
-  CHECK(trials == 2);
-  const bool http = http_baseline_possible();
-  INFO("flask and requests importable: " << http);
+  CHECK(trials == s.trials);
+  const bool http = s.http;
+  INFO("HTTP baseline expected: " << http);
   CHECK(report.at("settings").at("http").get<bool>() == http);
   if (http) CHECK_THAT(out, Catch::Contains("r/http"));
 
@@ -96,23 +110,47 @@ TEST_CASE("rlbus-bench --quick runs and writes a report that parses", "[bench-sm
     }
   }
   std::set<std::string> expected;
-  for (const char* size : {"64 B", "4 KiB"})
+  for (const char* size : s.sizes)
     for (const char* client : {"wire", "sdk"})
       for (const char* metric : {"median us", "p99 us"})
         expected.insert(std::string("latency | step ") + size + ", " + client + " | " + metric);
-  for (const char* n : {"1 collector", "4 collectors", "16 collectors"}) {
+  for (const char* n : s.collectors) {
     for (const char* client : {"wire", "sdk"})
       for (const char* metric : {"events/s", "cpu us/ev"})
         expected.insert(std::string("throughput | ") + n + ", " + client + " | " + metric);
     for (const char* metric : {"items/s", "cpu us/item"})
       expected.insert(std::string("throughput | ") + n + ", sdk batched | " + metric);
   }
-  for (const char* size : {"64 KiB", "1024 KiB"})
+  for (const char* size : s.large)
     for (const char* client : {"wire", "sdk"})
       for (const char* metric : {"MB/s", "cpu us/ev"})
         expected.insert(std::string("throughput | ") + size + " payload, " + client + " | " +
                         metric);
   CHECK(seen == expected);
+}
+
+}  // namespace
+
+// The default suite's smoke: one trial of one shape of each row, in seconds.
+TEST_CASE("rlbus-bench all runs one trial of each kind of row and writes a report that parses",
+          "[bench-smoke]") {
+  check_all({{"--trials", "1", "--no-http", "--payloads", "64", "--collectors", "1",
+              "--large-payloads", "65536"},
+             1,
+             false,
+             {"64 B"},
+             {"1 collector"},
+             {"64 KiB"}});
+}
+
+// The bench suite's: `--quick` as it is, every row and the HTTP baseline (~25 s alone).
+TEST_CASE("rlbus-bench --quick runs and writes a report that parses", "[bench]") {
+  check_all({{},
+             2,
+             http_baseline_possible(),
+             {"64 B", "4 KiB"},
+             {"1 collector", "4 collectors", "16 collectors"},
+             {"64 KiB", "1024 KiB"}});
 }
 
 TEST_CASE("rlbus-bench scale --quick runs and reports the scale rows", "[bench-smoke]") {
@@ -176,7 +214,7 @@ TEST_CASE("rlbus-bench journal --quick reports each fsync policy beside no journ
 }
 
 TEST_CASE("rlbus-bench curve --quick reports CURVE's step latency and data events beside plain",
-          "[bench-smoke]") {
+          "[bench]") {
   const auto json_path = "/tmp/rlbus-bench-curve-smoke-" + std::to_string(::getpid()) + ".json";
   const auto [status, out] = run_to_end(env("RLBUS_BENCH_BIN"),
                                         {"curve", "--quick", "--trials", "1", "--broker",
@@ -200,7 +238,7 @@ TEST_CASE("rlbus-bench curve --quick reports CURVE's step latency and data event
 // messages, ~10-30 s) checks that every middle runs, exits and leaves a callgrind count the
 // harness reads. The figures themselves are not judged, only that they are there.
 TEST_CASE("rlbus-bench cost --quick counts instructions for the broker and both baselines",
-          "[bench-smoke]") {
+          "[bench]") {
   {
     INFO("valgrind is not installed (scripts/setup.sh installs it)");
     REQUIRE(std::system("valgrind --version >/dev/null 2>&1") == 0);
