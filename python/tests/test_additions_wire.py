@@ -39,17 +39,21 @@ def start(worker: Peer, coord: Peer, task_id: str) -> P.Message:
 
 def test_task_alive_holds_the_start_deadline_and_emits_nothing(
         broker_factory, ctx: zmq.Context) -> None:
-    b: Broker = broker_factory("--start-timeout", "300")
+    # Keep-alives 50 ms apart from the moment the task came: only a stall of this process
+    # longer than 450 ms would let the start timeout pass between two of them.
+    b: Broker = broker_factory("--start-timeout", "500")
     coord = Peer(ctx, b.router, "coordinator", "c-alive")
     worker = Peer(ctx, b.router, "collector", "w-alive")
     submit(coord, "t-alive")
-    ts = start(worker, coord, "t-alive")
+    ts = worker.recv("TASK_START")
     key = {"task_id": "t-alive", "attempt": ts["attempt"]}
+    worker.send("TASK_ALIVE", key)  # at once: the start timeout runs from the TASK_START
+    assert coord.event()["event"] == "assigned"
     # keep it alive for four start timeouts, then start: the attempt is still ours
-    until = time.monotonic() + 1.2
+    until = time.monotonic() + 2.0
     while time.monotonic() < until:
         worker.send("TASK_ALIVE", key)
-        time.sleep(0.1)  # the pace of a busy worker, not a wait for an outcome
+        time.sleep(0.05)  # the pace of a busy worker, not a wait for an outcome
     worker.send("STARTED", key)
     worker.send("INFO", dict(key, info={"step": 1}))
     # the very next events are started and info: TASK_ALIVE emitted none, nothing was requeued
