@@ -5,5 +5,5 @@
 # everything cleanly. The broker alone: build/src/rlbus-broker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh run  # the build tools and libraries; the broker, rlbus-ctl and the demo
 exec build/src/rlbus-demo run "$@"

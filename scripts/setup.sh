@@ -1,38 +1,71 @@
 #!/usr/bin/env bash
 # Installs what rlbus needs from Debian's packages (only what is missing; needs root or
-# sudo for that) and builds everything into build/. Safe to run again: it only redoes
-# what changed.
+# sudo for that) and builds into build/. Safe to run again: it only redoes what changed.
+#
+#   bash scripts/setup.sh run    what the demo needs: the build tools and libraries, then
+#                                the broker, rlbus-ctl and the demo only
+#   bash scripts/setup.sh        everything: also Catch2, the Python packages the tests use
+#                                and valgrind, then every target, the test suites included
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mode=${1:-all}
+case "$mode" in run | all) ;; *) echo "usage: scripts/setup.sh [run|all]" >&2; exit 2 ;; esac
 
+# To build and run the broker, its tools and the demo:
 packages=(
   g++ meson ninja-build pkg-config
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libspdlog-dev libfmt-dev libsodium-dev
-  libcli11-dev nlohmann-json3-dev libtomlplusplus-dev catch2 zlib1g-dev
+  libcli11-dev nlohmann-json3-dev libtomlplusplus-dev zlib1g-dev
   libcpp-httplib-dev              # the broker's HTTP endpoint (/metrics, /healthz, /readyz)
-  python3 python3-msgpack python3-zmq python3-pytest  # the Python package and its tests
-  python3-yaml                    # the deployment manifests' test (deploy/tests)
-  python3-pip python3-wheel      # the test that installs the package with pip
-  python3-flask python3-requests  # rlbus-bench's HTTP baseline (bench/http_baseline.py)
-  valgrind                        # rlbus-bench cost (callgrind), smoke-tested by the suite
 )
+# And for the test suites:
+if [ "$mode" = all ]; then
+  packages+=(
+    catch2                          # the C++ tests
+    python3 python3-msgpack python3-zmq python3-pytest  # the Python package and its tests
+    python3-yaml                    # the deployment manifests' test (deploy/tests)
+    python3-pip python3-wheel       # the test that installs the package with pip
+    python3-flask python3-requests  # rlbus-bench's HTTP baseline (bench/http_baseline.py)
+    valgrind                        # rlbus-bench cost (callgrind), in the bench suite
+  )
+fi
 # Optional, for PNG plots of the bench (bench/plot.py): apt-get install gnuplot-nox
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "rlbus setup: installing ${missing[*]}"
+  echo "rlbus setup: installing ${#missing[@]} packages with apt (a few minutes the first time): ${missing[*]}"
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   export DEBIAN_FRONTEND=noninteractive
-  $sudo apt-get update -qq
-  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  $sudo apt-get update -q
+  $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+  echo "rlbus setup: packages installed"
 fi
 
+tests=$([ "$mode" = all ] && echo true || echo false)
 if [ ! -f build/build.ninja ]; then
-  meson setup build --buildtype=debugoptimized >/dev/null
+  echo "rlbus setup: configuring build/"
+  meson setup build --buildtype=debugoptimized -Dtests="$tests" >/dev/null
+elif [ "$mode" = all ]; then
+  built_with=$(meson introspect build --buildoptions |
+    /usr/bin/python3 -c 'import json, sys; print([o["value"] for o in json.load(sys.stdin) if o["name"] == "tests"][0])')
+  # a build made by `setup.sh run` has no tests yet
+  [ "$built_with" = True ] || meson configure build -Dtests=true >/dev/null
 fi
-echo "rlbus setup: building"
-ninja -C build >/dev/null
+if [ "$mode" = run ]; then
+  targets=(src/rlbus-broker src/rlbus-ctl src/rlbus-demo)
+  echo "rlbus setup: building the broker, rlbus-ctl and the demo (the first time: a few minutes)"
+else
+  targets=()
+  echo "rlbus setup: building everything, the tests included (the first time: ~10 minutes on 2 cores)"
+fi
+# ninja's progress, a [done/total] line per step; its whole output is kept in build/setup.log
+if ! ninja -C build "${targets[@]}" 2>&1 | tee build/setup.log |
+    { grep --line-buffered -E '^\[[0-9]+/[0-9]+\]' || true; }; then
+  tail -n 40 build/setup.log >&2
+  echo "rlbus setup: the build failed (all of its output: build/setup.log)" >&2
+  exit 1
+fi
 echo "rlbus setup: built build/src/rlbus-broker"
