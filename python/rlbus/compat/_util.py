@@ -15,6 +15,7 @@ import re
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:7235"
 ENDPOINT_ENV = "RLBUS_ENDPOINT"
 WORKER_ID_ENV = "RLBUS_WORKER_ID"
+COORDINATOR_ID_ENV = "RLBUS_COORDINATOR_ID"  # a stable coordinator id, to adopt a run's tasks
 CURVE_KEY_ENV = "RLBUS_CURVE_KEY"    # this process's .key file, for a broker with CURVE on
 BROKER_KEY_ENV = "RLBUS_BROKER_KEY"  # the broker's .pub file
 

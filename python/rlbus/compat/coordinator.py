@@ -10,7 +10,11 @@ thread, where they are turned into the nine `callback_fn` calls with DI-engine's
 Config (the `system.coordinator` section; extra keys pass through DI-engine unchanged):
     broker                 ROUTER endpoint of the broker (else $RLBUS_ENDPOINT, else
                            tcp://127.0.0.1:7235); `rlbus.endpoint` works too
-    rlbus.id               this coordinator's peer id (default "coordinator")
+    rlbus.id               this coordinator's peer id, else $RLBUS_COORDINATOR_ID, else one of
+                           this run's own ("coordinator-<pid>-<random>-<host>"). A stable id
+                           is what lets a restarted coordinator adopt its tasks within the
+                           broker's grace period; a run-unique one keeps a new run from
+                           adopting the tasks of a run that died
     rlbus.start_timeout    seconds, per task attempt (default 120)
     rlbus.step_timeout     seconds without progress (default: the broker's)
     rlbus.close_timeout    seconds for the worker's close (default 120)
@@ -23,12 +27,20 @@ Config (the `system.coordinator` section; extra keys pass through DI-engine unch
 """
 
 import logging
+import os
+import socket
 import threading
 import time
+import uuid
 
-from ._util import (cfg_get, clean_id, curve_kwargs, plain, resolve_endpoint, sdk,
-                    seconds_to_ms, valid_id)
+from ._util import (COORDINATOR_ID_ENV, cfg_get, clean_id, curve_kwargs, plain,
+                    resolve_endpoint, sdk, seconds_to_ms, valid_id)
 from .operator import OperatorClient, pod_name
+
+
+def _run_id():
+    """A coordinator id of this run alone: its process, a random part and the host."""
+    return "coordinator-{}-{}-{}".format(os.getpid(), uuid.uuid4().hex[:8], socket.gethostname())
 
 
 class _Task:
@@ -52,7 +64,8 @@ class CommCoordinator:
         self._logger = logger or logging.getLogger("rlbus.compat")
         rl = cfg_get(cfg, "rlbus") or {}
         self._endpoint = resolve_endpoint(cfg)
-        self._id = clean_id(cfg_get(rl, "id") or "coordinator", "coordinator")
+        self._id = clean_id(cfg_get(rl, "id") or os.environ.get(COORDINATOR_ID_ENV)
+                            or _run_id(), "coordinator")
         self._start_timeout_ms = seconds_to_ms(cfg_get(rl, "start_timeout", default=120))
         self._step_timeout_ms = seconds_to_ms(cfg_get(rl, "step_timeout"))
         self._close_timeout_ms = seconds_to_ms(cfg_get(rl, "close_timeout", default=120))

@@ -70,6 +70,29 @@ def test_start_connects_with_configured_id_and_no_capacity_callbacks_in_static_m
     assert client.closed
 
 
+def test_each_run_gets_a_coordinator_id_of_its_own_unless_one_is_set(fake_sdk, monkeypatch):
+    # A run that died leaves its tasks to the broker's grace period: a new run on the same
+    # broker under the same id would adopt them (and hear of the dead run's workers).
+    monkeypatch.delenv("RLBUS_COORDINATOR_ID", raising=False)
+    ids = []
+    for _ in range(2):
+        cc, _ = make()
+        cc.start()
+        ids.append(fake_sdk.Coordinator.instances[-1].id)
+        cc.close()
+    assert ids[0] != ids[1] and all(i.startswith("coordinator-") for i in ids)
+    # a stable id, for a coordinator that restarts and adopts its own tasks, is asked for
+    monkeypatch.setenv("RLBUS_COORDINATOR_ID", "league-1")
+    cc, _ = make()
+    cc.start()
+    assert fake_sdk.Coordinator.instances[-1].id == "league-1"
+    cc.close()
+    cc, _ = make({"rlbus": {"id": "coord-9"}})  # the config's id comes first
+    cc.start()
+    assert fake_sdk.Coordinator.instances[-1].id == "coord-9"
+    cc.close()
+
+
 def test_start_raises_when_broker_never_welcomes(fake_sdk, monkeypatch):
     monkeypatch.setattr(fake_sdk.Coordinator, "wait_for", lambda self, state, timeout: False)
     cc, _ = make({"rlbus": {"ready_timeout": 0.3}})
