@@ -17,9 +17,12 @@ worker's side:
 
 After an info that says it is done (`collector_done` / `learner_done`) no further step is
 pulled until the coordinator's close arrives (or `done_wait_s` passes): that is where the
-HTTP master stopped asking. Steps run on a helper thread, so a step that blocks (a data
-pull with no data) never keeps the worker from seeing a close or an abort, and a long step
-keeps its attempt alive (TASK_ALIVE) instead of running into the step timeout.
+HTTP master stopped asking. Steps run one at a time on one helper thread, as the HTTP master
+sent them: the worker goes on seeing closes and aborts while a step blocks (a data pull with
+no data), a long step keeps its attempt alive (TASK_ALIVE) instead of running into the step
+timeout, and a close waits for the running step to return (at most close_wait_s) rather than
+run beside it. A step that runs past step_limit_s fails its attempt naming the step; so does
+any later step that would have to wait behind it, until it returns.
 
 An existing subclass becomes an rlbus worker unchanged: patch_dingengine() installs this
 class as DI-engine's Slave before the comm classes are imported.
@@ -54,50 +57,66 @@ class StepFailed(Exception):
 
 
 class _Pending:
-    __slots__ = ("done", "value", "error")
+    __slots__ = ("step", "task_id", "done", "value", "error", "began", "cancelled")
 
-    def __init__(self):
+    def __init__(self, step, task_id):
+        self.step = step
+        self.task_id = task_id
+        self.began = self.cancelled = False
         self.done = threading.Event()
         self.value = None
         self.error = None
 
 
 class _StepRunner:
-    """One thread that runs steps one after another, like the HTTP slave's task thread."""
+    """One thread that runs steps one after another, as the HTTP slave's task thread did: a
+    step never starts before the one ahead of it returned."""
 
     def __init__(self, call, name):
         self._call = call
         self._queue = queue.Queue()
-        self.current = None
+        self._lock = threading.Lock()
+        self._running = None  # (pending, monotonic start) of the step in user code now
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, step):
-        pending = _Pending()
-        self.current = pending
-        self._queue.put((step, pending))
+    def submit(self, step, task_id):
+        pending = _Pending(step, task_id)
+        self._queue.put(pending)
         return pending
 
-    @property
-    def busy(self):
-        return self.current is not None and not self.current.done.is_set()
+    def running(self):
+        """The step in user code now and since when (monotonic), or None."""
+        with self._lock:
+            return self._running
+
+    def cancel(self, pending):
+        """Takes back a step that has not begun (it will not run); False if it has."""
+        with self._lock:
+            if not pending.began:
+                pending.cancelled = True
+            return pending.cancelled
 
     def stop(self):
         self._queue.put(None)
 
-    def join(self, timeout=None):
-        self._thread.join(timeout)
-
     def _loop(self):
         while True:
-            item = self._queue.get()
-            if item is None:
+            pending = self._queue.get()
+            if pending is None:
                 return
-            step, pending = item
+            with self._lock:
+                if pending.cancelled:
+                    pending.done.set()
+                    continue
+                pending.began = True
+                self._running = (pending, time.monotonic())
             try:
-                pending.value = self._call(step)
+                pending.value = self._call(pending.step)
             except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
                 pending.error = exc
+            with self._lock:
+                self._running = None
             pending.done.set()
 
 
@@ -122,6 +141,12 @@ class Slave:
     get_data_timeout_s = 30.0
     #: consecutive failed data steps after which the attempt fails.
     max_step_failures = 10
+    #: seconds a step may run (or wait behind one that runs) before its attempt fails with a
+    #: reason naming the step; the step itself goes on in user code, where nothing can stop it.
+    step_limit_s = 300.0
+    #: seconds a close (or an abort) waits for the running step to return before the close
+    #: is given up and the step reported stuck; the close then runs once the step returns.
+    close_wait_s = 60.0
 
     def __init__(self, host=None, port=None, heartbeat_span=None, request_retries=None,
                  request_retry_waiting=None, channel=None, *, endpoint=None, worker_id=None,
@@ -151,7 +176,6 @@ class Slave:
         self._rlbus_was_ready = False
         self._rlbus_runner = None
         self._rlbus_runner_lock = threading.Lock()
-        self._rlbus_runners = []
 
     # ----------------------------------------------------------------- public surface
 
@@ -230,9 +254,9 @@ class Slave:
         if worker is not None:
             worker.close()
         with self._rlbus_runner_lock:
-            runners, self._rlbus_runners, self._rlbus_runner = self._rlbus_runners, [], None
-        for runner in runners:
-            runner.stop()
+            runner, self._rlbus_runner = self._rlbus_runner, None
+        if runner is not None:
+            runner.stop()  # after the step it runs, if any: its thread does not hold the process
         keeper = self._rlbus_keeper
         if keeper is not None and keeper is not threading.current_thread():
             keeper.join()
@@ -276,6 +300,12 @@ class Slave:
     def _process_task(self, task):
         raise NotImplementedError
 
+    def _step_stuck(self, name, task_id, seconds):
+        """Called when a step has run past close_wait_s after its task was closed or
+        aborted, or past step_limit_s: the process may want to restart. Logs an error."""
+        self._rlbus_log.error("slave %s: step %s of task %s has been running for %.0f s and "
+                              "has not returned", self._rlbus_id, name, task_id, seconds)
+
     # ----------------------------------------------------------------- driving steps
 
     def _rlbus_call(self, step):
@@ -302,37 +332,65 @@ class Slave:
                                  result) from exc
             raise
 
-    def _rlbus_runner_for_step(self):
+    def _rlbus_steps(self):
         with self._rlbus_runner_lock:
-            runner = self._rlbus_runner
-            if runner is None or runner.busy:
-                if runner is not None:
-                    # A step of an earlier task is still stuck in user code: leave it there
-                    # (its result is dropped) and carry on with a fresh thread.
-                    self._rlbus_log.warning("slave %s: an abandoned step is still running",
-                                            self._rlbus_id)
-                    runner.stop()
-                runner = _StepRunner(self._rlbus_call, "rlbus-compat-step-" + self._rlbus_id)
-                self._rlbus_runner = runner
-                self._rlbus_runners = [r for r in self._rlbus_runners if r.busy] + [runner]
-            return runner
+            if self._rlbus_runner is None:
+                self._rlbus_runner = _StepRunner(self._rlbus_call,
+                                                 "rlbus-compat-step-" + self._rlbus_id)
+            return self._rlbus_runner
+
+    def _rlbus_stuck(self, pending, waited_since):
+        """Why `pending` has not returned: it runs for so long, or it waits behind a step
+        that does. Tells _step_stuck."""
+        now = time.monotonic()
+        running = self._rlbus_steps().running()
+        if running is not None and running[0] is not pending:
+            ahead, since = running
+            name = ahead.step.get("name")
+            self._step_stuck(name, ahead.task_id, now - since)
+            return "{} not run: waiting behind {} of task {}, running for {:.0f} s".format(
+                pending.step.get("name"), name, ahead.task_id, now - since)
+        name = pending.step.get("name")
+        since = running[1] if running is not None else waited_since
+        self._step_stuck(name, pending.task_id, now - since)
+        return "{} still running after {:.0f} s".format(name, now - since)
 
     def _rlbus_step(self, task, step):
-        """Runs `step` on the step thread and waits for it, keeping the attempt alive; gives
-        it up (returns _ABANDONED) when the task is closed or aborted meanwhile."""
-        pending = self._rlbus_runner_for_step().submit(step)
-        last_alive = time.monotonic()
+        """Runs `step` on the step thread and waits for it, keeping the attempt alive. When
+        the task is closed or aborted meanwhile, waits for the step to return (at most
+        close_wait_s) and drops its result (returns _ABANDONED): the close step never runs
+        beside it. Past step_limit_s the attempt fails naming the step."""
+        pending = self._rlbus_steps().submit(step, task.id)
+        submitted = last_alive = time.monotonic()
+        stopping_since = None
         while not pending.done.wait(0.05):
-            if task.stop_requested or task.aborted or self._rlbus_stop.is_set():
-                self._rlbus_log.info("slave %s: %s given up (task %s stopping)",
-                                     self._rlbus_id, step.get("name"), task.id)
-                return _ABANDONED
             now = time.monotonic()
+            if stopping_since is None and (task.stop_requested or task.aborted
+                                           or self._rlbus_stop.is_set()):
+                stopping_since = now
+                self._rlbus_log.info("slave %s: task %s stopping: waiting for %s to return",
+                                     self._rlbus_id, task.id, step.get("name"))
+            if stopping_since is not None:
+                if self._rlbus_steps().cancel(pending):
+                    return _ABANDONED  # still waiting behind another step: it never runs
+                if now - stopping_since >= self.close_wait_s:
+                    self._rlbus_log.error("slave %s: %s", self._rlbus_id,
+                                          self._rlbus_stuck(pending, submitted))
+                    return _ABANDONED
+                continue
+            if now - submitted >= self.step_limit_s:
+                reason = self._rlbus_stuck(pending, submitted)
+                self._rlbus_steps().cancel(pending)  # if it has not begun, it never will
+                raise self._rlbus_failure(reason, {})
             if now - last_alive >= self.keep_alive_s:
                 last_alive = now
                 keep_alive = getattr(task, "keep_alive", None)
                 if keep_alive is not None:
                     keep_alive()
+        if stopping_since is not None:
+            self._rlbus_log.info("slave %s: %s of task %s returned after its stop; its result "
+                                 "is dropped", self._rlbus_id, step.get("name"), task.id)
+            return _ABANDONED
         if pending.error is not None:
             raise pending.error
         return pending.value
@@ -441,8 +499,17 @@ class Slave:
                 self._rlbus_wait_close(task, "learner_done")
 
     def _rlbus_close_step(self, task):
+        """The close step, on the step thread behind any step still running there: if that
+        step does not return within close_wait_s the close fails its attempt naming it, and
+        runs once it returns (so what the start step built is still closed)."""
         info = task.info if isinstance(task.info, dict) else {}
-        result = self._rlbus_call({"name": self._rlbus_role + "_close_task"})
+        started = time.monotonic()
+        pending = self._rlbus_steps().submit({"name": self._rlbus_role + "_close_task"}, task.id)
+        if not pending.done.wait(self.close_wait_s):
+            raise StepFailed(self._rlbus_stuck(pending, started), {})
+        if pending.error is not None:
+            raise pending.error
+        result = pending.value
         result = plain(result) if isinstance(result, dict) else {}
         result.setdefault("task_id", info.get("task_id", task.id))
         if info.get("buffer_id") is not None:

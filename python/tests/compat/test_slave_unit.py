@@ -3,6 +3,7 @@ DI-engine's HTTP master used."""
 
 import logging
 import threading
+import time
 
 import pytest
 
@@ -228,19 +229,44 @@ def test_learner_steps_get_data_learn_and_infos(fake_sdk):
         s.shutdown()
 
 
-def test_blocked_step_is_given_up_on_abort_and_close_step_still_runs(fake_sdk):
+class OneAtATime:
+    """Counts the steps in user code at once, as a DI-engine comm slave would break if two
+    ran together (a close beside the start that builds what it closes)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.now = self.most = 0
+
+    def __enter__(self):
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+
+    def __exit__(self, *exc):
+        with self.lock:
+            self.now -= 1
+
+
+def test_a_close_waits_for_the_blocked_step_and_never_runs_beside_it(fake_sdk):
     release = threading.Event()
+    steps = OneAtATime()
+    stuck = []
 
     class Stuck(Collector):
         def _process_task(self, task):
-            if task["name"] == "collector_data_task":
-                self.steps.append(task["name"])
-                release.wait(10)
-                return {"data_id": "late", "buffer_id": "buf"}
-            return super()._process_task(task)
+            with steps:
+                if task["name"] == "collector_data_task":
+                    self.steps.append(task["name"])
+                    release.wait(10)
+                    return {"data_id": "late", "buffer_id": "buf"}
+                return super()._process_task(task)
+
+        def _step_stuck(self, name, task_id, seconds):
+            stuck.append((name, task_id))
 
     s = Stuck("h", 1)
     s.keep_alive_s = 0.05
+    s.close_wait_s = 0.3
     s.start()
     try:
         w = fake_sdk.Worker.instances[0]
@@ -249,10 +275,104 @@ def test_blocked_step_is_given_up_on_abort_and_close_step_still_runs(fake_sdk):
         runner.start()
         wait_until(lambda: task.alive >= 2, 5, "keep-alives during the blocked step")
         task.abort()
+        runner.join(5)  # the abort waited close_wait_s for the step, then gave it up
+        assert not runner.is_alive()
+        assert stuck and stuck[0] == ("collector_data_task", "t1")
+        assert "collector_close_task" not in s.steps  # not beside the blocked step
+        release.set()
+        # once the step returns, the close it was waiting for runs: what was built is closed
+        wait_until(lambda: "collector_close_task" in s.steps, 5, "the close after the step")
+        assert steps.most == 1
+        assert task.data == []  # the late result was dropped
+    finally:
+        release.set()
+        s.shutdown()
+
+
+def test_a_close_that_comes_during_a_slow_start_runs_after_it_with_what_it_built(fake_sdk):
+    # DI-engine's comm collector builds its collector in the start step (seconds: env
+    # processes, the policy) and the close step reads it: beside each other the close found
+    # None ("'NoneType' object has no attribute 'get_finish_info'").
+    started = threading.Event()
+    steps = OneAtATime()
+
+    class Slow(Collector):
+        def _process_task(self, task):
+            with steps:
+                if task["name"] == "collector_start_task":
+                    self.steps.append(task["name"])
+                    self.collector = None
+                    started.set()
+                    time.sleep(0.5)
+                    self.collector = {"finish": {"reward_mean": 3.0}}
+                    return {"message": "ok"}
+                if task["name"] == "collector_close_task":
+                    self.steps.append(task["name"])
+                    return dict(self.collector["finish"])
+                return super()._process_task(task)
+
+    s = Slow("h", 1)
+    s.start()
+    try:
+        w = fake_sdk.Worker.instances[0]
+        task = FakeTask()
+        runner = threading.Thread(target=w.run, args=(task,))
+        runner.start()
+        assert started.wait(5)
+        task.request_stop()  # the coordinator closes the task while it starts
         runner.join(5)
         assert not runner.is_alive()
-        assert "collector_close_task" in s.steps
-        assert task.data == []
+        result = w.close_handler(task)
+        assert result["reward_mean"] == 3.0
+        assert s.steps == ["resource", "collector_start_task", "collector_close_task"]
+        assert steps.most == 1
+    finally:
+        s.shutdown()
+
+
+def test_a_step_past_the_step_limit_fails_its_attempt_and_the_next_names_it(fake_sdk):
+    release = threading.Event()
+    stuck = []
+
+    class Hung(Learner):
+        def _process_task(self, task):
+            if task["name"] == "learner_learn_task":
+                self.steps.append(task["name"])
+                release.wait(10)  # DI-engine's learner race: a learn that never returns
+                return {"info": {}}
+            return super()._process_task(task)
+
+        def _step_stuck(self, name, task_id, seconds):
+            stuck.append(name)
+
+    s = Hung("h", 2)
+    s.keep_alive_s = 0.05
+    s.step_limit_s = 0.4
+    s.close_wait_s = 0.2
+    s.start()
+    try:
+        w = fake_sdk.Worker.instances[0]
+        task = FakeTask("l1", batches=[[{"data_id": "a"}]])
+        with pytest.raises(fake_sdk.TaskFailure) as err:
+            w.run(task)
+        assert "learner_learn_task still running after" in err.value.reason
+        assert stuck == ["learner_learn_task"]
+        alive = task.alive
+        time.sleep(0.2)
+        assert task.alive == alive  # the failed attempt is no longer kept alive
+        # the worker says why it cannot serve the next task while the step is stuck
+        nxt = FakeTask("l2")
+        with pytest.raises(fake_sdk.TaskFailure) as err:
+            w.run(nxt)
+        assert "waiting behind learner_learn_task of task l1" in err.value.reason
+        # once the step returns, the worker serves again; the start it gave up never ran
+        release.set()
+        third = FakeTask("l3", batches=[[{"data_id": "b"}]])
+        third.on_info = lambda info: third.request_stop()
+        s.step_limit_s = 10
+        w.run(third)
+        assert third.learn_infos
+        assert s.steps.count("learner_start_task") == 2  # l1's and l3's, not l2's
     finally:
         release.set()
         s.shutdown()
