@@ -339,11 +339,11 @@ class Slave:
                                                  "rlbus-compat-step-" + self._rlbus_id)
             return self._rlbus_runner
 
-    def _rlbus_stuck(self, pending, waited_since):
+    def _rlbus_stuck(self, steps, pending, waited_since):
         """Why `pending` has not returned: it runs for so long, or it waits behind a step
         that does. Tells _step_stuck."""
         now = time.monotonic()
-        running = self._rlbus_steps().running()
+        running = steps.running()
         if running is not None and running[0] is not pending:
             ahead, since = running
             name = ahead.step.get("name")
@@ -360,27 +360,31 @@ class Slave:
         the task is closed or aborted meanwhile, waits for the step to return (at most
         close_wait_s) and drops its result (returns _ABANDONED): the close step never runs
         beside it. Past step_limit_s the attempt fails naming the step."""
-        pending = self._rlbus_steps().submit(step, task.id)
+        steps = self._rlbus_steps()
+        pending = steps.submit(step, task.id)
         submitted = last_alive = time.monotonic()
         stopping_since = None
         while not pending.done.wait(0.05):
             now = time.monotonic()
-            if stopping_since is None and (task.stop_requested or task.aborted
-                                           or self._rlbus_stop.is_set()):
+            if self._rlbus_stop.is_set():
+                # The slave shuts down: no close step follows, nothing waits for this one.
+                steps.cancel(pending)
+                return _ABANDONED
+            if stopping_since is None and (task.stop_requested or task.aborted):
                 stopping_since = now
                 self._rlbus_log.info("slave %s: task %s stopping: waiting for %s to return",
                                      self._rlbus_id, task.id, step.get("name"))
             if stopping_since is not None:
-                if self._rlbus_steps().cancel(pending):
+                if steps.cancel(pending):
                     return _ABANDONED  # still waiting behind another step: it never runs
                 if now - stopping_since >= self.close_wait_s:
                     self._rlbus_log.error("slave %s: %s", self._rlbus_id,
-                                          self._rlbus_stuck(pending, submitted))
+                                          self._rlbus_stuck(steps, pending, submitted))
                     return _ABANDONED
                 continue
             if now - submitted >= self.step_limit_s:
-                reason = self._rlbus_stuck(pending, submitted)
-                self._rlbus_steps().cancel(pending)  # if it has not begun, it never will
+                reason = self._rlbus_stuck(steps, pending, submitted)
+                steps.cancel(pending)  # if it has not begun, it never will
                 raise self._rlbus_failure(reason, {})
             if now - last_alive >= self.keep_alive_s:
                 last_alive = now
@@ -504,9 +508,10 @@ class Slave:
         runs once it returns (so what the start step built is still closed)."""
         info = task.info if isinstance(task.info, dict) else {}
         started = time.monotonic()
-        pending = self._rlbus_steps().submit({"name": self._rlbus_role + "_close_task"}, task.id)
+        steps = self._rlbus_steps()
+        pending = steps.submit({"name": self._rlbus_role + "_close_task"}, task.id)
         if not pending.done.wait(self.close_wait_s):
-            raise StepFailed(self._rlbus_stuck(pending, started), {})
+            raise StepFailed(self._rlbus_stuck(steps, pending, started), {})
         if pending.error is not None:
             raise pending.error
         result = pending.value

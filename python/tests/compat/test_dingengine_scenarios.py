@@ -354,3 +354,57 @@ def test_comm_learner_with_coordinator(ding, tmp_path, caplog):
         c.shutdown()
     learner.close()
     assert coord.late_calls == []
+
+
+LEARNER_PROCESS = """
+import sys
+import rlbus.compat
+rlbus.compat.patch_dingengine()
+from ding.worker.learner.comm.flask_fs_learner import FlaskFileSystemLearner
+learner = FlaskFileSystemLearner({"host": "127.0.0.1", "port": 18503, "train_iterations": 5})
+learner.start()
+print("started", flush=True)
+sys.stdin.readline()  # parallel_pipeline's close event for its workers
+learner.close()
+print("closed", flush=True)
+# and the process ends here: only a thread that is not a daemon could keep it
+"""
+
+
+def test_a_pipeline_worker_process_exits_by_itself_after_its_coordinator_closes(
+        ding, broker, tmp_path):
+    """parallel_pipeline's shape: the learner runs in a process of its own that starts its
+    comm learner, waits for the close event its parent sets once the coordinator has closed,
+    closes the comm learner and returns; the parent then waits for the process to end."""
+    import subprocess
+    from compat_helpers import PYTHON_DIR
+    from ding.worker.collector.comm import NaiveCollector
+    env = dict(os.environ, RLBUS_ENDPOINT=broker.router,
+               PYTHONPATH=os.pathsep.join([STANDIN, PYTHON_DIR]))
+    env.pop("RLBUS_WORKER_ID", None)
+    child = subprocess.Popen([sys.executable, "-c", LEARNER_PROCESS], env=env, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT)
+    collectors = [NaiveCollector("127.0.0.1", port, prefix=str(tmp_path / "data"))
+                  for port in (18501, 18502)]
+    coord = ding.Coordinator({"coordinator": comm_cfg()})
+    try:
+        assert child.stdout.readline().strip() == "started"
+        for c in collectors:
+            c.start()
+        coord.start()
+        wait_until(lambda: coord._commander._learner_task_finish_count >= 1, 40,
+                   "a finished learner task")
+        coord.close()
+        child.stdin.write("\n")
+        child.stdin.flush()
+        out, _ = child.communicate(timeout=30)  # it ends by itself, or this times out
+        assert child.returncode == 0, out
+        assert "closed" in out
+    finally:
+        coord.close()
+        for c in collectors:
+            c.shutdown()
+        if child.poll() is None:
+            child.kill()
+            child.wait()

@@ -378,6 +378,36 @@ def test_a_step_past_the_step_limit_fails_its_attempt_and_the_next_names_it(fake
         s.shutdown()
 
 
+def test_shutdown_does_not_wait_for_a_blocked_step(fake_sdk):
+    release = threading.Event()
+
+    class Stuck(Collector):
+        def _process_task(self, task):
+            if task["name"] == "collector_data_task":
+                self.steps.append(task["name"])
+                release.wait(10)
+                return {"data_id": "late"}
+            return super()._process_task(task)
+
+    s = Stuck("h", 1)
+    s.close_wait_s = 30  # what a close would wait; a shutdown does not
+    s.start()
+    try:
+        w = fake_sdk.Worker.instances[0]
+        runner = threading.Thread(target=w.run, args=(FakeTask(),))
+        runner.start()
+        wait_until(lambda: "collector_data_task" in s.steps, 5, "the blocked step")
+        t0 = time.monotonic()
+        s.shutdown()
+        runner.join(5)
+        assert not runner.is_alive() and time.monotonic() - t0 < 5
+        assert not any(t.name.startswith("rlbus-compat-slave") and t.is_alive()
+                       for t in threading.enumerate())  # nothing holds the process
+    finally:
+        release.set()
+        s.shutdown()
+
+
 def test_failed_data_steps_are_retried_then_fail_the_attempt(fake_sdk):
     class Flaky(Collector):
         def _process_task(self, task):
