@@ -2,6 +2,8 @@
 DI-engine's HTTP master used."""
 
 import logging
+import subprocess
+import sys
 import threading
 import time
 
@@ -140,8 +142,7 @@ def test_collector_steps_in_http_order_and_waits_for_close_after_done(fake_sdk):
     try:
         w = fake_sdk.Worker.instances[0]
         task = FakeTask("t1", {"task_id": "t1", "buffer_id": "buf"})
-        runner = threading.Thread(target=w.run, args=(task,))
-        runner.start()
+        runner = running(w, task)
         wait_until(lambda: task.infos, 5, "the done info")
         # the driver does not pull past the done info while the close is pending
         assert not task.wait_stop(0.3) and s.steps.count("collector_data_task") == 4
@@ -229,6 +230,13 @@ def test_learner_steps_get_data_learn_and_infos(fake_sdk):
         s.shutdown()
 
 
+def running(worker, task):
+    """The worker's run handler for `task` on a thread of its own, started."""
+    t = threading.Thread(target=worker.run, args=(task,))
+    t.start()
+    return t
+
+
 class OneAtATime:
     """Counts the steps in user code at once, as a DI-engine comm slave would break if two
     ran together (a close beside the start that builds what it closes)."""
@@ -271,8 +279,7 @@ def test_a_close_waits_for_the_blocked_step_and_never_runs_beside_it(fake_sdk):
     try:
         w = fake_sdk.Worker.instances[0]
         task = FakeTask()
-        runner = threading.Thread(target=w.run, args=(task,))
-        runner.start()
+        runner = running(w, task)
         wait_until(lambda: task.alive >= 2, 5, "keep-alives during the blocked step")
         task.abort()
         runner.join(5)  # the abort waited close_wait_s for the step, then gave it up
@@ -316,8 +323,7 @@ def test_a_close_that_comes_during_a_slow_start_runs_after_it_with_what_it_built
     try:
         w = fake_sdk.Worker.instances[0]
         task = FakeTask()
-        runner = threading.Thread(target=w.run, args=(task,))
-        runner.start()
+        runner = running(w, task)
         assert started.wait(5)
         task.request_stop()  # the coordinator closes the task while it starts
         runner.join(5)
@@ -327,6 +333,47 @@ def test_a_close_that_comes_during_a_slow_start_runs_after_it_with_what_it_built
         assert s.steps == ["resource", "collector_start_task", "collector_close_task"]
         assert steps.most == 1
     finally:
+        s.shutdown()
+
+
+def test_the_helpers_a_slow_start_forks_are_stopped_by_the_close_that_waited_for_it(fake_sdk):
+    # DI-engine's comm collector forks its env processes in the start step. A close run
+    # beside that start found nothing to stop, and the helpers, forked after it, lived on
+    # (holding the pipes of whoever started the worker).
+    helpers = []
+
+    class Forking(Collector):
+        def _process_task(self, task):
+            if task["name"] == "collector_start_task":
+                self.steps.append(task["name"])
+                time.sleep(0.3)  # building the policy
+                helpers.append(subprocess.Popen([sys.executable, "-c",
+                                                 "import time; time.sleep(60)"]))
+                return {"message": "ok"}
+            if task["name"] == "collector_close_task":
+                self.steps.append(task["name"])
+                for h in helpers:
+                    h.terminate()
+                    h.wait(5)
+                return {"helpers": len(helpers)}
+            return super()._process_task(task)
+
+    s = Forking("h", 1)
+    s.start()
+    try:
+        w = fake_sdk.Worker.instances[0]
+        task = FakeTask()
+        runner = running(w, task)
+        wait_until(lambda: "collector_start_task" in s.steps, 5, "the start step")
+        task.request_stop()  # closed while it forks
+        runner.join(5)
+        assert not runner.is_alive()
+        assert w.close_handler(task)["helpers"] == 1
+        assert helpers and all(h.poll() is not None for h in helpers)  # none left running
+    finally:
+        for h in helpers:
+            if h.poll() is None:
+                h.kill()
         s.shutdown()
 
 
@@ -394,8 +441,7 @@ def test_shutdown_does_not_wait_for_a_blocked_step(fake_sdk):
     s.start()
     try:
         w = fake_sdk.Worker.instances[0]
-        runner = threading.Thread(target=w.run, args=(FakeTask(),))
-        runner.start()
+        runner = running(w, FakeTask())
         wait_until(lambda: "collector_data_task" in s.steps, 5, "the blocked step")
         t0 = time.monotonic()
         s.shutdown()
