@@ -670,8 +670,8 @@ util::send_meter::account* server::send_head(std::string_view routing_id, codec:
     store_counters();
   }
   auto& account = meter_.of(routing_id);
-  meter_.hold_elsewhere(tasks_.ring_bytes());  // the queues and the rings share one budget
-  if (!meter_.admits(account, body)) {
+  // the queues and the rings share one budget
+  if (!meter_.admits(account, body, tasks_.ring_bytes())) {
     // What this connection has not read, or all of them, is at its bound (SPEC §15.5).
     counters_.unroutable.fetch_add(1, std::memory_order_relaxed);
     counters_.over_bytes.fetch_add(1, std::memory_order_relaxed);

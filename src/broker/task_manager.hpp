@@ -307,8 +307,8 @@ class task_manager {
     return std::min(budget / 2, shared - std::min(sink_.queued_bytes(), shared));
   }
   [[nodiscard]] bool over_ring_share(const stream& s) const {
-    return ring_total_ >= ring_pool() &&
-           s.ring_bytes >= ring_pool() / std::max<std::size_t>(1, streams_.size());
+    const auto pool = ring_pool();
+    return ring_total_ >= pool && s.ring_bytes >= pool / std::max<std::size_t>(1, streams_.size());
   }
   histogram assignment_, duration_;
   std::optional<std::string> closed_;  // the queue is closed (draining), with this reason

@@ -47,7 +47,7 @@ send_meter::account& send_meter::of(std::string_view routing_id) {
   return *a;
 }
 
-bool send_meter::admits(const account& a, std::size_t body) const noexcept {
+bool send_meter::admits(const account& a, std::size_t body, std::size_t elsewhere) const noexcept {
   const auto n = body + per_message;
   const auto held = a.bytes() + n;
   if (held > per_connection_) return false;
@@ -58,7 +58,7 @@ bool send_meter::admits(const account& a, std::size_t body) const noexcept {
   // that never reads parks at most one message in the reserve: then it holds something.)
   const bool reader = a.bytes() == 0 && n <= budget_ / 64;
   const auto room = reader ? budget_ : budget_ - budget_ / 4;
-  return total() + elsewhere_ + n <= room;
+  return total() + elsewhere + n <= room;
 }
 
 void send_meter::send_last(zmq::socket_t& s, account& a, std::string_view body) {

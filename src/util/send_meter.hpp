@@ -56,13 +56,11 @@ class send_meter {
   /// The account of the connection `routing_id`, made on first use.
   account& of(std::string_view routing_id);
   /// Whether a message of `body` bytes may be queued for `a` now: within its connection's
-  /// bound, and, with the bytes held elsewhere, within the budget, whose last quarter is kept
-  /// for a message of at most a 64th of it to a connection that holds nothing (one that
-  /// reads).
-  [[nodiscard]] bool admits(const account& a, std::size_t body) const noexcept;
-  /// Bytes the owner holds outside the queues that draw from the same budget (the broker's
-  /// event rings). Owner's thread only.
-  void hold_elsewhere(std::size_t bytes) noexcept { elsewhere_ = bytes; }
+  /// bound, and, with the `elsewhere` bytes the owner holds outside the queues from the same
+  /// budget (the broker's event rings), within the budget, whose last quarter is kept for a
+  /// message of at most a 64th of it to a connection that holds nothing (one that reads).
+  [[nodiscard]] bool admits(const account& a, std::size_t body,
+                            std::size_t elsewhere = 0) const noexcept;
   /// Sends `body` as the last frame of a message on `s`, charged to `a` until libzmq frees it.
   /// The frames before it must have been queued; `s` must take it (it is never refused).
   void send_last(zmq::socket_t& s, account& a, std::string_view body);
@@ -87,7 +85,6 @@ class send_meter {
     }
   };
   std::size_t per_connection_, budget_;
-  std::size_t elsewhere_ = 0;
   std::shared_ptr<std::atomic<std::size_t>> total_ = std::make_shared<std::atomic<std::size_t>>(0);
   std::unordered_map<std::string, account*, by_name, std::equal_to<>> accounts_;
 };

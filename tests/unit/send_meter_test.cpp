@@ -23,6 +23,14 @@ struct pipe_pair {
     in.bind("inproc://meter");
     out.connect("inproc://meter");
   }
+  /// Sends `body` to `a` for as long as `meter` admits it (with `elsewhere` bytes held
+  /// outside the queues); returns how many were sent.
+  int fill(send_meter& meter, send_meter::account& a, const std::string& body,
+           std::size_t elsewhere = 0) {
+    int sent = 0;
+    for (; meter.admits(a, body.size(), elsewhere); ++sent) meter.send_last(out, a, body);
+    return sent;
+  }
   /// Takes `n` messages off the pipe and drops them: libzmq lets go of their bytes.
   void drain(int n) {
     for (int i = 0; i < n; ++i) {
@@ -71,17 +79,10 @@ TEST_CASE("send meter: connections that never read leave the budget's last quart
   send_meter meter(64 * 1024, 64 * 1024);
   auto& hog = meter.of("hog");
   const std::string body(4000, 'h');
-  int sent = 0;
-  while (meter.admits(hog, body.size())) {
-    meter.send_last(p.out, hog, body);
-    ++sent;
-  }
+  int sent = p.fill(meter, hog, body);
   CHECK(meter.total() <= 48 * 1024);  // three quarters
   CHECK(meter.total() + body.size() + send_meter::per_message > 48 * 1024);
-  while (meter.admits(hog, 100)) {  // and what short answers leave of them
-    meter.send_last(p.out, hog, std::string(100, 'h'));
-    ++sent;
-  }
+  sent += p.fill(meter, hog, std::string(100, 'h'));  // and what short answers leave of them
   CHECK(meter.total() + 100 + send_meter::per_message > 48 * 1024);
   auto& reader = meter.of("reader");
   CHECK(meter.admits(reader, 700));  // at most a 64th of the budget: served from the reserve
@@ -104,19 +105,14 @@ TEST_CASE("send meter: bytes held elsewhere count against the budget, whose last
   send_meter meter(64 * 1024, 64 * 1024);
   auto& a = meter.of("a");
   const std::string body(1000, 'x');
-  meter.hold_elsewhere(32 * 1024);  // half of it, as full event rings hold
-  int sent = 0;
-  while (meter.admits(a, body.size())) {
-    meter.send_last(p.out, a, body);
-    ++sent;
-  }
+  const std::size_t rings = 32 * 1024;  // half of it, as full event rings hold
+  const int sent = p.fill(meter, a, body, rings);
   CHECK(meter.total() <= 16 * 1024);  // with the rings, three quarters of the budget
   CHECK(meter.total() + body.size() + send_meter::per_message > 16 * 1024);
-  CHECK(meter.admits(meter.of("reader"), 10));  // the last quarter is left to a reader
-  meter.hold_elsewhere(64 * 1024);  // all of it: nothing is queued, not even a short answer
-  CHECK_FALSE(meter.admits(meter.of("reader"), 10));
-  meter.hold_elsewhere(0);  // given back: the queue takes more again
-  CHECK(meter.admits(a, body.size()));
+  CHECK(meter.admits(meter.of("reader"), 10, rings));  // the last quarter is left to a reader
+  // all of it held elsewhere: nothing is queued, not even a short answer
+  CHECK_FALSE(meter.admits(meter.of("reader"), 10, 64 * 1024));
+  CHECK(meter.admits(a, body.size()));  // given back: the queue takes more again
   p.drain(sent);
   CHECK(meter.total() == 0);
 }

@@ -237,6 +237,20 @@ def running(worker, task):
     return t
 
 
+def closed_while_starting(slave, fake_sdk, started):
+    """Runs a task on the started `slave` and asks for its close as soon as `started()`
+    says its start step began; returns the worker and the task once the run handler
+    returned."""
+    w = fake_sdk.Worker.instances[0]
+    task = FakeTask()
+    runner = running(w, task)
+    wait_until(started, 5, "the start step")
+    task.request_stop()  # the coordinator closes the task while it starts
+    runner.join(5)
+    assert not runner.is_alive()
+    return w, task
+
+
 class OneAtATime:
     """Counts the steps in user code at once, as a DI-engine comm slave would break if two
     ran together (a close beside the start that builds what it closes)."""
@@ -321,13 +335,7 @@ def test_a_close_that_comes_during_a_slow_start_runs_after_it_with_what_it_built
     s = Slow("h", 1)
     s.start()
     try:
-        w = fake_sdk.Worker.instances[0]
-        task = FakeTask()
-        runner = running(w, task)
-        assert started.wait(5)
-        task.request_stop()  # the coordinator closes the task while it starts
-        runner.join(5)
-        assert not runner.is_alive()
+        w, task = closed_while_starting(s, fake_sdk, started.is_set)
         result = w.close_handler(task)
         assert result["reward_mean"] == 3.0
         assert s.steps == ["resource", "collector_start_task", "collector_close_task"]
@@ -361,13 +369,7 @@ def test_the_helpers_a_slow_start_forks_are_stopped_by_the_close_that_waited_for
     s = Forking("h", 1)
     s.start()
     try:
-        w = fake_sdk.Worker.instances[0]
-        task = FakeTask()
-        runner = running(w, task)
-        wait_until(lambda: "collector_start_task" in s.steps, 5, "the start step")
-        task.request_stop()  # closed while it forks
-        runner.join(5)
-        assert not runner.is_alive()
+        w, task = closed_while_starting(s, fake_sdk, lambda: "collector_start_task" in s.steps)
         assert w.close_handler(task)["helpers"] == 1
         assert helpers and all(h.poll() is not None for h in helpers)  # none left running
     finally:
