@@ -27,8 +27,8 @@
 #include <optional>
 #include <string>
 
+#include "rlbus/connection.hpp"
 #include "rlbus/types.hpp"
-#include "rlbus/worker.hpp"  // connection_state
 
 namespace rlbus {
 
@@ -141,7 +141,14 @@ class coordinator {
   coordinator& operator=(const coordinator&) = delete;
 
   [[nodiscard]] connection_state state() const;
+  /// Blocks until state() == s or `timeout` passes; returns whether it got there.
   [[nodiscard]] bool wait_for(connection_state s, std::chrono::milliseconds timeout) const;
+  /// The broker's session token, 0 before the first WELCOME.
+  [[nodiscard]] std::uint64_t session() const;
+  /// How many times the broker has welcomed this coordinator (1 + reconnects that succeeded).
+  [[nodiscard]] std::uint64_t welcomes() const;
+  /// The last error or refusal the broker sent (or why a connection was given up), "" if none.
+  [[nodiscard]] std::string last_error() const;
 
   /// Submits a task and waits for the broker's answer. nullopt when no answer came within
   /// `timeout` (not connected, or the broker is gone).
@@ -149,6 +156,9 @@ class coordinator {
                                       std::chrono::milliseconds timeout = std::chrono::seconds(5));
   /// Drops a task wherever it is (queued or running).
   void cancel(const std::string& task_id, const std::string& reason);
+  /// Closes a running task now, as a judge returning true does: its worker is asked for its
+  /// result, which reaches deal_with_*_finish_task. A judge's own FINISH goes once per attempt.
+  void finish(const std::string& task_id);
 
   /// Tasks submitted and not yet finished, failed or cancelled.
   [[nodiscard]] std::size_t open_tasks() const;

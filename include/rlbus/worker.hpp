@@ -19,19 +19,10 @@
 #include <string>
 #include <string_view>
 
+#include "rlbus/connection.hpp"
 #include "rlbus/types.hpp"
 
 namespace rlbus {
-
-/// Where a connection stands. connecting covers "waiting to retry" too.
-enum class connection_state {
-  connecting,  // no session yet (first attempt, or reconnecting after a loss)
-  ready,       // the broker welcomed this worker and heartbeats flow
-  refused,     // the broker refused the worker for good (see last_error()); no more retries
-  stopped,     // stop() ran, or the destructor
-};
-
-std::string_view to_string(connection_state s) noexcept;
 
 struct worker_options {
   /// The broker's ROUTER endpoint.

@@ -189,6 +189,12 @@ VALID += [
            "body": {"data_id": "data_c0_000041", "buffer_id": BUFFER, "meta": META_41,
                     "payload": PAYLOAD}},
           'a DATA relayed with its payload: a bin nested in body, in "fields" as {"$bin_hex": ...}'),
+    valid("task_event_finished_kind", "TASK_EVENT",
+          {"seq": 61, "task_id": LEARNER_TASK, "attempt": 2, "event": "finished",
+           "worker_id": "learner-0", "body": {"learner_step": 5000, "total_loss": 0.125},
+           "kind": "learner"},
+          "an event that ends a task names its kind, after the body: an adopting coordinator "
+          "learns it here"),
     # CAPACITY (SPEC §12.10): live workers of a kind, after a join, an end, or as a snapshot.
     valid("capacity_increase", "CAPACITY",
           {"kind": "collector", "change": "increase", "worker_id": "collector-3", "count": 4},

@@ -401,12 +401,14 @@ void task_manager::emit_with(task& t, std::string_view event, std::size_t reserv
   auto& s = streams_[t.owner];
   if (!t.event_fields.of(t.attempt, t.worker))
     t.event_fields = codec::event_fixed(t.id, t.attempt, t.worker);
-  auto wire = codec::event_head(t.event_fields, ++s.seq, event, reserve);
+  const bool ends = ends_task(event);
+  auto wire = codec::event_head(t.event_fields, ++s.seq, event, reserve, ends);
   const auto head = wire.size();
   write_body(wire);
   const auto body_bytes = wire.size() - head;
+  if (ends) codec::event_kind(wire, t.kind);
   const auto ring_before = s.ring_bytes;
-  s.push({s.seq, util::shared_frame(std::move(wire)), body_bytes, items, ends_task(event)});
+  s.push({s.seq, util::shared_frame(std::move(wire)), body_bytes, items, ends});
   const auto& made = s.ring.back();
   if (journal_ != nullptr) {  // written before the event can leave (§14)
     if (s.seq > s.reserved) {

@@ -1,27 +1,24 @@
-// rlbus::coordinator: a session (role coordinator) on an I/O thread, a callback thread that
-// works through the task stream in order, and an outbox from both user threads and
-// callbacks to the I/O thread. See include/rlbus/coordinator.hpp for the contract.
+// rlbus::coordinator: a role on the client core (client/core.hpp). The core's I/O thread hands
+// it the broker's messages: answers to SUBMIT, and the task stream, which client/stream.hpp
+// puts in order; a callback thread works through that stream, calling the user's callbacks one
+// at a time, and what they answer goes out through the core's outbox. See
+// include/rlbus/coordinator.hpp for the contract.
 #include "rlbus/coordinator.hpp"
 
-#include <array>
 #include <atomic>
 #include <condition_variable>
-#include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
-#include <variant>
 
 #include <spdlog/spdlog.h>
-#include <zmq.hpp>
 
-#include "client/io_loop.hpp"
-#include "client/session.hpp"
+#include "client/core.hpp"
+#include "client/stream.hpp"
 #include "codec/field_reader.hpp"
-#include "util/poll.hpp"
-#include "util/wake_pipe.hpp"
 
 namespace rlbus {
 
@@ -65,27 +62,28 @@ class body_fields {
   codec::detail::field_reader reader_;  // views into the body: it outlives this
 };
 
-constexpr std::uint64_t ack_every = 32;  // processed events per ACK while more are queued
 // What a learner is told to wait after "no data yet" (DATA_REPLY retry_ms): the first time,
 // then doubled for each further one in a row, up to the cap; data given starts it over.
 constexpr std::uint32_t no_data_first_ms = 10;
 constexpr std::uint32_t no_data_max_ms = 1000;
-constexpr std::size_t max_early = 65'536;  // events kept that arrived ahead of a gap
 
 }  // namespace
 
 struct coordinator::impl {
-  // One item for the callback thread: a stream event, a range the broker lost, or a capacity
-  // report (which has no seq).
-  struct stream_item {
-    codec::task_event event;
-    std::uint64_t lost_first = 0, lost_last = 0;  // lost_last != 0: a lost range
-    std::optional<codec::capacity> capacity;      // set: a capacity report, not a stream step
-    std::uint64_t generation = 0;
+  using stream_item = client::detail::event_stream::item;
+
+  // A task this coordinator knows as open: what it is, and whether a judge already closed the
+  // attempt now running (one FINISH per attempt: a second would be refused as a fault).
+  struct open_task {
+    role kind = role::collector;
+    std::uint32_t finished_attempt = 0;  // the attempt a FINISH was sent for (0: none)
   };
+
   impl(coordinator_options o, coordinator_callbacks cb)
-      : opts(std::move(o)), callbacks(std::move(cb)), ctx(1) {
-    client::detail::validate(session_options());
+      : opts(std::move(o)),
+        callbacks(std::move(cb)),
+        io(checked(opts), std::numeric_limits<std::size_t>::max()),
+        stream(io, opts.id) {
     if (!callbacks.deal_with_collector_judge_finish)
       callbacks.deal_with_collector_judge_finish = [](const std::string&, const std::string& info) {
         return body_fields(info).flag("collector_done");
@@ -94,174 +92,52 @@ struct coordinator::impl {
       callbacks.deal_with_learner_judge_finish = [](const std::string&, const std::string& info) {
         return body_fields(info).flag("learner_done");
       };
-    io_thread = std::thread([this] { io_loop(); });
+    io.start({[this](codec::message&& m) { on_message(std::move(m)); },
+              [this](client::detail::session& s) { return flush(s); }});
     callback_thread = std::thread([this] { callback_loop(); });
   }
+  ~impl() { stop(); }
+  impl(const impl&) = delete;
+  impl& operator=(const impl&) = delete;
 
-  [[nodiscard]] client::detail::session_options session_options() const {
-    return {opts.endpoint,      role::coordinator,  opts.id,   {}, opts.heartbeat,
-            opts.reconnect_min, opts.reconnect_max, opts.curve};
+  static client::detail::session_options checked(const coordinator_options& o) {
+    client::detail::session_options so{o.endpoint,      role::coordinator,  o.id,   {}, o.heartbeat,
+                                       o.reconnect_min, o.reconnect_max, o.curve};
+    client::detail::validate(so);
+    return so;
   }
 
-  void post(codec::message m) {
-    {
-      std::lock_guard lock(mu);
-      outbox.push_back(std::move(m));
-    }
-    wake.notify();
-  }
+  void post(codec::message m) { io.post(std::move(m)); }
 
   // ---- I/O thread ----
-  void io_loop() {
-    client::detail::session s(
-        ctx, session_options(),
-        [this](connection_state st, std::uint64_t /*token*/, const std::string& detail) {
-          std::lock_guard lock(mu);
-          state = st;
-          if (!detail.empty() && st != connection_state::ready) last_error = detail;
-          changed.notify_all();
-        },
-        [this](codec::message&& m) { on_message(std::move(m)); });
-    client::detail::run_io_loop(s, wake, io_stop,
-                                {[this](client::detail::session& ss) { return flush(ss); }});
-  }
-
-  // After each turn: the callback thread is woken once for all the turn brought, and what the
-  // other threads queued goes out. False when the socket's queue is full with more to send.
+  // After each turn (the core's lock held): the callback thread is woken once for all the turn
+  // brought, and what the other threads queued goes out.
   bool flush(client::detail::session& s) {
-    std::lock_guard lock(mu);
     if (notify_pending) {
       notify_pending = false;
       changed.notify_all();
     }
-    while (!outbox.empty()) {
-      if (!s.send_ready(outbox.front())) return s.state() != connection_state::ready;
-      outbox.pop_front();
-    }
-    return true;
+    return io.send_in_order(s);
   }
 
   void on_message(codec::message&& m) {
-    std::lock_guard lock(mu);
+    std::lock_guard lock(io.mu());
     if (auto* ack = std::get_if<codec::submitted>(&m)) {
       // Known as open before any of its events can reach the callback thread.
       const auto kind = submitting.find(ack->task_id);
-      if (ack->accepted && kind != submitting.end()) open[ack->task_id] = kind->second;
+      if (ack->accepted && kind != submitting.end()) open[ack->task_id] = {kind->second, 0};
       if (kind != submitting.end()) submitting.erase(kind);
       acks[ack->task_id] = std::move(*ack);
     } else if (auto* e = std::get_if<codec::task_event>(&m)) {
-      on_event(std::move(*e));
+      stream.on_event(std::move(*e));
     } else if (const auto* g = std::get_if<codec::stream_gap>(&m)) {
-      on_gap(*g);
+      stream.on_gap(*g);
     } else if (const auto* w = std::get_if<codec::welcome>(&m)) {
-      on_welcome(*w);
+      stream.on_welcome(*w);
     } else if (auto* c = std::get_if<codec::capacity>(&m)) {
-      stream_item item;  // in order with the task events around it
-      item.capacity = std::move(*c);
-      item.generation = generation;
-      events.push_back(std::move(item));
+      stream.on_capacity(std::move(*c));
     }
     notify_pending = true;  // the callback thread is woken once the whole read is in
-  }
-
-  // ---- the stream (SPEC §12.9): I/O thread, `mu` held ----
-  // Events reach the callback thread in seq order, each once: a duplicate (a replay of what
-  // came already) is dropped, one that comes early (after a gap) waits in `early` while a
-  // REPLAY fetches what is missing, and what the broker no longer holds is reported lost.
-
-  void on_welcome(const codec::welcome& w) {
-    // A new session that adopted our own stream (it expired while we were cut off, §12.5.8)
-    // goes on like a resumption.
-    const bool ours_again = w.stream_acked && next_seq > 1 && *w.stream_acked <= processed;
-    if (!w.resumed && !ours_again) {
-      // A new session begins a new stream at 1, and what the old one still owed us went
-      // with it (the broker cancelled its tasks); unless it adopted the stream an earlier
-      // process of our id left, which goes on after stream_acked.
-      if (w.stream_acked) {
-        spdlog::info(
-            "coordinator {}: adopted the tasks of an earlier session; the stream goes "
-            "on after {}",
-            opts.id, *w.stream_acked);
-      } else if (next_seq > 1) {
-        spdlog::warn("coordinator {}: new session, the stream starts again at 1", opts.id);
-      }
-      ++generation;
-      processed = w.stream_acked.value_or(0);
-      next_seq = processed + 1;
-      since_ack = 0;
-      early.clear();
-      // ACKs and REPLAYs still queued name seqs of the old stream.
-      std::erase_if(outbox, [](const codec::message& q) {
-        return std::holds_alternative<codec::ack>(q) || std::holds_alternative<codec::replay>(q);
-      });
-    }
-    // First thing on every connection, before any SUBMIT: turn on the window and fetch what
-    // the broker sent after the last event we processed (on a resumption, what went down
-    // with the old connection).
-    ask_replay(processed + 1, true);
-  }
-
-  void ask_replay(std::uint64_t from, bool first = false) {
-    replay_asked = next_seq;
-    ++replays;
-    if (first) {
-      outbox.push_front(codec::replay{from});
-    } else {
-      outbox.push_back(codec::replay{from});
-    }
-    wake.notify();
-  }
-
-  void on_event(codec::task_event&& e) {
-    if (e.seq < next_seq) {
-      ++duplicates;
-    } else if (e.seq > next_seq) {
-      if (early.size() < max_early) early.emplace(e.seq, std::move(e));
-    } else {
-      deliver(std::move(e));
-    }
-    settle();
-  }
-
-  void on_gap(const codec::stream_gap& g) {
-    if (g.last < next_seq) return;  // about events we have already
-    if (g.first > next_seq) {
-      // Something before the gap went missing as well: ask again from there, and the
-      // broker reports the gap again in its place.
-      ask_replay(next_seq);
-      return;
-    }
-    spdlog::warn("coordinator {}: events {}..{} of the stream are lost", opts.id, next_seq, g.last);
-    stream_item lost;
-    lost.lost_first = next_seq;
-    lost.lost_last = g.last;
-    lost.generation = generation;
-    events.push_back(std::move(lost));
-    gaps += g.last - next_seq + 1;
-    next_seq = g.last + 1;
-    settle();
-  }
-
-  void deliver(codec::task_event&& e) {
-    ++next_seq;
-    stream_item item;
-    item.event = std::move(e);
-    item.generation = generation;
-    events.push_back(std::move(item));
-  }
-
-  // Hands on what `early` holds in order, and asks once per gap for what is missing.
-  void settle() {
-    while (!early.empty() && early.begin()->first <= next_seq) {
-      auto node = early.extract(early.begin());
-      if (node.key() == next_seq) {
-        deliver(std::move(node.mapped()));
-      } else {
-        ++duplicates;
-      }
-    }
-    if (replay_asked && next_seq > *replay_asked) replay_asked.reset();  // that gap is filled
-    if (!early.empty() && !replay_asked) ask_replay(next_seq);
   }
 
   // ---- callback thread ----
@@ -271,10 +147,10 @@ struct coordinator::impl {
     std::deque<stream_item> batch;
     while (true) {
       {
-        std::unique_lock lock(mu);
-        changed.wait(lock, [&] { return cb_stop || !events.empty(); });
+        std::unique_lock lock(io.mu());
+        changed.wait(lock, [&] { return cb_stop || !stream.items().empty(); });
         if (cb_stop) return;
-        batch.swap(events);
+        batch.swap(stream.items());
       }
       while (!batch.empty() && !cb_halt.load(std::memory_order_relaxed)) {
         auto item = std::move(batch.front());
@@ -309,36 +185,40 @@ struct coordinator::impl {
     processed_one(lost ? item.lost_last : e.seq, item.generation, more);
   }
 
-  // Acknowledges processed events: every ack_every of them, and whenever the callback thread
-  // has caught up, so a window smaller than ack_every never stalls.
   void processed_one(std::uint64_t seq, std::uint64_t gen, bool more) {
+    std::lock_guard lock(io.mu());
+    stream.processed(seq, gen, more);
+  }
+
+  // The task's kind as this coordinator knows it: from its SUBMIT, or from the event that
+  // names it (an adopted task's, §12.5.8); nullopt when neither told.
+  std::optional<role> kind_of(const codec::task_event& e) {
+    std::lock_guard lock(io.mu());
+    const auto it = open.find(e.task_id);
+    if (it != open.end()) return it->second.kind;
+    return e.kind;
+  }
+
+  // Ends the task here; returns its kind (as kind_of()).
+  std::optional<role> close_task(const codec::task_event& e) {
+    no_data_backoff.erase(e.task_id);  // the callback thread's own, like dispatch
+    const auto kind = kind_of(e);
+    std::lock_guard lock(io.mu());
+    open.erase(e.task_id);
+    return kind;
+  }
+
+  // A judge said the attempt is done: FINISH, once per attempt.
+  void judged_finished(const codec::task_event& e) {
     {
-      std::lock_guard lock(mu);
-      if (gen != generation) return;  // an event of a stream that has ended
-      processed = seq;
-      if (++since_ack < ack_every && (more || !events.empty())) return;
-      since_ack = 0;
-      // An ACK still waiting to go out is only made newer: ACKs are cumulative.
-      if (!outbox.empty() && std::holds_alternative<codec::ack>(outbox.back())) {
-        std::get<codec::ack>(outbox.back()).seq = processed;
-      } else {
-        outbox.push_back(codec::ack{processed});
+      std::lock_guard lock(io.mu());
+      const auto it = open.find(e.task_id);
+      if (it != open.end()) {
+        if (it->second.finished_attempt == e.attempt) return;
+        it->second.finished_attempt = e.attempt;
       }
     }
-    wake.notify();
-  }
-
-  std::optional<role> kind_of(const std::string& task_id) {
-    std::lock_guard lock(mu);
-    const auto it = open.find(task_id);
-    if (it == open.end()) return std::nullopt;
-    return it->second;
-  }
-
-  void close_task(const std::string& task_id) {
-    no_data_backoff.erase(task_id);  // the callback thread's own, like dispatch
-    std::lock_guard lock(mu);
-    open.erase(task_id);
+    post(codec::finish{e.task_id});
   }
 
   void dispatch(const codec::task_event& e) {
@@ -367,7 +247,7 @@ struct coordinator::impl {
         }
       }
     } else if (e.event == "info") {
-      if (cb.deal_with_collector_judge_finish(e.task_id, e.body)) post(codec::finish{e.task_id});
+      if (cb.deal_with_collector_judge_finish(e.task_id, e.body)) judged_finished(e);
     } else if (e.event == "data_request") {
       body_fields f(e.body);
       std::optional<std::string> data;
@@ -389,14 +269,12 @@ struct coordinator::impl {
       body_fields f(e.body);
       const auto info = f.raw("info");
       if (cb.deal_with_learner_judge_finish(e.task_id, info)) {
-        post(codec::finish{e.task_id});
+        judged_finished(e);
       } else if (cb.deal_with_learner_send_info) {
         cb.deal_with_learner_send_info(e.task_id, f.str("buffer_id"), info);
       }
     } else if (e.event == "finished") {
-      const auto kind = kind_of(e.task_id);
-      close_task(e.task_id);
-      if (kind == role::learner) {
+      if (close_task(e) == role::learner) {
         if (cb.deal_with_learner_finish_task) cb.deal_with_learner_finish_task(e.task_id, e.body);
       } else if (cb.deal_with_collector_finish_task) {
         cb.deal_with_collector_finish_task(e.task_id, e.body);
@@ -406,7 +284,7 @@ struct coordinator::impl {
       const auto first = f.uint("first_index");
       const auto last = f.uint("last_index");
       {
-        std::lock_guard lock(mu);
+        std::lock_guard lock(io.mu());
         if (last >= first) data_lost += last - first + 1;
       }
       if (cb.on_data_lost) cb.on_data_lost(e.task_id, e.attempt, first, last);
@@ -416,13 +294,13 @@ struct coordinator::impl {
         cb.on_task_requeued(e.task_id, e.attempt, f.str("reason"), f.opt_raw("result"));
       }
     } else if (e.event == "failed") {
-      close_task(e.task_id);
+      close_task(e);
       if (cb.on_task_failed) {
         body_fields f(e.body);
         cb.on_task_failed(e.task_id, f.str("reason"), f.opt_raw("result"));
       }
     } else if (e.event == "cancelled") {
-      close_task(e.task_id);
+      close_task(e);
       if (cb.on_task_cancelled) cb.on_task_cancelled(e.task_id, body_fields(e.body).str("reason"));
     }
     // assigned, started: progress only
@@ -436,7 +314,7 @@ struct coordinator::impl {
     const bool collector = c.kind == role::collector;
     const auto step = [&](bool up) {
       {
-        std::lock_guard lock(mu);
+        std::lock_guard lock(io.mu());
         auto& n = collector ? collectors : learners;
         n = up ? n + 1 : n - 1;
       }
@@ -446,7 +324,7 @@ struct coordinator::impl {
     };
     std::uint64_t known = 0;
     {
-      std::lock_guard lock(mu);
+      std::lock_guard lock(io.mu());
       known = collector ? collectors : learners;
     }
     const auto target = std::min(c.count, known + max_reconcile);
@@ -457,51 +335,33 @@ struct coordinator::impl {
   }
 
   void stop() {
-    if (!io_thread.joinable()) return;
+    if (!callback_thread.joinable()) return;
     {
-      std::lock_guard lock(mu);
+      std::lock_guard lock(io.mu());
       cb_stop = true;
       cb_halt.store(true);
       changed.notify_all();
     }
     callback_thread.join();
-    io_stop.store(true);
-    wake.notify();
-    io_thread.join();
+    io.stop();
   }
 
   coordinator_options opts;
   coordinator_callbacks callbacks;
-  zmq::context_t ctx;
-  util::wake_pipe wake;
-  mutable std::mutex mu;
-  mutable std::condition_variable changed;
-  std::deque<codec::message> outbox;
-  std::deque<stream_item> events;  // in arrival order
+  client::detail::core io;  // its mu() guards all that follows, but the callback thread's own
+  client::detail::event_stream stream;
+  std::condition_variable changed;  // new stream items, a SUBMITTED, stopping
   std::map<std::string, codec::submitted> acks;
   std::map<std::string, role> submitting;  // SUBMIT sent, SUBMITTED not yet here
-  std::map<std::string, role> open;
-  connection_state state = connection_state::connecting;
-  std::string last_error;
-  std::uint64_t next_seq = 1;                        // the next seq to hand to the callback thread
-  std::uint64_t processed = 0;                       // the last seq the callback thread finished
-  std::uint64_t since_ack = 0;                       // processed since the last ACK
-  std::uint64_t generation = 0;                      // +1 per new stream (a new session)
-  std::map<std::uint64_t, codec::task_event> early;  // arrived ahead of a gap
-  std::optional<std::uint64_t> replay_asked;         // next_seq when the pending REPLAY was asked
-  std::uint64_t gaps = 0;                            // events lost: they never arrived
-  std::uint64_t duplicates = 0;
+  std::map<std::string, open_task> open;
   std::uint64_t data_lost = 0;  // DATA reported lost by collectors (§12.11)
-  // Per learner task, the retry_ms of its last "no data yet" in a row (callback thread only).
-  std::unordered_map<std::string, std::uint32_t> no_data_backoff;
-  std::uint64_t replays = 0;
   std::uint64_t collectors = 0;  // as of the last capacity callback
   std::uint64_t learners = 0;
   bool cb_stop = false;
   bool notify_pending = false;       // on_message queued something since the last notify
   std::atomic<bool> cb_halt{false};  // cb_stop, seen without the lock by a batch in hand
-  std::atomic<bool> io_stop{false};
-  std::thread io_thread;
+  // Per learner task, the retry_ms of its last "no data yet" in a row (callback thread only).
+  std::unordered_map<std::string, std::uint32_t> no_data_backoff;
   std::thread callback_thread;
 };
 
@@ -512,13 +372,23 @@ coordinator::~coordinator() {
 }
 
 connection_state coordinator::state() const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->state;
+  return impl_->io.state();
 }
 
 bool coordinator::wait_for(connection_state s, std::chrono::milliseconds timeout) const {
-  std::unique_lock lock(impl_->mu);
-  return impl_->changed.wait_for(lock, timeout, [&] { return impl_->state == s; });
+  return impl_->io.wait_for(s, timeout);
+}
+
+std::uint64_t coordinator::session() const {
+  return impl_->io.token();
+}
+
+std::uint64_t coordinator::welcomes() const {
+  return impl_->io.welcomes();
+}
+
+std::string coordinator::last_error() const {
+  return impl_->io.last_error();
 }
 
 std::optional<submit_result> coordinator::submit(const task_spec& t,
@@ -526,14 +396,14 @@ std::optional<submit_result> coordinator::submit(const task_spec& t,
   if (t.kind == role::coordinator)
     throw std::invalid_argument("a task's kind is collector or learner");
   {
-    std::lock_guard lock(impl_->mu);
+    std::lock_guard lock(impl_->io.mu());
     impl_->acks.erase(t.task_id);
     impl_->submitting[t.task_id] = t.kind;
   }
   impl_->post(codec::submit{t.task_id, t.kind, t.task_info, t.requirements, t.start_timeout_ms,
                             t.step_timeout_ms, t.close_timeout_ms, t.task_timeout_ms,
                             t.max_attempts, t.policy_id, t.queue_timeout_ms});
-  std::unique_lock lock(impl_->mu);
+  std::unique_lock lock(impl_->io.mu());
   if (!impl_->changed.wait_for(lock, timeout, [&] { return impl_->acks.count(t.task_id) != 0; }))
     return std::nullopt;
   const auto ack = impl_->acks.at(t.task_id);
@@ -545,39 +415,43 @@ void coordinator::cancel(const std::string& task_id, const std::string& reason) 
   impl_->post(codec::cancel{task_id, reason});
 }
 
+void coordinator::finish(const std::string& task_id) {
+  impl_->post(codec::finish{task_id});
+}
+
 std::size_t coordinator::open_tasks() const {
-  std::lock_guard lock(impl_->mu);
+  std::lock_guard lock(impl_->io.mu());
   return impl_->open.size();
 }
 
 std::uint64_t coordinator::stream_gaps() const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->gaps;
+  std::lock_guard lock(impl_->io.mu());
+  return impl_->stream.gaps();
 }
 
 std::uint64_t coordinator::data_lost() const {
-  std::lock_guard lock(impl_->mu);
+  std::lock_guard lock(impl_->io.mu());
   return impl_->data_lost;
 }
 
 std::uint64_t coordinator::collectors() const {
-  std::lock_guard lock(impl_->mu);
+  std::lock_guard lock(impl_->io.mu());
   return impl_->collectors;
 }
 
 std::uint64_t coordinator::learners() const {
-  std::lock_guard lock(impl_->mu);
+  std::lock_guard lock(impl_->io.mu());
   return impl_->learners;
 }
 
 std::uint64_t coordinator::stream_replays() const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->replays;
+  std::lock_guard lock(impl_->io.mu());
+  return impl_->stream.replays();
 }
 
 std::uint64_t coordinator::stream_duplicates() const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->duplicates;
+  std::lock_guard lock(impl_->io.mu());
+  return impl_->stream.duplicates();
 }
 
 void coordinator::stop() {

@@ -101,7 +101,7 @@ void session::open(util::time_point now) {
   // A DEALER queues the HELLO until the TCP connection is up, so sending now is right.
   send(h);
   hello_deadline_ = now + hello_timeout();
-  set_state(connection_state::connecting, "");
+  set_state(waiting_state(), "");
 }
 
 void session::close_socket() {
@@ -170,7 +170,7 @@ void session::retry_later(util::time_point now, const std::string& reason) {
   reconnect_at_ = now + delay;
   spdlog::info("{} {}: {}; reconnecting in {} ms", to_string(opts_.role), opts_.id, why,
                delay.count());
-  set_state(connection_state::connecting, why);
+  set_state(waiting_state(), why);
 }
 
 void session::on_readable(util::time_point now) {
@@ -208,6 +208,7 @@ void session::handle(codec::message&& m, util::time_point now) {
     heartbeat_ = std::chrono::milliseconds(w->heartbeat_ms);
     liveness_ = w->liveness;
     attempt_ = 0;
+    welcomed_ = true;
     revoked_.clear();
     next_heartbeat_ = now + heartbeat_;
     broker_deadline_ = now + broker_silence();
@@ -267,7 +268,7 @@ void session::on_timers(util::time_point now) {
     return;
   }
   if (!socket_) return;
-  if (state_ == connection_state::connecting && now >= hello_deadline_) {
+  if (waiting() && now >= hello_deadline_) {
     auto why = fmt::format("no WELCOME within {} ms", hello_timeout().count());
     if (const auto failure = handshake_failure(); !failure.empty()) {
       why += ": " + failure;
@@ -286,7 +287,7 @@ void session::on_timers(util::time_point now) {
 
 util::time_point session::next_timer() const {
   if (reconnect_at_) return *reconnect_at_;
-  if (state_ == connection_state::connecting) return hello_deadline_;
+  if (waiting()) return hello_deadline_;
   if (state_ == connection_state::ready) return std::min(next_heartbeat_, broker_deadline_);
   return util::clock::now() + std::chrono::hours(1);
 }

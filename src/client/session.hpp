@@ -17,8 +17,8 @@
 #include <zmq.hpp>
 
 #include "codec/messages.hpp"
+#include "rlbus/connection.hpp"
 #include "rlbus/types.hpp"
-#include "rlbus/worker.hpp"
 #include "util/clock.hpp"
 
 namespace rlbus::client::detail {
@@ -80,6 +80,13 @@ class session {
   void revoked(util::time_point now, const std::string& detail);
   void handle(codec::message&& m, util::time_point now);
   void set_state(connection_state s, const std::string& detail);
+  /// Waiting for a WELCOME: connecting before the first one, reconnecting after.
+  [[nodiscard]] bool waiting() const noexcept {
+    return state_ == connection_state::connecting || state_ == connection_state::reconnecting;
+  }
+  [[nodiscard]] connection_state waiting_state() const noexcept {
+    return welcomed_ ? connection_state::reconnecting : connection_state::connecting;
+  }
   bool send(const codec::message& m);
 
   zmq::context_t& ctx_;
@@ -91,6 +98,7 @@ class session {
   unsigned sockets_opened_ = 0;
   connection_state state_ = connection_state::connecting;
   std::uint64_t token_ = 0;
+  bool welcomed_ = false;  // a WELCOME came once: a lost connection is then "reconnecting"
   std::chrono::milliseconds heartbeat_;
   std::uint32_t liveness_ = 3;
   unsigned attempt_ = 0;

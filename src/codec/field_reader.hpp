@@ -123,6 +123,17 @@ class field_reader {
     }
   }
 
+  /// An optional task kind: collector or learner.
+  void opt_task_kind(std::string_view key, std::optional<rlbus::role>& out) {
+    out.reset();
+    if (!has(key)) return;
+    rlbus::role r = rlbus::role::collector;
+    role(key, r);
+    if (fault_) return;
+    if (r == rlbus::role::coordinator) return fail(key, "a task's kind is collector or learner");
+    out = r;
+  }
+
   /// A str of at most 32 bytes that `parse` turns into a value (an enum spelled as words);
   /// anything else is refused, naming the `expected` words.
   template <class T, class Parse>

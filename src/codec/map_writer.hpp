@@ -94,7 +94,7 @@ class event_fixed {
 
  private:
   friend blob event_head(const event_fixed& f, std::uint64_t seq, std::string_view event,
-                         std::size_t reserve);
+                         std::size_t reserve, bool with_kind);
   bool made_ = false;
   std::uint32_t attempt_ = 0;
   std::string worker_id_;
@@ -103,9 +103,11 @@ class event_fixed {
 };
 
 /// A TASK_EVENT's encoded body up to the value of its `body`, which the caller appends (one
-/// complete msgpack value; `reserve`: its expected size). With the body, the bytes are those
-/// encode_body gives for the same task_event.
+/// complete msgpack value; `reserve`: its expected size), and then, `with_kind`, its `kind`
+/// (event_kind). With those, the bytes are those encode_body gives for the same task_event.
 blob event_head(const event_fixed& f, std::uint64_t seq, std::string_view event,
-                std::size_t reserve);
+                std::size_t reserve, bool with_kind = false);
+/// Appends a TASK_EVENT's `kind` field, after its body (an event_head made `with_kind`).
+void event_kind(blob& out, rlbus::role kind);
 
 }  // namespace rlbus::codec

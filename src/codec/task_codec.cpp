@@ -35,6 +35,9 @@ struct writer {
     pk.pack(k).pack(v);
   }
   void operator()(std::string_view k, const rlbus::role& v) { pk.pack(k).pack(to_string(v)); }
+  void operator()(std::string_view k, const std::optional<rlbus::role>& v) {
+    if (v) pk.pack(k).pack(to_string(*v));
+  }
   void operator()(std::string_view k, const bool& v) { pk.pack(k).pack(v); }
   void operator()(std::string_view k, const capacity_change& v) { pk.pack(k).pack(to_string(v)); }
   template <class U>
@@ -81,6 +84,7 @@ struct reader {
   void operator()(std::string_view k, std::string& v, rule::id /*r*/) { r.peer_id(k, v); }
   void operator()(std::string_view k, std::string& v, rule::text t) { r.str(k, v, t.max); }
   void operator()(std::string_view k, rlbus::role& v) { r.role(k, v); }
+  void operator()(std::string_view k, std::optional<rlbus::role>& v) { r.opt_task_kind(k, v); }
   void operator()(std::string_view k, bool& v) { r.boolean(k, v); }
   void operator()(std::string_view k, capacity_change& v) {
     r.word(k, v, parse_capacity_change, "increase, decrease or snapshot");
@@ -352,16 +356,22 @@ event_fixed::event_fixed(std::string_view task_id, std::uint32_t attempt,
 }
 
 blob event_head(const event_fixed& f, std::uint64_t seq, std::string_view event,
-                std::size_t reserve) {
+                std::size_t reserve, bool with_kind) {
   blob out;
   out.reserve(32 + f.task_.size() + event.size() + f.worker_.size() + reserve);
   blob_sink sink{out};
   msgpack::packer<blob_sink> pk(sink);
-  pk.pack_map(6).pack(std::string_view("seq")).pack(seq);  // the fields of task_event, in order
+  // the fields of task_event, in order
+  pk.pack_map(with_kind ? 7 : 6).pack(std::string_view("seq")).pack(seq);
   out.append(f.task_);
   pk.pack(std::string_view("event")).pack(event);
   out.append(f.worker_);
   return out;
+}
+
+void event_kind(blob& out, rlbus::role kind) {
+  blob_sink sink{out};
+  msgpack::packer<blob_sink>(sink).pack(std::string_view("kind")).pack(to_string(kind));
 }
 
 items_writer::items_writer() : buf_(header_room, '\0') {}

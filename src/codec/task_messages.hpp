@@ -153,6 +153,9 @@ struct task_event {
   std::string event;
   std::string worker_id;
   blob body = empty_map_blob;
+  // The task's kind, on the events that end a task (finished, failed, cancelled): a
+  // coordinator that adopted the task (§12.5.8) learns it here.
+  std::optional<rlbus::role> kind;
   RLBUS_TASK_MESSAGE(task_event, task_event)
   template <class S, class F>
   static void fields(S& s, F&& f) {
@@ -162,6 +165,7 @@ struct task_event {
     f("event", s.event, rule::text{32});
     f("worker_id", s.worker_id, rule::text{max_id_length});
     f("body", s.body, rule::shape::any);
+    f("kind", s.kind);
   }
 };
 

@@ -226,7 +226,7 @@ TEST_CASE("the broker binary serves workers and stops cleanly on SIGTERM", "[bin
   CHECK(*status == 0);
   CHECK(events.next("broker.stopping"));
   REQUIRE(wait_until([&] { return w.last_error().find("503") != std::string::npos; }));
-  CHECK(w.state() == connection_state::connecting);
+  CHECK(w.state() == connection_state::reconnecting);
   CHECK_THAT(broker.output(), Catch::Contains("broker stopped"));
 }
 

@@ -12,6 +12,7 @@
 
 #include "rlbus/coordinator.hpp"
 #include "rlbus/worker.hpp"
+#include "support/link.hpp"
 #include "support/support.hpp"
 
 using namespace rlbus;
@@ -457,4 +458,116 @@ TEST_CASE("the seed's capacity callbacks count collectors joining, leaving and d
   CHECK(std::count(reports.begin(), reports.end(), "collector increase collector-killed 4") == 1);
   CHECK(reports[reports.size() - 2] == "collector decrease collector-killed 3");
   CHECK(reports.back() == "collector decrease collector-2 2");
+}
+
+TEST_CASE("a coordinator's judge closes an attempt with one FINISH however many final infos come",
+          "[coordinator]") {
+  broker::server_thread b(test_config());
+  const auto ep = b.get().router_endpoint();
+  task_handlers h;
+  h.run = [](task_handle& t) {
+    for (int i = 0; i < 5; ++i) t.emit_info(flag_map("collector_done", true));
+    while (!t.stop_requested()) std::this_thread::sleep_for(1ms);
+  };
+  worker w(wopts(ep, "collector-0", role::collector), h);
+  std::atomic<int> finished{0};
+  std::atomic<int> judged{0};
+  coordinator_callbacks cb;
+  cb.deal_with_collector_judge_finish = [&](const std::string&, const std::string&) {
+    ++judged;
+    return true;  // every one of the five says "done"
+  };
+  cb.deal_with_collector_finish_task = [&](const std::string&, const std::string&) { ++finished; };
+  coordinator_options co;
+  co.endpoint = ep;
+  coordinator c(co, cb);
+  REQUIRE(c.wait_for(connection_state::ready, 5s));
+  REQUIRE(c.submit(spec("collect", role::collector))->accepted);
+  REQUIRE(wait_until([&] { return finished == 1; }, 10s));
+  CHECK(judged == 5);
+  // A second FINISH for a closing task would be refused, and counted against the coordinator.
+  CHECK(b.get().snapshot().faults == 0);
+  CHECK(c.last_error().empty());
+  CHECK(c.welcomes() == 1);
+  CHECK(c.session() != 0);
+}
+
+TEST_CASE("coordinator::finish closes a running task whose judge never says done",
+          "[coordinator]") {
+  broker::server_thread b(test_config());
+  const auto ep = b.get().router_endpoint();
+  std::atomic<bool> running{false};
+  task_handlers h;
+  h.run = [&](task_handle& t) {
+    running = true;
+    while (!t.stop_requested()) std::this_thread::sleep_for(1ms);
+  };
+  h.close = [](task_handle&) { return flag_map("closed_early", true); };
+  worker w(wopts(ep, "collector-0", role::collector), h);
+  std::mutex mu;
+  std::string result;
+  coordinator_callbacks cb;
+  cb.deal_with_collector_finish_task = [&](const std::string&, const std::string& r) {
+    std::lock_guard lock(mu);
+    result = r;
+  };
+  coordinator_options co;
+  co.endpoint = ep;
+  coordinator c(co, cb);
+  REQUIRE(c.wait_for(connection_state::ready, 5s));
+  REQUIRE(c.submit(spec("collect", role::collector))->accepted);
+  REQUIRE(wait_until([&] { return running.load(); }, 10s));
+  c.finish("collect");
+  REQUIRE(wait_until(
+      [&] {
+        std::lock_guard lock(mu);
+        return !result.empty();
+      },
+      10s));
+  CHECK(result == flag_map("closed_early", true));
+  CHECK(c.open_tasks() == 0);
+}
+
+TEST_CASE("a coordinator that adopted a learner task hands its result to the learner callback",
+          "[coordinator]") {
+  broker::server_thread b(test_config());
+  zmq::context_t ctx;
+  cuttable_link link(ctx, b.get().router_endpoint());
+  std::atomic<bool> running{false};
+  task_handlers h;
+  h.run = [&](task_handle& t) {
+    running = true;
+    while (!t.stop_requested()) std::this_thread::sleep_for(1ms);
+  };
+  h.close = [](task_handle&) { return flag_map("learner_done", true); };
+  worker w(wopts(b.get().router_endpoint(), "learner-0", role::learner), h);
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+
+  coordinator_options co;
+  co.id = "trainer";
+  co.heartbeat = 200ms;  // its session expires 600 ms after it went silent
+  co.reconnect_min = 10ms;
+  co.reconnect_max = 50ms;
+  {
+    co.endpoint = link.endpoint();
+    coordinator first(co, {});
+    REQUIRE(first.wait_for(connection_state::ready, 5s));
+    REQUIRE(first.submit(spec("learn", role::learner))->accepted);
+    REQUIRE(wait_until([&] { return running.load(); }, 10s));
+    link.cut_existing();  // its goodbye never arrives: to the broker it just vanished
+  }
+  std::atomic<int> as_learner{0}, as_collector{0};
+  coordinator_callbacks cb;
+  cb.deal_with_learner_finish_task = [&](const std::string&, const std::string&) { ++as_learner; };
+  cb.deal_with_collector_finish_task = [&](const std::string&, const std::string&) {
+    ++as_collector;
+  };
+  co.endpoint = b.get().router_endpoint();
+  coordinator second(co, cb);  // a new process: it never saw the SUBMIT
+  REQUIRE(second.wait_for(connection_state::ready, 10s));
+  REQUIRE(wait_until([&] { return b.get().snapshot().coordinator_adoptions == 1; }, 10s));
+  second.finish("learn");
+  REQUIRE(wait_until([&] { return as_learner + as_collector == 1; }, 10s));
+  CHECK(as_learner == 1);
+  CHECK(as_collector == 0);
 }

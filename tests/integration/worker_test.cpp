@@ -48,7 +48,7 @@ TEST_CASE("a worker notices a dead broker and reconnects when one is back", "[wo
   worker w(options_for(cfg.router_endpoint, "phoenix"));
   REQUIRE(w.wait_for(connection_state::ready, 5s));
   b.reset();  // broker gone: the worker hears DISCONNECT 503 and starts retrying
-  REQUIRE(wait_until([&] { return w.state() == connection_state::connecting; }));
+  REQUIRE(wait_until([&] { return w.state() == connection_state::reconnecting; }));
   CHECK_THAT(w.last_error(), Catch::Contains("503"));
   b = std::make_unique<broker::server_thread>(cfg);
   REQUIRE(w.wait_for(connection_state::ready, 5s));
@@ -64,7 +64,7 @@ TEST_CASE("a worker detects a broker that went silent without a word", "[worker]
   CHECK(fake.answer_hello(codec::welcome{5, 1, 30, 3, 1024, false}).id == "lonely");
   REQUIRE(w.wait_for(connection_state::ready, 5s));
   // 3 x 30 ms of silence: the worker gives up on this connection and says why.
-  REQUIRE(wait_until([&] { return w.state() == connection_state::connecting; }, 3s));
+  REQUIRE(wait_until([&] { return w.state() == connection_state::reconnecting; }, 3s));
   CHECK_THAT(w.last_error(), Catch::Contains("silent"));
 }
 

@@ -253,8 +253,9 @@ TEST_CASE("TASK_EVENTs written from their attempt's fixed part are the vectors' 
     const codec::event_fixed fixed(e.task_id, e.attempt, e.worker_id);
     CHECK(fixed.of(e.attempt, e.worker_id));
     CHECK_FALSE(fixed.of(e.attempt + 1, e.worker_id));
-    auto wire = codec::event_head(fixed, e.seq, e.event, e.body.size());
+    auto wire = codec::event_head(fixed, e.seq, e.event, e.body.size(), e.kind.has_value());
     wire.append(e.body);
+    if (e.kind) codec::event_kind(wire, *e.kind);
     CHECK(wire == body);
   }
 }
