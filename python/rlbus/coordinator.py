@@ -45,8 +45,8 @@ import threading
 from typing import Any, Callable, Deque, Dict, Mapping, Optional, Tuple
 
 from . import protocol as P
+from ._core import Core
 from ._keys import CurveKeys
-from ._session import Session
 from ._types import SubmitResult
 
 __all__ = ["Coordinator", "CALLBACK_NAMES"]
@@ -161,7 +161,7 @@ class _Command:
 
 
 class _Handler:
-    """The Session's handler: forwards to the Coordinator's I/O-thread methods."""
+    """The core's handler: forwards to the Coordinator's I/O-thread methods."""
 
     def __init__(self, owner: "Coordinator") -> None:
         self._owner = owner
@@ -236,9 +236,9 @@ class Coordinator:
         self._judge_learner = cbs.get("deal_with_learner_judge_finish",
                                       _default_judge("learner_done"))
         self._id = id
-        self._session = Session(endpoint, "coordinator", id, _Handler(self),
-                                heartbeat_ms=heartbeat_ms, reconnect_min=reconnect_min,
-                                reconnect_max=reconnect_max, curve=curve)
+        self._core = Core(endpoint, "coordinator", id, _Handler(self),
+                          heartbeat_ms=heartbeat_ms, reconnect_min=reconnect_min,
+                          reconnect_max=reconnect_max, curve=curve)
 
         # shared between threads, under _cv
         self._cv = threading.Condition()
@@ -271,7 +271,7 @@ class Coordinator:
         self._cb_thread = threading.Thread(target=self._callback_loop,
                                            name=f"rlbus-cb-{id}", daemon=True)
         self._cb_thread.start()
-        self._session.start()
+        self._core.start()
 
     # ---- public API ------------------------------------------------------------------
 
@@ -283,21 +283,21 @@ class Coordinator:
     @property
     def state(self) -> str:
         """``connecting``, ``ready``, ``reconnecting``, ``refused`` or ``stopped``."""
-        return self._session.state
+        return self._core.state
 
     @property
     def last_error(self) -> str:
         """The latest refusal, ERROR or disconnect detail from the broker ("" when none)."""
-        return self._session.last_error
+        return self._core.last_error
 
     @property
     def welcomes(self) -> int:
         """WELCOMEs received (1 after the first connection, +1 per reconnection)."""
-        return self._session.welcomes
+        return self._core.welcomes
 
     def wait_for(self, state: str, timeout: float) -> bool:
         """Waits until :attr:`state` is ``state``; False when ``timeout`` seconds pass."""
-        return self._session.wait_for(state, timeout)
+        return self._core.wait_for(state, timeout)
 
     def submit(self, task_id: str, kind: str, task_info: Optional[Mapping[str, Any]] = None,
                *, requirements: Optional[Mapping[str, float]] = None,
@@ -351,20 +351,20 @@ class Coordinator:
             return SubmitResult(task_id, False, e.code, e.reason, 0)
         except (TypeError, ValueError, OverflowError) as e:
             return SubmitResult(task_id, False, 402, f"SUBMIT: {e}", 0)
-        limit = self._session.max_message
+        limit = self._core.max_message
         if limit and size > limit:
             return SubmitResult(task_id, False, 402, f"SUBMIT: {size} bytes, more than the "
                                 f"broker's max-message of {limit} (task_info too large)", 0)
 
         wait = _SubmitWait(task_id, kind)
-        if self._closing or self._session.state in ("refused", "stopped"):
+        if self._closing or self._core.state in ("refused", "stopped"):
             return None
-        if not self._session.post(
+        if not self._core.post(
                 functools.partial(self._io_command, _Command("SUBMIT", fields, None, wait))):
             return None
         if wait.done.wait(timeout):
             return wait.result
-        self._session.post(functools.partial(self._io_withdraw, wait))
+        self._core.post(functools.partial(self._io_withdraw, wait))
         return wait.result if wait.done.is_set() else None
 
     def cancel(self, task_id: str, reason: str = "cancelled") -> None:
@@ -427,7 +427,7 @@ class Coordinator:
         if self._cb_thread is not threading.current_thread():
             self._cb_thread.join()
         if first:
-            self._session.close()
+            self._core.close()
 
     def __enter__(self) -> "Coordinator":
         return self
@@ -456,7 +456,7 @@ class Coordinator:
         def run() -> None:
             gen = self._generation if current else generation
             self._io_command(_Command(name, fields, gen))
-        self._session.post(run)
+        self._core.post(run)
 
     # ---- I/O thread ------------------------------------------------------------------
 
@@ -468,7 +468,7 @@ class Coordinator:
         self._io_flush()
 
     def _io_flush(self) -> None:
-        s = self._session
+        s = self._core
         while self._outbox and s.ready:
             cmd = self._outbox[0]
             try:
@@ -539,7 +539,7 @@ class Coordinator:
         self._io_flush()
 
     def _io_replay(self, from_seq: int) -> None:
-        if self._session.send("REPLAY", {"from_seq": from_seq}):
+        if self._core.send("REPLAY", {"from_seq": from_seq}):
             self._replay_asked = self._next_seq
             with self._cv:
                 self._replays += 1
@@ -636,7 +636,7 @@ class Coordinator:
         if self._since_ack >= _ACK_EVERY:
             self._io_ack()
         elif caught_up and self._ack_timer is None:
-            self._ack_timer = self._session.call_later(_ACK_IDLE_S, self._io_ack)
+            self._ack_timer = self._core.call_later(_ACK_IDLE_S, self._io_ack)
 
     def _io_ack(self) -> None:
         if self._ack_timer is not None:
@@ -645,7 +645,7 @@ class Coordinator:
         if self._since_ack > 0:
             self._since_ack = 0
             # lost when not ready: the REPLAY on the next connection says it
-            self._session.send("ACK", {"seq": self._processed})
+            self._core.send("ACK", {"seq": self._processed})
 
     def _io_close(self) -> None:
         for cmd in self._outbox:
@@ -717,8 +717,8 @@ class Coordinator:
 
     def _tell_processed(self, done: Tuple[int, int, int], caught_up: bool) -> None:
         seq, generation, count = done
-        self._session.post(functools.partial(self._io_processed, seq, generation, count,
-                                             caught_up))
+        self._core.post(functools.partial(self._io_processed, seq, generation, count,
+                                          caught_up))
 
     def _guard(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -829,7 +829,7 @@ class Coordinator:
                 log.exception("coordinator %s: deal_with_learner_get_data for task %s failed; "
                               "answered no data", self._id, task_id)
                 data = None
-            limit = self._session.max_message
+            limit = self._core.max_message
             if data is not None and limit and len(data) + 256 > limit:
                 log.error("coordinator %s: the batch for task %s has %d bytes, more than the "
                           "broker's max-message of %d; answered no data", self._id, task_id,

@@ -37,8 +37,8 @@ import time
 from typing import Any, Callable, Deque, Dict, Mapping, Optional, Tuple
 
 from . import protocol as P
+from ._core import Core
 from ._keys import CurveKeys
-from ._session import Session
 from ._types import Policy, TaskFailure
 
 __all__ = ["Worker", "Task"]
@@ -413,7 +413,7 @@ class _Attempt:
 
 
 class _IoHandler:
-    """The session's handler: forwards to the worker's I/O-thread methods."""
+    """The core's handler: forwards to the worker's I/O-thread methods."""
 
     def __init__(self, worker: "Worker") -> None:
         self._w = worker
@@ -512,9 +512,9 @@ class Worker:
         self._data_batches = 0  # DATA_BATCH sent, and the DATA they carried
         self._data_batched = 0
         # validates endpoint, id, resources, heartbeat and reconnect options (ValueError)
-        self._session = Session(endpoint, role, id, _IoHandler(self), resources=resources,
-                                heartbeat_ms=heartbeat_ms, reconnect_min=reconnect_min,
-                                reconnect_max=reconnect_max, curve=curve)
+        self._core = Core(endpoint, role, id, _IoHandler(self), resources=resources,
+                          heartbeat_ms=heartbeat_ms, reconnect_min=reconnect_min,
+                          reconnect_max=reconnect_max, curve=curve)
 
         # shared with user threads; guarded by _lock
         self._lock = threading.Lock()
@@ -556,7 +556,7 @@ class Worker:
                 target=self.leave, args=(leave_on_sigterm,), name=f"rlbus-leave-{id}",
                 daemon=True).start())
         try:
-            self._session.start()
+            self._core.start()
         except BaseException:
             self.close()
             raise
@@ -566,21 +566,21 @@ class Worker:
     @property
     def state(self) -> str:
         """``connecting``, ``ready``, ``reconnecting``, ``refused`` or ``stopped``."""
-        return "stopped" if self._closed.is_set() else self._session.state
+        return "stopped" if self._closed.is_set() else self._core.state
 
     def wait_for(self, state: str, timeout_s: float) -> bool:
         """Waits until :attr:`state` is ``state``; False if ``timeout_s`` seconds pass."""
-        return self._session.wait_for(state, timeout_s)
+        return self._core.wait_for(state, timeout_s)
 
     @property
     def session(self) -> int:
         """The broker's session token, 0 before the first WELCOME."""
-        return self._session.token
+        return self._core.token
 
     @property
     def welcomes(self) -> int:
         """How many times the broker welcomed this worker (1 + reconnects that succeeded)."""
-        return self._session.welcomes
+        return self._core.welcomes
 
     @property
     def credit_waits(self) -> int:
@@ -612,7 +612,7 @@ class Worker:
     @property
     def last_error(self) -> str:
         """The latest error or refusal the broker sent, "" when none."""
-        return self._session.last_error
+        return self._core.last_error
 
     def leave(self, deadline_s: float = 0.0) -> bool:
         """Tells the broker this worker will go away soon (LEAVING): it gets no new task for
@@ -683,7 +683,7 @@ class Worker:
                 log.warning("worker %s: still waiting for %s to return (%.0f s); a handler "
                             "that ignores task.stop_requested holds close() up", self.id,
                             t.name, time.monotonic() - started)
-        self._session.close()
+        self._core.close()
         self._closed.set()
 
     def wait_closed(self, timeout_s: Optional[float] = None) -> bool:
@@ -696,7 +696,7 @@ class Worker:
         worker for good, or KeyboardInterrupt; then closes the worker."""
         try:
             while not self._closed.wait(0.5):
-                if self._session.state == "refused":
+                if self._core.state == "refused":
                     log.error("worker %s: refused by the broker: %s", self.id, self.last_error)
                     break
         except KeyboardInterrupt:
@@ -716,12 +716,12 @@ class Worker:
     # ---- handler side ---------------------------------------------------------------------
 
     def _post(self, fn: Callable[[], None]) -> bool:
-        return self._session.post(fn)
+        return self._core.post(fn)
 
     def _check_size(self, name: str, body: bytes) -> None:
         """ValueError when ``body`` is past the broker's max-message (its WELCOME says it):
         the broker's socket would drop the connection that carries it."""
-        limit = self._session.max_message
+        limit = self._core.max_message
         if limit and len(body) > limit:
             raise ValueError(f"{name}: {len(body)} bytes, more than the broker's max-message "
                              f"of {limit}")
@@ -852,7 +852,7 @@ class Worker:
     def _io_flush(self) -> None:
         """Sends what waits in the outbox, in order, while the session is ready; consecutive
         DATA go as one DATA_BATCH (§12.12.5)."""
-        s = self._session
+        s = self._core
         while self._outbox:
             name, fields, task = self._outbox[0]
             a = self._cur
@@ -887,8 +887,8 @@ class Worker:
         n = 0
         size = 0
         limit = _BATCH_BYTES
-        if self._session.max_message:
-            limit = min(limit, self._session.max_message // 2)
+        if self._core.max_message:
+            limit = min(limit, self._core.max_message // 2)
         first = self._outbox[0]
         for name, fields, task in self._outbox:
             if name != "DATA" or task is not first[2] or n == _BATCH_ITEMS \
@@ -914,7 +914,7 @@ class Worker:
             "task_id": first["task_id"], "attempt": first["attempt"],
             "first_index": first["index"], "items": P.Raw(header + b"".join(items))},
             check=False)
-        s = self._session
+        s = self._core
         if not s.send("DATA_BATCH", batch):
             if s.ready and self._retry_timer is None:  # the socket's queue is full
                 self._retry_timer = s.call_later(_RETRY_SEND_S, self._io_retry)

@@ -67,7 +67,7 @@ def test_a_resumed_session_hands_on_every_event_exactly_once(broker: Broker,
                     reconnect_min=0.05, reconnect_max=0.1)
     closing(c)
     assert c.wait_for("ready", 10)
-    token = c._session.token
+    token = c._core.token
     w = RawWorker(broker.router, "collector")
     closing(w)
     assert c.submit("col-r", "collector").accepted
@@ -83,7 +83,7 @@ def test_a_resumed_session_hands_on_every_event_exactly_once(broker: Broker,
         w.send("DATA", task_id=task, attempt=attempt, data_id=f"d{i}", buffer_id="", meta={"i": i})
     # the coordinator notices the silence and resumes its session on a new connection
     assert wait_until(lambda: c.welcomes == 2 and c.state == "ready", 15), c.last_error
-    assert c._session.token == token
+    assert c._core.token == token
     release.set()
     assert wait_until(lambda: len(rec.of("data")) >= 40)
     assert [a[2] for a in rec.of("data")] == [f"d{i}" for i in range(1, 41)]
@@ -110,7 +110,7 @@ def test_a_session_expired_in_a_partition_adopts_its_own_tasks_back(broker: Brok
                     reconnect_min=0.05, reconnect_max=0.1)
     closing(c)
     assert c.wait_for("ready", 10)
-    token = c._session.token
+    token = c._core.token
     w = RawWorker(broker.router, "collector")
     closing(w)
     assert c.submit("col-x", "collector").accepted
@@ -124,7 +124,7 @@ def test_a_session_expired_in_a_partition_adopts_its_own_tasks_back(broker: Brok
     assert wait_until(lambda: any("vanished" in line and cid in line for line in broker.lines),
                       10), "".join(broker.lines)
     proxy.thaw()
-    assert wait_until(lambda: c.state == "ready" and c._session.token not in (0, token), 15), \
+    assert wait_until(lambda: c.state == "ready" and c._core.token not in (0, token), 15), \
         c.last_error
     # a new session, but the stream and the task go on: nothing cancelled, lost or twice
     assert wait_until(lambda: len(rec.of("data")) >= 20)

@@ -1,6 +1,6 @@
-"""The client core against the real broker: it connects and heartbeats, comes back by itself
-after a broker restart, waits out an id that is taken, runs posted calls in order on its I/O
-thread, and closes promptly leaving no thread."""
+"""The client core and its session layer against the real broker: it connects and heartbeats,
+comes back by itself after a broker restart, waits out an id that is taken, runs posted calls
+in order on its I/O thread, and closes promptly leaving no thread."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, List
 import pytest
 
 from conftest import Broker, wait_until
-from rlbus._session import Session
+from rlbus._core import Core
 
 
 class Recorder:
@@ -33,7 +33,7 @@ class Recorder:
 def test_connects_heartbeats_and_closes_without_a_thread_left(broker: Broker) -> None:
     before = set(threading.enumerate())
     rec = Recorder()
-    s = Session(broker.router, "collector", "sess-1", rec, heartbeat_ms=100,
+    s = Core(broker.router, "collector", "sess-1", rec, heartbeat_ms=100,
                 resources={"cpu": 2})
     assert s.state == "connecting"
     s.start()
@@ -56,7 +56,7 @@ def test_connects_heartbeats_and_closes_without_a_thread_left(broker: Broker) ->
 
 def test_comes_back_by_itself_after_a_broker_restart(broker: Broker) -> None:
     rec = Recorder()
-    s = Session(broker.router, "learner", "sess-2", rec, heartbeat_ms=100,
+    s = Core(broker.router, "learner", "sess-2", rec, heartbeat_ms=100,
                 reconnect_min=0.05, reconnect_max=0.2)
     s.start()
     try:
@@ -73,8 +73,8 @@ def test_comes_back_by_itself_after_a_broker_restart(broker: Broker) -> None:
 
 
 def test_a_taken_id_is_retried_until_it_is_free(broker: Broker) -> None:
-    a = Session(broker.router, "collector", "sess-3", Recorder(), heartbeat_ms=100)
-    b = Session(broker.router, "collector", "sess-3", Recorder(), heartbeat_ms=100,
+    a = Core(broker.router, "collector", "sess-3", Recorder(), heartbeat_ms=100)
+    b = Core(broker.router, "collector", "sess-3", Recorder(), heartbeat_ms=100,
                 reconnect_min=0.05, reconnect_max=0.2)
     a.start()
     try:
@@ -90,7 +90,7 @@ def test_a_taken_id_is_retried_until_it_is_free(broker: Broker) -> None:
 
 
 def test_posted_calls_and_timers_run_in_order_on_the_io_thread(broker: Broker) -> None:
-    s = Session(broker.router, "coordinator", "sess-4", Recorder())
+    s = Core(broker.router, "coordinator", "sess-4", Recorder())
     s.start()
     seen: List[Any] = []
     try:
@@ -129,4 +129,4 @@ def test_bad_options_name_the_option(kwargs: dict, name: str) -> None:
     args.update(kwargs)
     endpoint, role, id_ = args.pop("endpoint"), args.pop("role"), args.pop("id")
     with pytest.raises(ValueError, match=name):
-        Session(endpoint, role, id_, Recorder(), **args)
+        Core(endpoint, role, id_, Recorder(), **args)
