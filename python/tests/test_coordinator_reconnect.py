@@ -76,7 +76,7 @@ def test_a_resumed_session_hands_on_every_event_exactly_once(broker: Broker,
     for i in range(1, 21):
         w.send("DATA", task_id=task, attempt=attempt, data_id=f"d{i}", buffer_id="", meta={"i": i})
     assert held.wait(10)
-    assert wait_until(lambda: c._next_seq == 23)  # d16..d20 arrived, not handled yet
+    assert wait_until(lambda: c._stream.next_seq == 23)  # d16..d20 arrived, not handled yet
     proxy.freeze()
     # these go down with the silenced connection
     for i in range(21, 41):
