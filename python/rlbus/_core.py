@@ -57,18 +57,19 @@ class Timer:
 class Core:
     """One connection to the broker and the I/O thread that drives it.
 
-    Construction validates the options (ValueError naming the bad one) and touches no
-    network; :meth:`start` starts the thread, which connects and says HELLO."""
+    Construction validates the options (ValueError naming the bad one; ``heartbeat`` and
+    the reconnect bounds are seconds) and touches no network; :meth:`start` starts the
+    thread, which connects and says HELLO."""
 
     def __init__(self, endpoint: str, role: str, id: str, handler: Any, *,
-                 resources: Optional[Mapping[str, float]] = None, heartbeat_ms: int = 1000,
+                 resources: Optional[Mapping[str, float]] = None, heartbeat: float = 1.0,
                  reconnect_min: float = 0.1, reconnect_max: float = 5.0,
                  curve: Optional[CurveKeys] = None,
                  context: Optional[zmq.Context] = None) -> None:
         self._session = Session(endpoint, role, id, on_state=self._set_state,
                                 on_welcome=self._welcomed,
                                 on_message=getattr(handler, "on_message", None),
-                                resources=resources, heartbeat_ms=heartbeat_ms,
+                                resources=resources, heartbeat=heartbeat,
                                 reconnect_min=reconnect_min, reconnect_max=reconnect_max,
                                 curve=curve)
         self.role = role

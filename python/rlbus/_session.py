@@ -13,7 +13,8 @@ change of its state (and an ERROR that changes nothing, for ``last_error``), eac
 makes it ready, and every message that is not part of the session layer.
 
 :func:`check_options` holds the options to the protocol's rules (HELLO's, from
-messages.json).
+messages.json); :func:`heartbeat_seconds` resolves the deprecated ``heartbeat_ms`` spelling of
+the public constructors.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+import warnings
 from typing import Any, Callable, Mapping, Optional
 
 import zmq
@@ -58,31 +60,61 @@ _COPY_BELOW = 65536  # bodies this small are copied into the message: cheaper th
 _SESSION_MESSAGES = frozenset(("WELCOME", "HEARTBEAT", "ERROR", "DISCONNECT"))
 _READ_BURST = 256  # messages read per turn of the loop, so that a busy socket cannot
                    # hold back posted calls, timers and on_idle
+_HEARTBEAT_RULES = P.MESSAGES["HELLO"].by_name["heartbeat_ms"].rules
+_HEARTBEAT_MIN_MS = int(_HEARTBEAT_RULES.get("min", 1))  # what HELLO may ask for
+_HEARTBEAT_MAX_MS = int(_HEARTBEAT_RULES.get("max", 600000))
+
+
+def heartbeat_seconds(heartbeat: Optional[float], heartbeat_ms: Optional[int],
+                      default: float = 1.0) -> float:
+    """The heartbeat interval in seconds from a public constructor's ``heartbeat``
+    (seconds) or its deprecated ``heartbeat_ms`` (milliseconds; a DeprecationWarning).
+    ValueError when both are given, or ``heartbeat_ms`` is not an integer in range (the
+    range of ``heartbeat`` is checked with the other options)."""
+    if heartbeat_ms is None:
+        return default if heartbeat is None else heartbeat
+    if heartbeat is not None:
+        raise ValueError("heartbeat and heartbeat_ms: give one of them (heartbeat, in "
+                         "seconds; heartbeat_ms is its deprecated spelling)")
+    warnings.warn("heartbeat_ms is deprecated: give heartbeat, in seconds",
+                  DeprecationWarning, stacklevel=3)
+    if isinstance(heartbeat_ms, bool) or not isinstance(heartbeat_ms, int) \
+            or not _HEARTBEAT_MIN_MS <= heartbeat_ms <= _HEARTBEAT_MAX_MS:
+        raise ValueError(f"heartbeat_ms: expected an integer of {_HEARTBEAT_MIN_MS}.."
+                         f"{_HEARTBEAT_MAX_MS} milliseconds, got {heartbeat_ms!r}")
+    return heartbeat_ms / 1000.0
+
+
+def _heartbeat_ms(heartbeat: float) -> int:
+    return int(round(heartbeat * 1000))
 
 
 def check_options(endpoint: str, role: str, id: str, resources: Optional[Mapping[str, float]],
-                  heartbeat_ms: int, reconnect_min: float, reconnect_max: float) -> None:
+                  heartbeat: float, reconnect_min: float, reconnect_max: float) -> None:
     """Raises ValueError naming the first bad option (the codec's rules for HELLO decide)."""
     if not isinstance(endpoint, str) or "://" not in endpoint:
         raise ValueError(f"endpoint: expected a ZeroMQ endpoint such as "
                          f"tcp://127.0.0.1:7235, got {endpoint!r}")
     if role not in ROLES:
         raise ValueError(f"role: expected one of {', '.join(ROLES)}, got {role!r}")
-    if isinstance(heartbeat_ms, bool) or not isinstance(heartbeat_ms, int):
-        raise ValueError(f"heartbeat_ms: expected an integer, got {heartbeat_ms!r}")
+    if isinstance(heartbeat, bool) or not isinstance(heartbeat, (int, float)) \
+            or not _HEARTBEAT_MIN_MS <= heartbeat * 1000 <= _HEARTBEAT_MAX_MS:
+        raise ValueError(f"heartbeat: expected a number of seconds in "
+                         f"{_HEARTBEAT_MIN_MS / 1000:g}..{_HEARTBEAT_MAX_MS / 1000:g}, "
+                         f"got {heartbeat!r}")
     for name, v in (("reconnect_min", reconnect_min), ("reconnect_max", reconnect_max)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
             raise ValueError(f"{name}: expected a positive number of seconds, got {v!r}")
     if reconnect_max < reconnect_min:
         raise ValueError(f"reconnect_max ({reconnect_max}) is below reconnect_min "
                          f"({reconnect_min})")
-    fields = {"role": role, "id": id, "heartbeat_ms": heartbeat_ms,
+    fields = {"role": role, "id": id, "heartbeat_ms": _heartbeat_ms(heartbeat),
               "resources": dict(resources or {})}
     try:
         P.encode("HELLO", fields)
     except P.ProtocolError as e:
         text = str(e.reason if hasattr(e, "reason") else e)
-        for name in ("resources", "heartbeat_ms", "id"):
+        for name in ("resources", "id"):
             if name in text:
                 raise ValueError(f"{name}: {text}") from None
         raise ValueError(text) from None
@@ -104,11 +136,10 @@ class Session:
 
     def __init__(self, endpoint: str, role: str, id: str, *, on_state: StateCallback,
                  on_welcome: MessageCallback, on_message: Optional[MessageCallback],
-                 resources: Optional[Mapping[str, float]] = None, heartbeat_ms: int = 1000,
+                 resources: Optional[Mapping[str, float]] = None, heartbeat: float = 1.0,
                  reconnect_min: float = 0.1, reconnect_max: float = 5.0,
                  curve: Optional[CurveKeys] = None) -> None:
-        check_options(endpoint, role, id, resources, heartbeat_ms, reconnect_min,
-                      reconnect_max)
+        check_options(endpoint, role, id, resources, heartbeat, reconnect_min, reconnect_max)
         if curve is not None and not isinstance(curve, CurveKeys):
             raise ValueError(f"curve: expected rlbus.CurveKeys (see curve_keys_from_files), "
                              f"got {curve!r}")
@@ -117,7 +148,7 @@ class Session:
         self.role = role
         self.id = id
         self.resources = dict(resources or {})
-        self.heartbeat_ms = heartbeat_ms  # the interval HELLO asks for
+        self.heartbeat_ms = _heartbeat_ms(heartbeat)  # the interval HELLO asks for
         self.reconnect_min = float(reconnect_min)
         self.reconnect_max = float(reconnect_max)
         self._on_state = on_state
@@ -132,7 +163,7 @@ class Session:
         self._ctx: Optional[zmq.Context] = None
         self._sock: Optional[zmq.Socket] = None
         self._monitor: Optional[zmq.Socket] = None  # the socket's handshake failures
-        self._heartbeat = heartbeat_ms / 1000.0  # the broker's interval once it welcomed us
+        self._heartbeat = float(heartbeat)  # the broker's interval once it welcomed us
         self._liveness = 3
         self._attempt = 0
         self._revoked_detail = ""  # the DISCONNECT or ERROR 431 since the last WELCOME

@@ -49,6 +49,7 @@ from typing import Any, Callable, Deque, Dict, Mapping, Optional, Tuple
 from . import protocol as P
 from ._core import Core
 from ._keys import CurveKeys
+from ._session import heartbeat_seconds
 from ._stream import Progress, Stream
 from ._types import SubmitResult
 
@@ -216,13 +217,19 @@ class Coordinator:
     :meth:`finish` (submit blocks the stream while it waits for its answer).
 
     The constructor validates the options (ValueError naming the bad one) and starts
-    connecting without waiting; use :meth:`wait_for` to wait for ``ready``.
+    connecting without waiting; use :meth:`wait_for` to wait for ``ready``. ``heartbeat``
+    is the interval (seconds, default 1.0) asked of the broker; ``reconnect_min`` and
+    ``reconnect_max`` bound the wait between reconnects (seconds). ``heartbeat_ms``
+    (milliseconds) is the old spelling of ``heartbeat``, still accepted with a
+    DeprecationWarning; giving both is a ValueError.
     ``curve=rlbus.curve_keys_from_files("me.key", "broker.pub")`` connects with CURVE.
     """
 
     def __init__(self, endpoint: str, id: str = "coordinator", callbacks: Any = None,
-                 heartbeat_ms: int = 1000, reconnect_min: float = 0.1,
-                 reconnect_max: float = 5.0, curve: Optional[CurveKeys] = None) -> None:
+                 heartbeat: Optional[float] = None, reconnect_min: float = 0.1,
+                 reconnect_max: float = 5.0, curve: Optional[CurveKeys] = None,
+                 heartbeat_ms: Optional[int] = None) -> None:
+        heartbeat = heartbeat_seconds(heartbeat, heartbeat_ms)
         cbs = _resolve_callbacks(callbacks)
         self._cb = cbs
         self._judge_collector = cbs.get("deal_with_collector_judge_finish",
@@ -230,9 +237,9 @@ class Coordinator:
         self._judge_learner = cbs.get("deal_with_learner_judge_finish",
                                       _default_judge("learner_done"))
         self._id = id
-        self._core = Core(endpoint, "coordinator", id, _Handler(self),
-                          heartbeat_ms=heartbeat_ms, reconnect_min=reconnect_min,
-                          reconnect_max=reconnect_max, curve=curve)
+        self._core = Core(endpoint, "coordinator", id, _Handler(self), heartbeat=heartbeat,
+                          reconnect_min=reconnect_min, reconnect_max=reconnect_max,
+                          curve=curve)
 
         # shared between threads, under _cv
         self._cv = threading.Condition()

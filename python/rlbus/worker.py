@@ -39,6 +39,7 @@ from . import protocol as P
 from ._batching import batchable, encode_batch
 from ._core import Core
 from ._keys import CurveKeys
+from ._session import heartbeat_seconds
 from ._task import Task, as_map
 from ._types import Policy, TaskFailure
 from ._unconfirmed import Unconfirmed
@@ -146,6 +147,11 @@ class Worker:
     SIGTERM call :meth:`leave` with ``S``: the usual notice of a preempted machine or of a
     cluster scheduler. The process then goes on; wait with :meth:`wait_idle` and close.
 
+    ``heartbeat`` is the interval (seconds, default 1.0) asked of the broker; it notices a
+    silent broker after a few missed ones and reconnects, waiting ``reconnect_min`` to
+    ``reconnect_max`` seconds between attempts. ``heartbeat_ms`` (milliseconds) is its old
+    spelling, still accepted with a DeprecationWarning; giving both is a ValueError.
+
     ``curve=rlbus.curve_keys_from_files("me.key", "broker.pub")`` connects with CURVE, to a
     broker that has it on; without it the connection is plain.
 
@@ -158,12 +164,15 @@ class Worker:
     def __init__(self, endpoint: str, role: str, id: str, run: Callable[[Task], Any],
                  close: Optional[Callable[[Task], Optional[Mapping[str, Any]]]] = None,
                  on_policy: Optional[Callable[[Task, Policy], Any]] = None,
-                 resources: Optional[Mapping[str, float]] = None, heartbeat_ms: int = 1000,
+                 resources: Optional[Mapping[str, float]] = None,
+                 heartbeat: Optional[float] = None,
                  reconnect_min: float = 0.1, reconnect_max: float = 5.0,
                  max_unconfirmed_data: int = 4096,
                  max_unconfirmed_bytes: int = 16 << 20,
                  leave_on_sigterm: Optional[float] = None,
-                 curve: Optional[CurveKeys] = None, batch_data: bool = True) -> None:
+                 curve: Optional[CurveKeys] = None, batch_data: bool = True,
+                 heartbeat_ms: Optional[int] = None) -> None:
+        heartbeat = heartbeat_seconds(heartbeat, heartbeat_ms)
         if role not in ("collector", "learner"):
             raise ValueError(f"role: a worker is a collector or a learner, got {role!r}")
         if not callable(run):
@@ -197,7 +206,7 @@ class Worker:
         self._data_batched = 0
         # validates endpoint, id, resources, heartbeat and reconnect options (ValueError)
         self._core = Core(endpoint, role, id, _IoHandler(self), resources=resources,
-                          heartbeat_ms=heartbeat_ms, reconnect_min=reconnect_min,
+                          heartbeat=heartbeat, reconnect_min=reconnect_min,
                           reconnect_max=reconnect_max, curve=curve)
 
         # shared with user threads; guarded by _lock

@@ -22,7 +22,7 @@ from test_coordinator import Recorder, RawWorker, closing, uid  # noqa: F401 (fi
 def test_after_a_broker_restart_it_comes_back_and_reports_its_tasks_cancelled(
         broker: Broker, closing: Any) -> None:
     rec = Recorder()
-    c = Coordinator(broker.router, id=uid("coord"), callbacks=rec, heartbeat_ms=100,
+    c = Coordinator(broker.router, id=uid("coord"), callbacks=rec, heartbeat=0.1,
                     reconnect_min=0.05, reconnect_max=0.2)
     closing(c)
     assert c.wait_for("ready", 10)
@@ -63,7 +63,7 @@ def test_a_resumed_session_hands_on_every_event_exactly_once(broker: Broker,
             release.wait(20)
         record(task_id, buffer_id, data_id, data)
     rec.deal_with_collector_send_data = on_data  # type: ignore[assignment]
-    c = Coordinator(proxy.endpoint, id=uid("coord"), callbacks=rec, heartbeat_ms=1000,
+    c = Coordinator(proxy.endpoint, id=uid("coord"), callbacks=rec, heartbeat=1.0,
                     reconnect_min=0.05, reconnect_max=0.1)
     closing(c)
     assert c.wait_for("ready", 10)
@@ -106,7 +106,7 @@ def test_a_session_expired_in_a_partition_adopts_its_own_tasks_back(broker: Brok
     rec = Recorder()
     cid = uid("coord")
     # a 300 ms window: the partition below outlasts it, and the broker expires the session
-    c = Coordinator(proxy.endpoint, id=cid, callbacks=rec, heartbeat_ms=100,
+    c = Coordinator(proxy.endpoint, id=cid, callbacks=rec, heartbeat=0.1,
                     reconnect_min=0.05, reconnect_max=0.1)
     closing(c)
     assert c.wait_for("ready", 10)
@@ -138,7 +138,7 @@ def test_a_session_expired_in_a_partition_adopts_its_own_tasks_back(broker: Brok
 
 OLD_COORDINATOR = """
 import sys, rlbus
-c = rlbus.Coordinator(sys.argv[1], id=sys.argv[2], callbacks={}, heartbeat_ms=100,
+c = rlbus.Coordinator(sys.argv[1], id=sys.argv[2], callbacks={}, heartbeat=0.1,
                       reconnect_min=0.05, reconnect_max=0.2)
 assert c.wait_for("ready", 10), c.last_error
 for task_id in sys.argv[3:]:
