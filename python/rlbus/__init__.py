@@ -1,13 +1,14 @@
 """rlbus: the Python client of the rlbus message bus (protocol v1).
 
 - :mod:`rlbus.protocol`: the codec, driven by ``protocol/messages.json``.
-- :class:`Worker`: a collector or learner process taking tasks from the broker.
+- :class:`Worker`: a collector or learner process taking tasks from the broker; its
+  handlers get a :class:`Task`.
 - :class:`Coordinator`: submits tasks and receives their events in order, exactly once.
 - :class:`CurveKeys` / :func:`curve_keys_from_files`: keys for a broker with CURVE on.
 - :mod:`rlbus.compat`: DI-engine's parallel-mode classes running over rlbus.
 
-``Worker`` and ``Coordinator`` are imported on first use, so ``import rlbus`` for the codec
-alone does not load the client machinery.
+``Worker``, ``Task`` and ``Coordinator`` are imported on first use, so ``import rlbus`` for
+the codec alone does not load the client machinery.
 """
 
 from typing import Any
@@ -18,13 +19,16 @@ from ._types import Policy, SubmitResult, TaskFailure
 from .protocol import ProtocolError
 
 __all__ = ["protocol", "ProtocolError", "Policy", "SubmitResult", "TaskFailure",
-           "CurveKeys", "curve_keys_from_files", "Worker", "Coordinator"]
+           "CurveKeys", "curve_keys_from_files", "Worker", "Task", "Coordinator"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "Worker":
         from .worker import Worker
         return Worker
+    if name == "Task":
+        from ._task import Task
+        return Task
     if name == "Coordinator":
         from .coordinator import Coordinator
         return Coordinator

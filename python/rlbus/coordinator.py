@@ -2,10 +2,12 @@
 through their ordered stream of events, with callbacks named after DI-engine's coordinator
 ``callback_fn`` keys.
 
-Threads. A :class:`~rlbus._session.Session` owns the socket and its I/O thread; every message
-is sent from there, and the state of the stream (the next seq expected, events that came
-early, what to acknowledge) lives there too. A second thread, the *callback thread*, runs every
-user callback, one at a time, in stream order. The two meet in a queue guarded by a lock.
+This module holds the role: the public :class:`Coordinator`, :meth:`Coordinator.submit` and
+the commands, and the callbacks. Threads. The client core (:mod:`rlbus._core`) owns the socket
+and its I/O thread; every message is sent from there, and the state of the stream (a
+:class:`~rlbus._stream.Stream`: the next seq expected, events that came early, what to
+acknowledge) lives there too. A second thread, the *callback thread*, runs every user
+callback, one at a time, in stream order. The two meet in a queue guarded by a lock.
 
 The stream (SPEC §12.8, §12.9). Every step of this coordinator's tasks arrives as a TASK_EVENT
 numbered by ``seq``. The coordinator asks for its stream with REPLAY as the first message of
@@ -45,8 +47,10 @@ import threading
 from typing import Any, Callable, Deque, Dict, Mapping, Optional, Tuple
 
 from . import protocol as P
+from ._core import Core
 from ._keys import CurveKeys
-from ._session import Session
+from ._session import heartbeat_seconds
+from ._stream import Progress, Stream
 from ._types import SubmitResult
 
 __all__ = ["Coordinator", "CALLBACK_NAMES"]
@@ -72,11 +76,8 @@ CALLBACK_NAMES = (
     "on_data_lost",
 )
 
-_ACK_EVERY = 32          # finished events per ACK while more are waiting
-_ACK_IDLE_S = 0.002      # once caught up, the ACK of the rest waits this long for more
 _NO_DATA_FIRST_MS = 10   # retry_ms of the first "no data yet" in a row for a task
 _NO_DATA_MAX_MS = 1000   # ... doubled for each further one, up to this
-_MAX_EARLY = 65536       # events kept that came ahead of a jump in seq
 _MAX_RECONCILE = 1_000_000  # most capacity callbacks one report may cause
 _SEND_RETRY_S = 0.02     # retry of commands the socket's full queue refused
 SESSION_LOST_REASON = ("the broker ended this coordinator's session (restart or expiry) "
@@ -101,19 +102,13 @@ def _resolve_callbacks(callbacks: Any) -> Dict[str, Callable[..., Any]]:
     if isinstance(callbacks, (str, bytes, list, tuple, int, float)):
         raise ValueError(f"callbacks: expected an object with callback methods or a dict "
                          f"name -> callable, got {type(callbacks).__name__}")
-    if isinstance(callbacks, Mapping):
-        for name, fn in callbacks.items():
-            if name not in CALLBACK_NAMES:
-                raise ValueError(f"callbacks: unknown callback name {name!r} (known: "
-                                 f"{', '.join(CALLBACK_NAMES)})")
-            if fn is None:
-                continue
-            if not callable(fn):
-                raise ValueError(f"callbacks: {name} is not callable: {fn!r}")
-            found[name] = fn
-        return found
-    for name in CALLBACK_NAMES:
-        fn = getattr(callbacks, name, None)
+    mapping = isinstance(callbacks, Mapping)
+    pairs = callbacks.items() if mapping else \
+        ((name, getattr(callbacks, name, None)) for name in CALLBACK_NAMES)
+    for name, fn in pairs:
+        if mapping and name not in CALLBACK_NAMES:
+            raise ValueError(f"callbacks: unknown callback name {name!r} (known: "
+                             f"{', '.join(CALLBACK_NAMES)})")
         if fn is None:
             continue
         if not callable(fn):
@@ -161,7 +156,7 @@ class _Command:
 
 
 class _Handler:
-    """The Session's handler: forwards to the Coordinator's I/O-thread methods."""
+    """The core's handler: forwards to the Coordinator's I/O-thread methods."""
 
     def __init__(self, owner: "Coordinator") -> None:
         self._owner = owner
@@ -222,13 +217,19 @@ class Coordinator:
     :meth:`finish` (submit blocks the stream while it waits for its answer).
 
     The constructor validates the options (ValueError naming the bad one) and starts
-    connecting without waiting; use :meth:`wait_for` to wait for ``ready``.
+    connecting without waiting; use :meth:`wait_for` to wait for ``ready``. ``heartbeat``
+    is the interval (seconds, default 1.0) asked of the broker; ``reconnect_min`` and
+    ``reconnect_max`` bound the wait between reconnects (seconds). ``heartbeat_ms``
+    (milliseconds) is the old spelling of ``heartbeat``, still accepted with a
+    DeprecationWarning; giving both is a ValueError.
     ``curve=rlbus.curve_keys_from_files("me.key", "broker.pub")`` connects with CURVE.
     """
 
     def __init__(self, endpoint: str, id: str = "coordinator", callbacks: Any = None,
-                 heartbeat_ms: int = 1000, reconnect_min: float = 0.1,
-                 reconnect_max: float = 5.0, curve: Optional[CurveKeys] = None) -> None:
+                 heartbeat: Optional[float] = None, reconnect_min: float = 0.1,
+                 reconnect_max: float = 5.0, curve: Optional[CurveKeys] = None,
+                 heartbeat_ms: Optional[int] = None) -> None:
+        heartbeat = heartbeat_seconds(heartbeat, heartbeat_ms)
         cbs = _resolve_callbacks(callbacks)
         self._cb = cbs
         self._judge_collector = cbs.get("deal_with_collector_judge_finish",
@@ -236,34 +237,25 @@ class Coordinator:
         self._judge_learner = cbs.get("deal_with_learner_judge_finish",
                                       _default_judge("learner_done"))
         self._id = id
-        self._session = Session(endpoint, "coordinator", id, _Handler(self),
-                                heartbeat_ms=heartbeat_ms, reconnect_min=reconnect_min,
-                                reconnect_max=reconnect_max, curve=curve)
+        self._core = Core(endpoint, "coordinator", id, _Handler(self), heartbeat=heartbeat,
+                          reconnect_min=reconnect_min, reconnect_max=reconnect_max,
+                          curve=curve)
 
         # shared between threads, under _cv
         self._cv = threading.Condition()
         self._queue: Deque[Tuple[int, int, Any]] = collections.deque()
         self._closing = False
         self._tasks: Dict[str, _Task] = {}
-        self._gaps = 0
-        self._duplicates = 0
         self._data_lost = 0
-        self._replays = 0
         self._collectors = 0
         self._learners = 0
 
         # I/O thread only
         self._generation = 0      # +1 per new session (a new stream)
-        self._next_seq = 1        # the next seq to hand to the callback thread
-        self._processed = 0       # the last seq the callbacks finished
-        self._since_ack = 0
-        self._ack_timer: Any = None
+        self._stream = Stream(self._core, self._io_deliver, self._io_lost, id)
         self._handed = False      # queued for the callback thread since the last on_idle
-        # (generation, seq) of the last event the callbacks finished; written by the
-        # callback thread, read by the I/O thread when it resumes the session
-        self._cb_progress: Tuple[int, int] = (0, 0)
-        self._early: Dict[int, P.Message] = {}
-        self._replay_asked: Optional[int] = None  # next_seq when the pending REPLAY was asked
+        # the callback thread's count of what it finished (read by the I/O thread too)
+        self._progress = Progress(self._tell_processed)
         self._outbox: Deque[_Command] = collections.deque()
         self._waits: Dict[str, Deque[_SubmitWait]] = {}
         self._retry_timer: Any = None
@@ -271,7 +263,7 @@ class Coordinator:
         self._cb_thread = threading.Thread(target=self._callback_loop,
                                            name=f"rlbus-cb-{id}", daemon=True)
         self._cb_thread.start()
-        self._session.start()
+        self._core.start()
 
     # ---- public API ------------------------------------------------------------------
 
@@ -283,21 +275,21 @@ class Coordinator:
     @property
     def state(self) -> str:
         """``connecting``, ``ready``, ``reconnecting``, ``refused`` or ``stopped``."""
-        return self._session.state
+        return self._core.state
 
     @property
     def last_error(self) -> str:
         """The latest refusal, ERROR or disconnect detail from the broker ("" when none)."""
-        return self._session.last_error
+        return self._core.last_error
 
     @property
     def welcomes(self) -> int:
         """WELCOMEs received (1 after the first connection, +1 per reconnection)."""
-        return self._session.welcomes
+        return self._core.welcomes
 
     def wait_for(self, state: str, timeout: float) -> bool:
         """Waits until :attr:`state` is ``state``; False when ``timeout`` seconds pass."""
-        return self._session.wait_for(state, timeout)
+        return self._core.wait_for(state, timeout)
 
     def submit(self, task_id: str, kind: str, task_info: Optional[Mapping[str, Any]] = None,
                *, requirements: Optional[Mapping[str, float]] = None,
@@ -351,20 +343,20 @@ class Coordinator:
             return SubmitResult(task_id, False, e.code, e.reason, 0)
         except (TypeError, ValueError, OverflowError) as e:
             return SubmitResult(task_id, False, 402, f"SUBMIT: {e}", 0)
-        limit = self._session.max_message
+        limit = self._core.max_message
         if limit and size > limit:
             return SubmitResult(task_id, False, 402, f"SUBMIT: {size} bytes, more than the "
                                 f"broker's max-message of {limit} (task_info too large)", 0)
 
         wait = _SubmitWait(task_id, kind)
-        if self._closing or self._session.state in ("refused", "stopped"):
+        if self._closing or self._core.state in ("refused", "stopped"):
             return None
-        if not self._session.post(
+        if not self._core.post(
                 functools.partial(self._io_command, _Command("SUBMIT", fields, None, wait))):
             return None
         if wait.done.wait(timeout):
             return wait.result
-        self._session.post(functools.partial(self._io_withdraw, wait))
+        self._core.post(functools.partial(self._io_withdraw, wait))
         return wait.result if wait.done.is_set() else None
 
     def cancel(self, task_id: str, reason: str = "cancelled") -> None:
@@ -386,7 +378,7 @@ class Coordinator:
     @property
     def stream_gaps(self) -> int:
         """Events of the stream that never arrived (reported with ``on_stream_lost``)."""
-        return self._gaps
+        return self._stream.gaps
 
     @property
     def data_lost(self) -> int:
@@ -406,12 +398,12 @@ class Coordinator:
     @property
     def stream_replays(self) -> int:
         """REPLAYs sent: one per connection and one per jump in seq."""
-        return self._replays
+        return self._stream.replays
 
     @property
     def stream_duplicates(self) -> int:
         """Events that arrived again (after a replay) and were dropped."""
-        return self._duplicates
+        return self._stream.duplicates
 
     def close(self) -> None:
         """Says DISCONNECT and stops both threads; idempotent. No callback runs after this
@@ -427,7 +419,7 @@ class Coordinator:
         if self._cb_thread is not threading.current_thread():
             self._cb_thread.join()
         if first:
-            self._session.close()
+            self._core.close()
 
     def __enter__(self) -> "Coordinator":
         return self
@@ -456,7 +448,7 @@ class Coordinator:
         def run() -> None:
             gen = self._generation if current else generation
             self._io_command(_Command(name, fields, gen))
-        self._session.post(run)
+        self._core.post(run)
 
     # ---- I/O thread ------------------------------------------------------------------
 
@@ -468,7 +460,7 @@ class Coordinator:
         self._io_flush()
 
     def _io_flush(self) -> None:
-        s = self._session
+        s = self._core
         while self._outbox and s.ready:
             cmd = self._outbox[0]
             try:
@@ -501,60 +493,36 @@ class Coordinator:
         wait.abandoned = True
 
     def _io_ready(self, welcome: P.Message) -> None:
-        # SUBMITs sent on an earlier connection will never be answered.
-        for task_id in list(self._waits):
-            for w in self._waits.pop(task_id):
-                w.done.set()
-        generation, seq = self._cb_progress  # ahead of what the last batch reported
-        if generation == self._generation and seq > self._processed:
-            self._processed = seq
+        self._io_release_waits()  # SUBMITs sent on an earlier connection get no answer
+        stream = self._stream
+        generation, seq = self._progress.last  # ahead of what the last batch reported
+        if generation == self._generation:
+            stream.finished(seq)
         acked = welcome.get("stream_acked")
-        # a new session that adopted our own stream (it expired while we were cut off,
-        # SPEC §12.5.8) goes on like a resumption
-        ours_again = acked is not None and self._next_seq > 1 and acked <= self._processed
-        if not welcome["resumed"] and not ours_again:
-            if acked is not None:
-                log.info("coordinator %s: adopted the tasks of an earlier session of this id; "
-                         "the stream goes on after %d", self._id, acked)
-            elif self._generation > 0:
+        if stream.welcome(welcome["resumed"], acked):  # a new stream: a new session's
+            if acked is None and self._generation > 0:
                 log.warning("coordinator %s: the broker began a new session; the tasks of the "
                             "old one were cancelled by the broker, the stream starts at 1",
                             self._id)
             self._generation += 1
-            self._processed = acked or 0
-            self._next_seq = self._processed + 1
-            self._since_ack = 0
-            self._early.clear()
             self._outbox = collections.deque(
                 c for c in self._outbox if c.generation is None)
             if self._generation > 1:
                 self._enqueue(_RESET, self._generation, None)
-        else:
-            log.info("coordinator %s: session resumed; asking the stream again from %d",
-                     self._id, self._processed + 1)
-        # First on every connection: make the stream windowed and fetch what we have not
-        # finished (on a resumption, what went down with the old connection).
-        self._replay_asked = None
-        self._io_replay(self._processed + 1)
+        stream.connected()  # first on every connection: REPLAY
         self._io_flush()
-
-    def _io_replay(self, from_seq: int) -> None:
-        if self._session.send("REPLAY", {"from_seq": from_seq}):
-            self._replay_asked = self._next_seq
-            with self._cv:
-                self._replays += 1
 
     def _io_message(self, msg: P.Message) -> None:
         name = msg.name
         if name == "TASK_EVENT":
-            self._io_event(msg)
+            self._stream.event(msg)
         elif name == "SUBMITTED":
             self._io_submitted(msg)
         elif name == "CAPACITY":
             self._enqueue(_CAPACITY, self._generation,
                           (msg["kind"], msg["change"], msg["worker_id"], msg["count"]))
         elif name == "STREAM_GAP":
-            self._io_gap(msg["first"], msg["last"])
+            self._stream.gap(msg["first"], msg["last"])
         elif name == "ERROR":
             ref = msg.get("ref_type")
             what = P.BY_ID[ref].name if ref in P.BY_ID else str(ref)
@@ -580,78 +548,27 @@ class Coordinator:
                 log.warning("coordinator %s: task %s was accepted after its submit() gave up; "
                             "its events are handled as usual", self._id, task_id)
 
-    def _io_event(self, msg: P.Message) -> None:
-        seq = msg["seq"]
-        if seq < self._next_seq:
-            with self._cv:
-                self._duplicates += 1
-        elif seq > self._next_seq:
-            if len(self._early) < _MAX_EARLY:
-                self._early.setdefault(seq, msg)
-        else:
-            self._deliver(msg)
-        self._settle()
-
-    def _deliver(self, msg: P.Message) -> None:
-        self._next_seq += 1
+    def _io_deliver(self, msg: P.Message) -> None:
         self._enqueue(_EVENT, self._generation, msg)
 
-    def _settle(self) -> None:
-        """Hands on the early events that are next, and asks once per jump for what is
-        missing."""
-        while self._next_seq in self._early:  # entries below next_seq never stay (_io_gap)
-            self._deliver(self._early.pop(self._next_seq))
-        if self._replay_asked is not None and self._next_seq > self._replay_asked:
-            self._replay_asked = None  # that jump is filled
-        if self._early and self._replay_asked is None:
-            log.info("coordinator %s: events from %d missing; asking again", self._id,
-                     self._next_seq)
-            self._io_replay(self._next_seq)
-
-    def _io_gap(self, first: int, last: int) -> None:
-        if last < self._next_seq:
-            return  # about events we have
-        if first > self._next_seq:
-            self._io_replay(self._next_seq)  # more is missing before it: ask from there
-            return
-        lost_first = self._next_seq
-        log.warning("coordinator %s: events %d..%d of the stream are lost", self._id,
-                    lost_first, last)
-        with self._cv:
-            self._gaps += last - lost_first + 1
-        self._enqueue(_LOST, self._generation, (lost_first, last))
-        self._next_seq = last + 1
-        for seq in [s for s in self._early if s < self._next_seq]:
-            del self._early[seq]
-        self._settle()
+    def _io_lost(self, first: int, last: int) -> None:
+        self._enqueue(_LOST, self._generation, (first, last))
 
     def _io_processed(self, seq: int, generation: int, count: int, caught_up: bool) -> None:
-        """The callbacks finished ``count`` more events, up to ``seq``. ACK every 32; once
-        they have caught up, the ACK of the rest goes out shortly, so that a steady trickle
-        of events that the callbacks keep up with is not acknowledged one by one."""
-        if generation != self._generation or seq <= self._processed:
-            return
-        self._processed = seq
-        self._since_ack += count
-        if self._since_ack >= _ACK_EVERY:
-            self._io_ack()
-        elif caught_up and self._ack_timer is None:
-            self._ack_timer = self._session.call_later(_ACK_IDLE_S, self._io_ack)
-
-    def _io_ack(self) -> None:
-        if self._ack_timer is not None:
-            self._ack_timer.cancel()
-            self._ack_timer = None
-        if self._since_ack > 0:
-            self._since_ack = 0
-            # lost when not ready: the REPLAY on the next connection says it
-            self._session.send("ACK", {"seq": self._processed})
+        """The callbacks finished ``count`` more events of stream ``generation``, up to
+        ``seq``."""
+        if generation == self._generation:
+            self._stream.done(seq, count, caught_up)
 
     def _io_close(self) -> None:
         for cmd in self._outbox:
             if cmd.wait is not None:
                 cmd.wait.done.set()
         self._outbox.clear()
+        self._io_release_waits()
+
+    def _io_release_waits(self) -> None:
+        """The submit()s waiting for the answer to a SUBMIT sent return (None)."""
         for task_id in list(self._waits):
             for w in self._waits.pop(task_id):
                 w.done.set()
@@ -683,13 +600,11 @@ class Coordinator:
                     return
                 batch = list(self._queue)
                 self._queue.clear()
-            done: Optional[Tuple[int, int, int]] = None  # (seq, generation, count)
+            progress = self._progress
             for kind, generation, item in batch:
                 if self._closing:
                     return  # close() waits for this thread: nothing runs after it returns
-                if done is not None and done[1] != generation:
-                    self._tell_processed(done, False)
-                    done = None
+                progress.begin(generation)
                 if kind == _CAPACITY:
                     self._guard("capacity", self._on_capacity, *item)
                     continue
@@ -705,20 +620,16 @@ class Coordinator:
                     self._guard(f"{item['event']} of task {item['task_id']}", self._dispatch,
                                 item, generation)
                     seq = item["seq"]
-                self._cb_progress = (generation, seq)
-                done = (seq, generation, 1 if done is None else done[2] + 1)
-                if done[2] >= _ACK_EVERY:
-                    self._tell_processed(done, False)
-                    done = None
-            if done is not None:
-                with self._cv:
-                    caught_up = not self._queue
-                self._tell_processed(done, caught_up)
+                progress.finished(generation, seq)
+            progress.end(self._caught_up)
 
-    def _tell_processed(self, done: Tuple[int, int, int], caught_up: bool) -> None:
-        seq, generation, count = done
-        self._session.post(functools.partial(self._io_processed, seq, generation, count,
-                                             caught_up))
+    def _caught_up(self) -> bool:
+        with self._cv:
+            return not self._queue
+
+    def _tell_processed(self, seq: int, generation: int, count: int, caught_up: bool) -> None:
+        self._core.post(functools.partial(self._io_processed, seq, generation, count,
+                                          caught_up))
 
     def _guard(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -829,7 +740,7 @@ class Coordinator:
                 log.exception("coordinator %s: deal_with_learner_get_data for task %s failed; "
                               "answered no data", self._id, task_id)
                 data = None
-            limit = self._session.max_message
+            limit = self._core.max_message
             if data is not None and limit and len(data) + 256 > limit:
                 log.error("coordinator %s: the batch for task %s has %d bytes, more than the "
                           "broker's max-message of %d; answered no data", self._id, task_id,

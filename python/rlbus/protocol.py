@@ -17,6 +17,11 @@ Bodies are decoded under the limits of SPEC §5.1 at every nesting level; opaque
 bytes received (:class:`Raw`), so it can be forwarded byte for byte, and decoded on demand.
 Anything that breaks the framing, body or field rules raises :class:`ProtocolError` carrying
 the SPEC §6 code (400, 401, 402, 404, 405) and a reason naming what is wrong.
+
+This module is the message model: messages.json's tables, encoding, decoding and the field
+rules. The msgpack underneath (canonical packing, decoding under the limits, :class:`Raw`,
+:func:`pack_value`, :func:`unpack_value`, :func:`user_map`, :func:`nesting`) is
+:mod:`rlbus._msgpack`; its public names are importable from here as before.
 """
 
 from __future__ import annotations
@@ -30,13 +35,22 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequ
 
 import msgpack
 
+from . import _msgpack
+from ._msgpack import EMPTY_MAP, NIL, Raw, nesting, pack_value, unpack_value, user_map
+from ._msgpack import Pairs as _Pairs
+from ._msgpack import make_unpacker as _make_unpacker
+from ._msgpack import map_count as _map_count
+from ._msgpack import map_header as _map_header
+from ._msgpack import packer as _packer
+from ._msgpack import read_map as _read_map
+
 __all__ = [
     "ProtocolError", "Raw", "Message", "Event", "MessageSpec", "FieldSpec", "SPEC", "MESSAGES",
     "BY_ID", "LIMITS", "ERROR_CODES", "VERSION", "messages_json_path", "header", "parse_header",
     "encode", "encode_body", "check_body", "Encoded", "decode", "decode_body", "decode_event",
     "encode_event",
     "has_message", "has_field", "type_id", "code_name", "unpack_value", "pack_value",
-    "NIL", "EMPTY_MAP",
+    "user_map", "nesting", "NIL", "EMPTY_MAP",
 ]
 
 
@@ -52,37 +66,6 @@ class ProtocolError(ValueError):
         super().__init__(f"{code} {code_name(code)}: {reason}")
         self.code = code
         self.reason = reason
-
-
-class Raw(bytes):
-    """One complete msgpack value kept as its exact bytes (opaque user data, SPEC §12.2.3).
-
-    Passing a Raw to :func:`encode` writes these bytes unchanged; :meth:`value` decodes them
-    (the decoded value is cached when the codec already decoded it while checking limits).
-    """
-
-    def value(self) -> Any:
-        """The decoded value (maps as dicts, arrays as lists, str as str, bin as bytes)."""
-        cached = self.__dict__.get("_v", _MISSING)
-        if cached is _MISSING:
-            cached = unpack_value(bytes(self))
-            self.__dict__["_v"] = cached
-        return cached
-
-    @classmethod
-    def of(cls, value: Any) -> "Raw":
-        """The canonical msgpack encoding of ``value``, as a Raw."""
-        raw = cls(pack_value(value))
-        raw.__dict__["_v"] = value
-        return raw
-
-    def __repr__(self) -> str:  # pragma: no cover - diagnostics only
-        return f"Raw({bytes(self)!r})"
-
-
-_MISSING = object()
-NIL = Raw(b"\xc0")
-EMPTY_MAP = Raw(b"\x80")
 
 
 def messages_json_path() -> str:
@@ -116,18 +99,14 @@ _MAX_ARRAY = LIMITS["max_array"]
 _MAX_MAP = LIMITS["max_map"]
 _MAX_STR = LIMITS["max_str"]
 _MAX_BIN = LIMITS["max_bin"]
-_MAX_EXT = LIMITS.get("max_ext", 0)
-_MAX_DEPTH = LIMITS["max_depth"]
 ERROR_CODES: Dict[int, str] = {int(e["code"]): str(e["name"]) for e in SPEC["error_codes"]}
+_msgpack.configure(LIMITS, ProtocolError)
+_MISSING = object()
 
 
 def code_name(code: int) -> str:
     """The SPEC §6 name of a code (``UNKNOWN`` for a code this revision does not know)."""
     return ERROR_CODES.get(code, "UNKNOWN")
-
-
-def _reject_ext(code: int, data: bytes) -> Any:
-    raise ValueError("ext values are not allowed")
 
 
 # ---- field tables ---------------------------------------------------------------------
@@ -355,177 +334,6 @@ def type_id(name: str) -> int:
     return spec.id
 
 
-# ---- values ---------------------------------------------------------------------------
-
-def pack_value(value: Any) -> bytes:
-    """Canonical msgpack of a value: shortest ints, str as str, bytes as bin, floats as
-    float64. A :class:`Raw` is written as its bytes (nested Raw values too)."""
-    if isinstance(value, Raw):
-        return bytes(value)
-    return _packer().pack(value)
-
-
-def _raw_default(obj: Any) -> Any:
-    if isinstance(obj, (bytearray, memoryview)):
-        return bytes(obj)
-    if isinstance(obj, tuple):
-        return list(obj)
-    raise TypeError(f"cannot encode a {type(obj).__name__} as msgpack")
-
-
-import threading as _threading  # noqa: E402  (kept local to the codec's packers)
-
-_local = _threading.local()
-
-
-def _packer() -> msgpack.Packer:
-    p = getattr(_local, "packer", None)
-    if p is None:
-        # surrogateescape: a str decoded from bytes that are not UTF-8 (kept as surrogates)
-        # is written back as those bytes, as the C++ codec does
-        p = msgpack.Packer(use_bin_type=True, default=_raw_default, autoreset=True,
-                           unicode_errors="surrogateescape")
-        _local.packer = p
-    return p
-
-
-def _unpacker(size: int = 0) -> msgpack.Unpacker:
-    # the buffer must hold the whole input: a body is bounded by max-message, not by 1 MiB
-    return msgpack.Unpacker(
-        raw=False, strict_map_key=False, unicode_errors="surrogateescape", use_list=True,
-        max_str_len=_MAX_STR, max_bin_len=_MAX_BIN, max_array_len=_MAX_ARRAY,
-        max_map_len=_MAX_MAP, max_ext_len=_MAX_EXT, ext_hook=_reject_ext,
-        max_buffer_size=max(1 << 20, size))
-
-
-class _Pairs(list):
-    """A map decoded as its (key, value) pairs: keys that Python cannot hash, kept."""
-
-
-def _too_deep(v: Any, depth: int) -> bool:
-    """True when the containers in ``v`` (itself at nesting ``depth``) pass max_depth."""
-    stack = [(v, depth)]
-    while stack:
-        x, d = stack.pop()
-        t = type(x)
-        if t is dict:
-            if d > _MAX_DEPTH:
-                return True
-            for k, y in x.items():
-                tk, ty = type(k), type(y)
-                if tk is tuple or tk is list or tk is dict:
-                    stack.append((k, d + 1))
-                if ty is dict or ty is list or ty is _Pairs:
-                    stack.append((y, d + 1))
-        elif t is list:
-            if d > _MAX_DEPTH:
-                return True
-            for y in x:
-                ty = type(y)
-                if ty is dict or ty is list or ty is _Pairs:
-                    stack.append((y, d + 1))
-        elif t is tuple:  # an array used as a map key
-            if d > _MAX_DEPTH:
-                return True
-            for y in x:
-                if type(y) in (tuple, list, dict, _Pairs):
-                    stack.append((y, d + 1))
-        elif t is _Pairs:
-            if d > _MAX_DEPTH:
-                return True
-            for k, y in x:
-                for z in (k, y):
-                    if type(z) in (tuple, list, dict, _Pairs):
-                        stack.append((z, d + 1))
-    return False
-
-
-_SCALARS = frozenset((int, float, bool, type(None), str, bytes))
-
-
-def _flat(d: Mapping[Any, Any]) -> bool:
-    """True for a map of scalars only (the common metadata record): two passes in C."""
-    return _SCALARS.issuperset(map(type, d.values())) and _SCALARS.issuperset(map(type, d))
-
-
-def nesting(v: Any) -> int:
-    """The levels of maps and arrays in a decoded value, its own included (a scalar is 0,
-    an empty map 1)."""
-    if type(v) is dict and _flat(v):
-        return 1
-    deepest = 0
-    stack = [(v, 1)]
-    while stack:
-        x, d = stack.pop()
-        t = type(x)
-        if t is dict:
-            items: Any = x.items()
-        elif t is _Pairs:
-            items = x
-        elif t is list or t is tuple:
-            items = ((y, None) for y in x)
-        else:
-            continue
-        deepest = max(deepest, d)
-        for k, y in items:
-            for z in (k, y):
-                tz = type(z)
-                if tz is dict or tz is list or tz is tuple or tz is _Pairs:
-                    stack.append((z, d + 1))
-    return deepest
-
-
-def user_map(value: Mapping[Any, Any]) -> Raw:
-    """``value`` as one user map field of a message (task_info, meta, info, result): its
-    canonical bytes, held to the limits the receiver decodes them under (SPEC §5.1, at the
-    depth of a field); ProtocolError 401 saying which otherwise, TypeError or OverflowError
-    when it cannot be written as msgpack at all. A map of scalars is checked in place; any
-    other is decoded again under the limits."""
-    d = dict(value)
-    raw = Raw.of(d)
-    if len(raw) <= _MAX_STR and len(d) <= _MAX_MAP and _flat(d):
-        return raw  # no container inside, and no str or bin longer than the whole
-    unpack_value(raw, depth=2)
-    return raw
-
-
-def unpack_value(data: bytes, depth: int = 1) -> Any:
-    """Decodes one msgpack value under the SPEC §5.1 limits (ProtocolError 401 otherwise).
-    Maps are dicts, except under a map with a key Python cannot hash (a list of pairs).
-    ``depth`` is the nesting the value starts at: 1 on its own, 2 as a field of a body
-    (the body's map is the first level), so a field may nest one level less."""
-    for tolerant in (False, True):
-        u = _make_unpacker(tolerant, len(data))
-        u.feed(data)
-        try:
-            v = u.unpack()
-        except msgpack.OutOfData:
-            raise ProtocolError(401, "truncated msgpack value") from None
-        except TypeError:
-            if tolerant:
-                raise ProtocolError(401, "a map key of a kind that cannot be read") from None
-            continue
-        except (ValueError, msgpack.FormatError, msgpack.StackError) as e:
-            raise ProtocolError(401, f"malformed msgpack: {e}") from None
-        if u.tell() != len(data):
-            raise ProtocolError(401, f"{len(data) - u.tell()} trailing bytes after the value")
-        if _too_deep(v, depth):
-            raise ProtocolError(401, "msgpack nesting too deep")
-        return v
-    raise AssertionError("unreachable")
-
-
-def _map_count(raw: bytes) -> int:
-    b = raw[0]
-    if 0x80 <= b <= 0x8F:
-        return b & 0x0F
-    if b == 0xDE:
-        return struct.unpack_from(">H", raw, 1)[0]
-    if b == 0xDF:
-        return struct.unpack_from(">I", raw, 1)[0]
-    return -1
-
-
 # ---- messages -------------------------------------------------------------------------
 
 class Message:
@@ -570,101 +378,6 @@ def parse_header(frame: bytes) -> int:
     if frame[_VERSION_OFFSET] != VERSION:
         raise ProtocolError(405, f"protocol version {frame[_VERSION_OFFSET]} is not {VERSION}")
     return frame[_TYPE_OFFSET]
-
-
-def _make_unpacker(tolerant: bool, size: int = 0) -> msgpack.Unpacker:
-    if not tolerant:
-        return _unpacker(size)
-    return msgpack.Unpacker(
-        raw=False, strict_map_key=False, unicode_errors="surrogateescape", use_list=True,
-        max_str_len=_MAX_STR, max_bin_len=_MAX_BIN, max_array_len=_MAX_ARRAY,
-        max_map_len=_MAX_MAP, max_ext_len=_MAX_EXT, ext_hook=_reject_ext,
-        object_pairs_hook=_Pairs, max_buffer_size=max(1 << 20, size))
-
-
-def _reader(size: int) -> Tuple[msgpack.Unpacker, int]:
-    """An unpacker for a body of ``size`` bytes and the offset its tell() starts from: this
-    thread's own one, reused, for bodies up to 1 MiB (a fresh one for larger bodies)."""
-    if size > 1 << 20:
-        return _unpacker(size), 0
-    u = getattr(_local, "reader", None)
-    if u is None:
-        u = _local.reader = _unpacker(size)
-    return u, u.tell()
-
-
-def _read_map(body: bytes, tolerant: bool = False) -> List[Tuple[str, Any, int, int]]:
-    """The top-level entries of a body: (key, decoded value, value start, value end),
-    checked against SPEC §3.4 and §5.1 (ProtocolError 401). Maps nested in values are
-    dicts; when one has a key Python cannot hash, the body is read again ``tolerant``ly,
-    every nested map then kept as a list of pairs."""
-    if not body:
-        raise ProtocolError(401, "empty body: expected a msgpack map")
-    if tolerant:
-        u, base = _make_unpacker(True, len(body)), 0
-    else:
-        u, base = _reader(len(body))
-    u.feed(body)
-    try:
-        out = _read_entries(u, base, body, tolerant)
-    except BaseException:
-        if not tolerant:
-            _local.reader = None  # it may still hold part of this body
-        raise
-    if out is None:  # a map key Python cannot hash: read it all again, tolerantly
-        _local.reader = None
-        return _read_map(body, True)
-    if u.tell() - base != len(body):
-        if not tolerant:
-            _local.reader = None
-        raise ProtocolError(401, f"{len(body) - (u.tell() - base)} trailing bytes after the "
-                            f"msgpack body")
-    return out
-
-
-def _read_entries(u: msgpack.Unpacker, base: int, body: bytes,
-                  tolerant: bool) -> Optional[List[Tuple[str, Any, int, int]]]:
-    """The entries of the map ``u`` holds from ``base`` on; None when a nested map has a
-    key Python cannot hash (read it again tolerantly)."""
-    try:
-        n = u.read_map_header()
-    except msgpack.OutOfData:
-        raise ProtocolError(401, "truncated msgpack body") from None
-    except (ValueError, msgpack.FormatError, msgpack.StackError):
-        raise ProtocolError(401, "body is not a msgpack map") from None
-    if n > _MAX_MAP:
-        raise ProtocolError(401, "msgpack limit exceeded (map size overflow)")
-    if 2 * n > len(body) - (u.tell() - base):
-        raise ProtocolError(401, "truncated msgpack body")
-    out: List[Tuple[str, Any, int, int]] = []
-    seen = set()
-    unpack, tell = u.unpack, u.tell
-    try:
-        for _ in range(n):
-            key = unpack()
-            start = tell() - base
-            value = unpack()
-            end = tell() - base
-            if type(key) is not str:
-                raise ProtocolError(401, "map key is not a string")
-            if key in seen:
-                raise ProtocolError(401, f"duplicate key '{key[:64]}'")
-            seen.add(key)
-            t = type(value)
-            if (t is dict or t is list or t is _Pairs) and _too_deep(value, 2):
-                raise ProtocolError(401, "msgpack nesting too deep")
-            out.append((key, value, start, end))
-    except msgpack.OutOfData:
-        raise ProtocolError(401, "truncated msgpack body") from None
-    except TypeError:
-        if tolerant:
-            raise ProtocolError(401, "a map key of a kind that cannot be read") from None
-        return None
-    except ProtocolError:
-        raise
-    except (ValueError, msgpack.FormatError, msgpack.StackError) as e:
-        raise ProtocolError(401, f"malformed msgpack body: {e}") from None
-    return out
 
 
 def _check_fields(spec_name: str, fields: Sequence[FieldSpec], values: Dict[str, Any],
@@ -779,14 +492,6 @@ def _pack_resources(res: Mapping[str, Any], packer: msgpack.Packer) -> bytes:
         else:
             out.append(b"\xcb" + struct.pack(">d", float(x)))
     return b"".join(out)
-
-
-def _map_header(n: int) -> bytes:
-    if n < 16:
-        return bytes((0x80 | n,))
-    if n < 0x10000:
-        return b"\xde" + struct.pack(">H", n)
-    return b"\xdf" + struct.pack(">I", n)
 
 
 def _present(name: str, fields: Mapping[str, Any]) -> Tuple["MessageSpec", Dict[str, Any]]:

@@ -41,8 +41,8 @@ _LISTENING = re.compile(r"listening router=tcp://[^:]+:(\d+) events=tcp://[^:]+:
 
 
 # A collector process for the fault tests: each task sends ITEMS data items PAUSE seconds
-# apart, then "done", and waits to be closed. Arguments: endpoint, id, heartbeat_ms, items,
-# pause.
+# apart, then "done", and waits to be closed. Arguments: endpoint, id, heartbeat (seconds),
+# items, pause.
 _COLLECTOR = """
 import sys, time, rlbus
 endpoint, wid, heartbeat, items, pause = sys.argv[1:6]
@@ -56,17 +56,17 @@ def run(task):
 def close(task):
     return {"worker": wid}
 w = rlbus.Worker(endpoint, role="collector", id=wid, run=run, close=close,
-                 heartbeat_ms=int(heartbeat), reconnect_min=0.05, reconnect_max=0.2)
+                 heartbeat=float(heartbeat), reconnect_min=0.05, reconnect_max=0.2)
 w.run_forever()
 """
 
 
-def collector_process(endpoint: str, worker_id: str, heartbeat_ms: int, items: int,
+def collector_process(endpoint: str, worker_id: str, heartbeat_s: float, items: int,
                       pause_s: float, prefix: Optional[List[str]] = None) -> subprocess.Popen:
     """Starts that collector (behind ``prefix``, e.g. ``ip netns exec NS``), silent."""
     return subprocess.Popen(
         list(prefix or []) + [sys.executable, "-c", _COLLECTOR, endpoint, worker_id,
-                              str(heartbeat_ms), str(items), str(pause_s)],
+                              str(heartbeat_s), str(items), str(pause_s)],
         env=dict(os.environ, PYTHONPATH=PYTHON_DIR), stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
 

@@ -17,7 +17,7 @@ from rlbus import Worker
 from rlbus.coordinator import Coordinator
 from test_coordinator import Recorder, RawWorker, closing, uid  # noqa: F401 (fixture)
 
-FAST = dict(heartbeat_ms=100, reconnect_min=0.05, reconnect_max=0.2)
+FAST = dict(heartbeat=0.1, reconnect_min=0.05, reconnect_max=0.2)
 
 
 def journal_path(tmp_path: Any) -> str:

@@ -179,7 +179,7 @@ def worker(broker: Broker, closing: Any, role: str, **kw: Any) -> RawWorker:
 @pytest.mark.parametrize("kwargs, name", [
     ({"endpoint": "127.0.0.1:7235"}, "endpoint"),
     ({"id": "no spaces"}, "id"),
-    ({"heartbeat_ms": 1}, "heartbeat_ms"),
+    ({"heartbeat": 0.001}, "heartbeat"),
     ({"reconnect_min": -1}, "reconnect_min"),
     ({"reconnect_min": 2.0, "reconnect_max": 1.0}, "reconnect_max"),
     ({"callbacks": {"deal_with_colector_send_data": print}}, "callbacks"),

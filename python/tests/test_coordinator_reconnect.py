@@ -22,7 +22,7 @@ from test_coordinator import Recorder, RawWorker, closing, uid  # noqa: F401 (fi
 def test_after_a_broker_restart_it_comes_back_and_reports_its_tasks_cancelled(
         broker: Broker, closing: Any) -> None:
     rec = Recorder()
-    c = Coordinator(broker.router, id=uid("coord"), callbacks=rec, heartbeat_ms=100,
+    c = Coordinator(broker.router, id=uid("coord"), callbacks=rec, heartbeat=0.1,
                     reconnect_min=0.05, reconnect_max=0.2)
     closing(c)
     assert c.wait_for("ready", 10)
@@ -63,11 +63,11 @@ def test_a_resumed_session_hands_on_every_event_exactly_once(broker: Broker,
             release.wait(20)
         record(task_id, buffer_id, data_id, data)
     rec.deal_with_collector_send_data = on_data  # type: ignore[assignment]
-    c = Coordinator(proxy.endpoint, id=uid("coord"), callbacks=rec, heartbeat_ms=1000,
+    c = Coordinator(proxy.endpoint, id=uid("coord"), callbacks=rec, heartbeat=1.0,
                     reconnect_min=0.05, reconnect_max=0.1)
     closing(c)
     assert c.wait_for("ready", 10)
-    token = c._session.token
+    token = c._core.token
     w = RawWorker(broker.router, "collector")
     closing(w)
     assert c.submit("col-r", "collector").accepted
@@ -76,14 +76,14 @@ def test_a_resumed_session_hands_on_every_event_exactly_once(broker: Broker,
     for i in range(1, 21):
         w.send("DATA", task_id=task, attempt=attempt, data_id=f"d{i}", buffer_id="", meta={"i": i})
     assert held.wait(10)
-    assert wait_until(lambda: c._next_seq == 23)  # d16..d20 arrived, not handled yet
+    assert wait_until(lambda: c._stream.next_seq == 23)  # d16..d20 arrived, not handled yet
     proxy.freeze()
     # these go down with the silenced connection
     for i in range(21, 41):
         w.send("DATA", task_id=task, attempt=attempt, data_id=f"d{i}", buffer_id="", meta={"i": i})
     # the coordinator notices the silence and resumes its session on a new connection
     assert wait_until(lambda: c.welcomes == 2 and c.state == "ready", 15), c.last_error
-    assert c._session.token == token
+    assert c._core.token == token
     release.set()
     assert wait_until(lambda: len(rec.of("data")) >= 40)
     assert [a[2] for a in rec.of("data")] == [f"d{i}" for i in range(1, 41)]
@@ -106,11 +106,11 @@ def test_a_session_expired_in_a_partition_adopts_its_own_tasks_back(broker: Brok
     rec = Recorder()
     cid = uid("coord")
     # a 300 ms window: the partition below outlasts it, and the broker expires the session
-    c = Coordinator(proxy.endpoint, id=cid, callbacks=rec, heartbeat_ms=100,
+    c = Coordinator(proxy.endpoint, id=cid, callbacks=rec, heartbeat=0.1,
                     reconnect_min=0.05, reconnect_max=0.1)
     closing(c)
     assert c.wait_for("ready", 10)
-    token = c._session.token
+    token = c._core.token
     w = RawWorker(broker.router, "collector")
     closing(w)
     assert c.submit("col-x", "collector").accepted
@@ -124,7 +124,7 @@ def test_a_session_expired_in_a_partition_adopts_its_own_tasks_back(broker: Brok
     assert wait_until(lambda: any("vanished" in line and cid in line for line in broker.lines),
                       10), "".join(broker.lines)
     proxy.thaw()
-    assert wait_until(lambda: c.state == "ready" and c._session.token not in (0, token), 15), \
+    assert wait_until(lambda: c.state == "ready" and c._core.token not in (0, token), 15), \
         c.last_error
     # a new session, but the stream and the task go on: nothing cancelled, lost or twice
     assert wait_until(lambda: len(rec.of("data")) >= 20)
@@ -138,7 +138,7 @@ def test_a_session_expired_in_a_partition_adopts_its_own_tasks_back(broker: Brok
 
 OLD_COORDINATOR = """
 import sys, rlbus
-c = rlbus.Coordinator(sys.argv[1], id=sys.argv[2], callbacks={}, heartbeat_ms=100,
+c = rlbus.Coordinator(sys.argv[1], id=sys.argv[2], callbacks={}, heartbeat=0.1,
                       reconnect_min=0.05, reconnect_max=0.2)
 assert c.wait_for("ready", 10), c.last_error
 for task_id in sys.argv[3:]:

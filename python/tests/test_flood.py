@@ -128,8 +128,8 @@ def test_good_peers_are_served_through_a_flood_and_memory_stays_bounded() -> Non
         pid = b.proc.pid
         before = rss_mb(pid)
         coll = [rlbus.Worker(b.router, role="collector", id=f"good-{i}", run=run,
-                             heartbeat_ms=500) for i in range(2)]
-        coord = rlbus.Coordinator(b.router, id="good-coord", callbacks=rec, heartbeat_ms=500)
+                             heartbeat=0.5) for i in range(2)]
+        coord = rlbus.Coordinator(b.router, id="good-coord", callbacks=rec, heartbeat=0.5)
         assert all(w.wait_for("ready", 15) for w in coll) and coord.wait_for("ready", 15)
 
         # The flood, all at once.

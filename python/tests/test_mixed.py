@@ -362,7 +362,7 @@ def run(task):
     print("hanging", task.id, task.attempt, flush=True)
     task.wait_stop(120)
 
-w = rlbus.Worker(endpoint, role="collector", id="victim", run=run, heartbeat_ms=100)
+w = rlbus.Worker(endpoint, role="collector", id="victim", run=run, heartbeat=0.1)
 assert w.wait_for("ready", 20)
 print("ready", flush=True)
 sys.stdin.read()
@@ -456,7 +456,7 @@ def close(task):
     return {"worker": "ghost", "task_id": task.id}
 
 w = rlbus.Worker(endpoint, role="collector", id="ghost", run=run, close=close,
-                 heartbeat_ms=100)
+                 heartbeat=0.1)
 assert w.wait_for("ready", 20)
 print("ready", flush=True)
 while sys.stdin.readline():

@@ -22,7 +22,7 @@ import pytest
 from conftest import BROKER, PYTHON_DIR, Endings, collector_process, wait_until
 from rlbus import Coordinator
 
-HEARTBEAT_MS = 300  # the workers': with liveness 3 the broker expires them after 0.9 s
+HEARTBEAT_S = 0.3  # the workers': with liveness 3 the broker expires them after 0.9 s
 
 
 
@@ -156,7 +156,7 @@ def test_a_cut_and_healed_link_between_hosts_loses_no_task(netns: Namespace) -> 
         threading.Thread(target=lambda: [blog.append(x) for x in broker.stdout], daemon=True).start()
         env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
         for k in range(2):
-            workers.append(collector_process(endpoint, f"far-w{k}", HEARTBEAT_MS, 5, 0.05,
+            workers.append(collector_process(endpoint, f"far-w{k}", HEARTBEAT_S, 5, 0.05,
                                              prefix=["ip", "netns", "exec", netns.name]))
         ends = Endings()
         coord = Coordinator(endpoint, id="far-coord", callbacks=ends.callbacks)

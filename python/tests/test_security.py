@@ -73,7 +73,7 @@ def run(task: Task) -> None:
 def one_task(router: str, coll_curve: Optional[rlbus.CurveKeys],
              coord_curve: Optional[rlbus.CurveKeys]) -> Recorder:
     rec = Recorder()
-    with rlbus.Worker(router, role="collector", id="coll-1", run=run, heartbeat_ms=200,
+    with rlbus.Worker(router, role="collector", id="coll-1", run=run, heartbeat=0.2,
                       curve=coll_curve) as w, \
             rlbus.Coordinator(router, id="crd", callbacks=rec, curve=coord_curve) as c:
         assert w.wait_for("ready", DEADLINE), w.last_error
@@ -118,10 +118,10 @@ def test_a_stranger_is_told_why_and_a_revoked_key_comes_back_when_it_is_put_back
     try:
         broker_pub = keys["broker"] + ".pub"
         stranger = rlbus.Worker(b.router, role="collector", id="s-1", run=run,
-                                heartbeat_ms=200,
+                                heartbeat=0.2,
                                 curve=rlbus.curve_keys_from_files(keys["stranger"] + ".key",
                                                                   broker_pub))
-        member = rlbus.Worker(b.router, role="collector", id="m-1", run=run, heartbeat_ms=200,
+        member = rlbus.Worker(b.router, role="collector", id="m-1", run=run, heartbeat=0.2,
                               reconnect_max=0.3,  # its retries after a revocation
                               curve=rlbus.curve_keys_from_files(keys["coll"] + ".key",
                                                                 broker_pub))

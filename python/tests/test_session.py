@@ -1,17 +1,22 @@
-"""The client core against the real broker: it connects and heartbeats, comes back by itself
-after a broker restart, waits out an id that is taken, runs posted calls in order on its I/O
-thread, and closes promptly leaving no thread."""
+"""The client core and its session layer against the real broker: it connects and heartbeats,
+comes back by itself after a broker restart, waits out an id that is taken, runs posted calls
+in order on its I/O thread, and closes promptly leaving no thread. And the heartbeat option of
+the public constructors: seconds, with ``heartbeat_ms`` still accepted (and warned about)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any, List
+import warnings
+from typing import Any, Callable, List
 
 import pytest
+import zmq
 
+import rlbus
 from conftest import Broker, wait_until
-from rlbus._session import Session
+from rlbus import protocol as P
+from rlbus._core import Core
 
 
 class Recorder:
@@ -33,7 +38,7 @@ class Recorder:
 def test_connects_heartbeats_and_closes_without_a_thread_left(broker: Broker) -> None:
     before = set(threading.enumerate())
     rec = Recorder()
-    s = Session(broker.router, "collector", "sess-1", rec, heartbeat_ms=100,
+    s = Core(broker.router, "collector", "sess-1", rec, heartbeat=0.1,
                 resources={"cpu": 2})
     assert s.state == "connecting"
     s.start()
@@ -56,7 +61,7 @@ def test_connects_heartbeats_and_closes_without_a_thread_left(broker: Broker) ->
 
 def test_comes_back_by_itself_after_a_broker_restart(broker: Broker) -> None:
     rec = Recorder()
-    s = Session(broker.router, "learner", "sess-2", rec, heartbeat_ms=100,
+    s = Core(broker.router, "learner", "sess-2", rec, heartbeat=0.1,
                 reconnect_min=0.05, reconnect_max=0.2)
     s.start()
     try:
@@ -73,8 +78,8 @@ def test_comes_back_by_itself_after_a_broker_restart(broker: Broker) -> None:
 
 
 def test_a_taken_id_is_retried_until_it_is_free(broker: Broker) -> None:
-    a = Session(broker.router, "collector", "sess-3", Recorder(), heartbeat_ms=100)
-    b = Session(broker.router, "collector", "sess-3", Recorder(), heartbeat_ms=100,
+    a = Core(broker.router, "collector", "sess-3", Recorder(), heartbeat=0.1)
+    b = Core(broker.router, "collector", "sess-3", Recorder(), heartbeat=0.1,
                 reconnect_min=0.05, reconnect_max=0.2)
     a.start()
     try:
@@ -90,7 +95,7 @@ def test_a_taken_id_is_retried_until_it_is_free(broker: Broker) -> None:
 
 
 def test_posted_calls_and_timers_run_in_order_on_the_io_thread(broker: Broker) -> None:
-    s = Session(broker.router, "coordinator", "sess-4", Recorder())
+    s = Core(broker.router, "coordinator", "sess-4", Recorder())
     s.start()
     seen: List[Any] = []
     try:
@@ -119,7 +124,7 @@ def test_posted_calls_and_timers_run_in_order_on_the_io_thread(broker: Broker) -
     (dict(endpoint="localhost:7235"), "endpoint"),
     (dict(role="trainer"), "role"),
     (dict(id="has space"), "id"),
-    (dict(heartbeat_ms=5), "heartbeat_ms"),
+    (dict(heartbeat=0.005), "heartbeat"),
     (dict(resources={"gpu": -1}), "resources"),
     (dict(reconnect_min=0), "reconnect_min"),
     (dict(reconnect_min=2.0, reconnect_max=1.0), "reconnect_max"),
@@ -129,4 +134,64 @@ def test_bad_options_name_the_option(kwargs: dict, name: str) -> None:
     args.update(kwargs)
     endpoint, role, id_ = args.pop("endpoint"), args.pop("role"), args.pop("id")
     with pytest.raises(ValueError, match=name):
-        Session(endpoint, role, id_, Recorder(), **args)
+        Core(endpoint, role, id_, Recorder(), **args)
+
+
+# ---- the heartbeat option of Worker and Coordinator ------------------------------------------
+
+def make_peer(kind: str, endpoint: str, **kw: Any) -> Any:
+    if kind == "worker":
+        return rlbus.Worker(endpoint, role="collector", id="hb-w", run=lambda t: None, **kw)
+    return rlbus.Coordinator(endpoint, id="hb-c", callbacks={}, **kw)
+
+
+def hello_heartbeat(make: Callable[[str], Any]) -> int:
+    """The heartbeat_ms of the HELLO that the peer ``make(endpoint)`` builds sends to a
+    stand-in broker (a ROUTER that only listens)."""
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.linger = 0
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    peer = make(f"tcp://127.0.0.1:{port}")
+    try:
+        assert router.poll(10000), "no HELLO within 10 s"
+        frames = router.recv_multipart()
+        hello = P.decode(frames[1:])
+        assert hello.name == "HELLO"
+        return hello["heartbeat_ms"]
+    finally:
+        peer.close()
+        router.close()
+        ctx.term()
+
+
+@pytest.mark.parametrize("kind", ["worker", "coordinator"])
+def test_heartbeat_is_given_in_seconds(kind: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new spelling warns of nothing
+        assert hello_heartbeat(lambda ep: make_peer(kind, ep, heartbeat=0.25)) == 250
+        assert hello_heartbeat(lambda ep: make_peer(kind, ep)) == 1000  # 1 s by default
+
+
+@pytest.mark.parametrize("kind", ["worker", "coordinator"])
+def test_heartbeat_ms_still_works_and_warns(kind: str) -> None:
+    with pytest.warns(DeprecationWarning, match="heartbeat_ms is deprecated") as seen:
+        assert hello_heartbeat(lambda ep: make_peer(kind, ep, heartbeat_ms=250)) == 250
+    assert seen[0].filename == __file__  # the warning points at the caller
+
+
+@pytest.mark.parametrize("kind", ["worker", "coordinator"])
+def test_heartbeat_and_heartbeat_ms_together_or_a_bad_heartbeat_ms_are_refused(
+        kind: str) -> None:
+    before = set(threading.enumerate())
+    with pytest.raises(ValueError, match="heartbeat and heartbeat_ms"):
+        make_peer(kind, "tcp://127.0.0.1:1", heartbeat=0.5, heartbeat_ms=500)
+    for bad in (5, 0.5, "500"):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with pytest.raises(ValueError, match="heartbeat_ms: expected an integer"):
+                make_peer(kind, "tcp://127.0.0.1:1", heartbeat_ms=bad)
+        assert [w.category for w in seen] == [DeprecationWarning]
+    with pytest.raises(ValueError, match="heartbeat: expected a number of seconds"):
+        make_peer(kind, "tcp://127.0.0.1:1", heartbeat=601)
+    assert set(threading.enumerate()) <= before

@@ -58,7 +58,7 @@ class Fleet:
     def spawn(self) -> None:
         self.serial += 1
         # ten items 30 ms apart: a task lasts long enough for a kill to land in it
-        self.procs.append(collector_process(self.endpoint, f"soak-w{self.serial}", 100, 10,
+        self.procs.append(collector_process(self.endpoint, f"soak-w{self.serial}", 0.1, 10,
                                             0.03))
 
     def kill(self) -> None:
@@ -85,7 +85,7 @@ def soak_round(endpoint: str, faults: int, fault: Callable[[], None], rng: rando
     at random moments (`fault()` makes one), then waits for every task; checks each ended
     exactly once."""
     ends = Endings()
-    coord = Coordinator(endpoint, id="soak-coord", callbacks=ends.callbacks, heartbeat_ms=200,
+    coord = Coordinator(endpoint, id="soak-coord", callbacks=ends.callbacks, heartbeat=0.2,
                         reconnect_min=0.05, reconnect_max=0.3)
     try:
         assert coord.wait_for("ready", 10)

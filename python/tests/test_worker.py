@@ -21,7 +21,7 @@ from rlbus import protocol as P
 from rlbus._types import Policy, TaskFailure
 from rlbus.worker import Task, Worker
 
-FAST = {"heartbeat_ms": 200, "reconnect_min": 0.02, "reconnect_max": 0.2}
+FAST = {"heartbeat": 0.2, "reconnect_min": 0.02, "reconnect_max": 0.2}
 
 
 class Coord:
@@ -150,7 +150,7 @@ def commands_run(cmds: "queue.Queue[Callable[[Task], Any]]", seen: List[Task]) -
     ({"max_unconfirmed_bytes": -1}, "max_unconfirmed_bytes"),
     ({"endpoint": "nowhere"}, "endpoint"),
     ({"id": "bad id"}, "id"),
-    ({"heartbeat_ms": 5}, "heartbeat_ms"),
+    ({"heartbeat": 0.005}, "heartbeat"),
     ({"resources": {"gpu": -1}}, "resources"),
     ({"reconnect_min": 0}, "reconnect_min"),
 ])
@@ -347,7 +347,7 @@ def test_resumed_session_resends_unconfirmed_data_without_duplicates(
         cmds: "queue.Queue[Callable[[Task], Any]]" = queue.Queue()
         seen: List[Task] = []
         w = workers(proxy.endpoint, "collector", "w-resend", run=commands_run(cmds, seen),
-                    heartbeat_ms=500, reconnect_min=0.02, reconnect_max=0.1)
+                    heartbeat=0.5, reconnect_min=0.02, reconnect_max=0.1)
         assert w.wait_for("ready", 10)
         token = w.session
         coord.submit("t-resend", "collector")
@@ -384,7 +384,7 @@ class CutLink:
         self.coord, self.proxy, self._workers = coord, proxy, workers
 
     def worker(self, role: str, worker_id: str, **handlers: Any) -> Worker:
-        w = self._workers(self.proxy.endpoint, role, worker_id, heartbeat_ms=500,
+        w = self._workers(self.proxy.endpoint, role, worker_id, heartbeat=0.5,
                           reconnect_min=0.02, reconnect_max=0.1, **handlers)
         assert w.wait_for("ready", 10)
         return w
@@ -474,7 +474,7 @@ def test_data_let_go_of_past_the_bound_is_declared_lost_on_resume(
         coord = coord_factory(broker)
         cmds: "queue.Queue[Callable[[Task], Any]]" = queue.Queue()
         w = workers(proxy.endpoint, "collector", "w-lost", run=commands_run(cmds, []),
-                    heartbeat_ms=500, reconnect_min=0.02, reconnect_max=0.1,
+                    heartbeat=0.5, reconnect_min=0.02, reconnect_max=0.1,
                     max_unconfirmed_data=2)
         assert w.wait_for("ready", 10)
         coord.submit("t-lost", "collector")
@@ -777,7 +777,7 @@ def test_an_abort_lost_with_the_connection_does_not_keep_the_worker_busy(
         cmds: "queue.Queue[Callable[[Task], Any]]" = queue.Queue()
         seen: List[Task] = []
         w = workers(proxy.endpoint, "collector", "w-lost-abort", run=commands_run(cmds, seen),
-                    close=lambda t: {"closed": t.id}, heartbeat_ms=500, reconnect_min=0.02,
+                    close=lambda t: {"closed": t.id}, heartbeat=0.5, reconnect_min=0.02,
                     reconnect_max=0.1)
         assert w.wait_for("ready", 10)
         coord.submit("t-gone", "collector")
@@ -847,7 +847,7 @@ def test_sigterm_makes_a_worker_leave_when_asked(broker: Broker, coord_factory,
         "    task.wait_stop(60)\n"
         "    say('stopped', task.abort_reason)\n"
         "w = rlbus.Worker(sys.argv[1], role='collector', id='w-term', run=run,\n"
-        "                 heartbeat_ms=200, leave_on_sigterm=0.0)\n"
+        "                 heartbeat=0.2, leave_on_sigterm=0.0)\n"
         "w.wait_for('ready', 10)\n"
         "say('ready')\n"
         "sys.stdin.readline()\n"

@@ -18,10 +18,11 @@ from rlbus import worker as worker_mod
 from rlbus.worker import Task, Worker
 
 
-class FakeSession:
-    """Session's contract (post, send, call_later, ready, close ...) without a network."""
+class FakeCore:
+    """The client core's contract (rlbus._core.Core: post, send, call_later, ready, close
+    ...) without a network."""
 
-    last: Optional["FakeSession"] = None
+    last: Optional["FakeCore"] = None
 
     def __init__(self, endpoint: str, role: str, id: str, handler: Any, **kw: Any) -> None:
         self.handler = handler
@@ -34,7 +35,7 @@ class FakeSession:
         self._q: "queue.Queue[Optional[Callable[[], None]]]" = queue.Queue()
         self._closing = False
         self._thread = threading.Thread(target=self._loop, name=f"rlbus-io-{id}", daemon=True)
-        FakeSession.last = self
+        FakeCore.last = self
 
     # ---- the contract
     def start(self) -> None:
@@ -83,7 +84,7 @@ class FakeSession:
             if fn is None:
                 return
             fn()
-            if self._q.empty():  # the end of a turn, as the real session has it
+            if self._q.empty():  # the end of a turn, as the real core has it
                 self._idle()
 
     def _idle(self) -> None:
@@ -133,16 +134,16 @@ class FakeSession:
 
 @pytest.fixture
 def fake(monkeypatch):
-    monkeypatch.setattr(worker_mod, "Session", FakeSession)
+    monkeypatch.setattr(worker_mod, "Core", FakeCore)
     made: List[Worker] = []
 
-    def make(run: Callable[[Task], Any], **kw: Any) -> Tuple[Worker, FakeSession]:
+    def make(run: Callable[[Task], Any], **kw: Any) -> Tuple[Worker, FakeCore]:
         kw.setdefault("role", "collector")
         # one DATA per message, whatever the threads' timing (batching has its own test)
         kw.setdefault("batch_data", False)
         w = Worker("tcp://127.0.0.1:1", id="w-unit", run=run, **kw)
         made.append(w)
-        s = FakeSession.last
+        s = FakeCore.last
         assert s is not None
         s.welcome(False)
         return w, s
@@ -151,7 +152,7 @@ def fake(monkeypatch):
         w.close()
 
 
-def start(s: FakeSession, task_id: str = "t1", attempt: int = 1, kind: str = "collector",
+def start(s: FakeCore, task_id: str = "t1", attempt: int = 1, kind: str = "collector",
           **extra: Any) -> None:
     s.deliver("TASK_START", task_id=task_id, attempt=attempt, kind=kind,
               task_info=P.Raw.of({"n": 1}), **extra)
@@ -474,7 +475,7 @@ def test_bad_user_fields_raise_in_the_caller(fake) -> None:
     assert not s.of("DATA") and not s.of("POLICY") and not s.of("GET_DATA")
     assert not s.of("LEARN_INFO")
     assert t.emit_data("d", "b", {})  # the failed calls used no index
-    # every shape of field: the body written in one go is the canonical one (FakeSession.send)
+    # every shape of field: the body written in one go is the canonical one (FakeCore.send)
     assert t.emit_data("d2", "b", {"x": [1.0, {"y": "\u00e9", 3: None}], "z": True},
                        bytearray(b"\x00\xff"))
     raw = P.Raw(P.pack_value({"f32": 1.5}).replace(b"\xcb", b"\xca", 1)[:-4])  # a float32

@@ -154,7 +154,7 @@ class Slave:
         self._rlbus_host = host or "0.0.0.0"
         self._rlbus_port = port if port is not None else 7236
         span = 3.0 if heartbeat_span is None else max(float(heartbeat_span), 0.2)
-        self._rlbus_heartbeat_ms = int(span * 1000)
+        self._rlbus_heartbeat = span  # seconds
         self._rlbus_request_retries = request_retries
         self._rlbus_request_retry_waiting = request_retry_waiting
         self._rlbus_channel = channel
@@ -219,7 +219,7 @@ class Slave:
         self._rlbus_worker = sdk().Worker(
             self._rlbus_endpoint, role=self._rlbus_role, id=self._rlbus_id,
             run=self._rlbus_run, close=self._rlbus_close, resources=self._rlbus_resources,
-            heartbeat_ms=self._rlbus_heartbeat_ms, **curve_kwargs())
+            heartbeat=self._rlbus_heartbeat, **curve_kwargs())
         self._rlbus_keeper = threading.Thread(target=self._rlbus_watch,
                                               name="rlbus-compat-slave-" + self._rlbus_id)
         self._rlbus_keeper.start()

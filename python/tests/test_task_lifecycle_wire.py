@@ -1,7 +1,9 @@
-"""The protocol's additions for DI-engine's workloads, clause by clause, at the wire against
-the real broker: TASK_ALIVE (SPEC §12.3.19), DATA_REPLY retry_ms (§12.3.5, §12.5.9), the
-queue timeout (§12.3.1 field 11, §12.7.6), TASK_FAILED result (§12.3.18, §12.5.6) and
-POLICY_UPDATE (§13.4.6-7)."""
+"""A task's life at the wire against the real broker, clause by clause: keep-alives holding
+its deadlines and stale ones refused (TASK_ALIVE, SPEC §12.3.19), the start timeout, the retry
+hint of "no data yet" (DATA_REPLY retry_ms, §12.3.5, §12.5.9), the queue timeout of a task
+nobody takes (§12.3.1 field 11, §12.7.6), the result a failing attempt carries (TASK_FAILED
+result, §12.3.18, §12.5.6) and the policy versions pushed to running tasks (POLICY_UPDATE,
+§13.4.6-7)."""
 
 from __future__ import annotations
 
