@@ -695,7 +695,9 @@ class Coordinator:
             self._answer_data_request(task_id, fields, generation)
         elif event == "finished":
             rec = self._close_task(task_id)
-            if rec is not None and rec.kind == "learner":
+            # the event names the kind (SPEC §12.3.6); a broker that predates it does not
+            kind = msg.get("kind") or (rec.kind if rec is not None else None)
+            if kind == "learner":
                 self._call("deal_with_learner_finish_task", task_id, body)
             else:
                 self._call("deal_with_collector_finish_task", task_id, body)

@@ -141,8 +141,9 @@ import sys, rlbus
 c = rlbus.Coordinator(sys.argv[1], id=sys.argv[2], callbacks={}, heartbeat=0.1,
                       reconnect_min=0.05, reconnect_max=0.2)
 assert c.wait_for("ready", 10), c.last_error
-for task_id in sys.argv[3:]:
-    r = c.submit(task_id, "collector")
+for task in sys.argv[3:]:  # task_id, or task_id:kind
+    task_id, _, kind = task.partition(":")
+    r = c.submit(task_id, kind or "collector")
     assert r is not None and r.accepted, r
 print("submitted", flush=True)
 sys.stdin.read()  # until killed
@@ -192,3 +193,33 @@ def test_a_restarted_coordinator_process_adopts_the_tasks_of_the_killed_one(
     assert rec.of("cancelled") == [] and rec.of("requeued") == [] and c.stream_gaps == 0
     for w in workers:  # never aborted, never run again
         assert not [m for m in w.backlog if m.name in ("TASK_ABORT", "TASK_START")]
+
+
+def test_a_learner_task_adopted_by_a_new_process_finishes_in_the_learner_callback(
+        broker: Broker, closing: Any) -> None:
+    # The new process never saw the SUBMIT and hears no learner traffic before the task ends:
+    # only the finished event's kind (SPEC §12.3.6) says which callback its result belongs to.
+    cid = uid("coord")
+    learner = RawWorker(broker.router, "learner")
+    closing(learner)
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+    old = subprocess.Popen([sys.executable, "-c", OLD_COORDINATOR, broker.router, cid,
+                            "learn-1:learner"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           text=True, env=env)
+    try:
+        assert old.stdout is not None
+        assert old.stdout.readline().strip() == "submitted"
+        task, attempt = learner.take()
+    finally:
+        old.send_signal(signal.SIGKILL)
+        old.wait(10)
+    rec = Recorder()
+    c = Coordinator(broker.router, id=cid, callbacks=rec, reconnect_min=0.05, reconnect_max=0.2)
+    closing(c)
+    assert c.wait_for("ready", 15), c.last_error
+    c.finish(task)
+    learner.expect("TASK_CLOSE")
+    learner.send("RESULT", task_id=task, attempt=attempt, result={"learner_step": 7})
+    assert wait_until(lambda: rec.of("learner_finish") or rec.of("collector_finish"))
+    assert rec.of("learner_finish") == [("learn-1", {"learner_step": 7})]
+    assert rec.of("collector_finish") == []

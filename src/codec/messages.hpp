@@ -70,7 +70,7 @@ using message =
                  data_batch,                            // batched data (§12.12)
                  task_alive,                            // keep-alive of an attempt
                  leaving,                               // the worker will go away (§12.3.20)
-                 policy_update,                         // a newer policy version (§13.4.6)
+                 policy_update,                         // a newer policy version (§13.4.7)
                  ops, ops_reply>;                       // operations (§16)
 
 /// The type id each message struct travels under.

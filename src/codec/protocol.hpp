@@ -39,7 +39,7 @@ enum class msg_type : std::uint8_t {
   learn = 0x22,
   no_data = 0x23,
   task_abort = 0x24,
-  policy_update = 0x25,  // a newer version of the running task's policy (§13.4.6)
+  policy_update = 0x25,  // a newer version of the running task's policy (§13.4.7)
   // worker -> broker
   started = 0x30,
   data = 0x31,

@@ -289,7 +289,7 @@ struct task_abort {
 };
 
 /// POLICY_UPDATE (broker -> worker): the broker now holds a newer version of the policy the
-/// attempt's task named; the same policy fields as TASK_START, all of them present (§13.4.6).
+/// attempt's task named; the same policy fields as TASK_START, all of them present (§13.4.7).
 struct policy_update {
   std::string task_id;
   std::uint32_t attempt = 1;
