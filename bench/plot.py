@@ -13,6 +13,7 @@ matplotlib (apt-get install python3-matplotlib); says so and exits 3 when neithe
   usage: bench/plot.py [REPORT.json] [OUT_DIR]     (default OUT_DIR: bench/results/plots)
 """
 
+import importlib.util
 import json
 import math
 import os
@@ -236,9 +237,7 @@ def main():
     if shutil.which("gnuplot"):
         made, tool = with_gnuplot(report, out_dir), "gnuplot"
     else:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("matplotlib") is None:
             print("plot.py: neither gnuplot nor matplotlib is installed; install one of them:\n"
                   "  apt-get install gnuplot-nox      (or: apt-get install python3-matplotlib)",
                   file=sys.stderr)

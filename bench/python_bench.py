@@ -141,7 +141,7 @@ def child_py_learner(endpoint, wid):
                                      "p99_us": percentile(samples, 99)})
         task.wait_stop(30.0)
 
-    with rlbus.Worker(endpoint, role="learner", id=wid, run=run) as w:
+    with rlbus.Worker(endpoint, role="learner", id=wid, run=run):
         print("ready", flush=True)
         sys.stdin.read()  # until the bench closes our stdin
 
@@ -164,7 +164,7 @@ def child_py_collector(endpoint, wid):
         task.emit_info({"collector_done": True, "cur_sample": n})
         task.wait_stop(60.0)
 
-    with rlbus.Worker(endpoint, role="collector", id=wid, run=run) as w:
+    with rlbus.Worker(endpoint, role="collector", id=wid, run=run):
         print("ready", flush=True)
         sys.stdin.read()
 

@@ -27,6 +27,8 @@ if [ "$mode" = all ]; then
     python3-pip python3-wheel       # the test that installs the package with pip
     python3-flask python3-requests  # rlbus-bench's HTTP baseline (bench/http_baseline.py)
     valgrind                        # rlbus-bench cost (callgrind), in the bench suite
+    clang-format pyflakes3          # the lint suite (tests/lint/lint.py)
+    clang-tidy                      # its tidy suite (meson test --setup tidy --suite tidy)
   )
 fi
 # Optional, for PNG plots of the bench (bench/plot.py): apt-get install gnuplot-nox

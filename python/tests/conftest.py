@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -197,3 +197,12 @@ def broker_factory() -> Iterator[Callable[..., Broker]]:
     yield make
     for b in made:
         b.stop()
+
+
+@pytest.fixture
+def closing() -> Any:
+    """Closes what a test opened (coordinators, raw workers), even when it fails."""
+    opened: List[Any] = []
+    yield opened.append
+    for x in reversed(opened):
+        x.close()

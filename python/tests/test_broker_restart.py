@@ -15,7 +15,7 @@ from typing import Any, List
 from conftest import BROKER, wait_until
 from rlbus import Worker
 from rlbus.coordinator import Coordinator
-from test_coordinator import Recorder, RawWorker, closing, uid  # noqa: F401 (fixture)
+from test_coordinator import Recorder, RawWorker, uid
 
 FAST = dict(heartbeat=0.1, reconnect_min=0.05, reconnect_max=0.2)
 

@@ -152,15 +152,6 @@ class Recorder:
         self._rec("data_lost", task_id, attempt, first, last)
 
 
-@pytest.fixture
-def closing() -> Any:
-    """Closes what a test opened (coordinators, raw workers), even when it fails."""
-    opened: List[Any] = []
-    yield opened.append
-    for x in reversed(opened):
-        x.close()
-
-
 def coordinator(broker: Broker, closing: Any, callbacks: Any, **kw: Any) -> Coordinator:
     c = Coordinator(broker.router, id=kw.pop("id", uid("coord")), callbacks=callbacks, **kw)
     closing(c)

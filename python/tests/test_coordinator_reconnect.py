@@ -16,7 +16,7 @@ from typing import Any
 from conftest import PYTHON_DIR, Broker, wait_until
 from relay import Relay
 from rlbus.coordinator import SESSION_LOST_REASON, Coordinator
-from test_coordinator import Recorder, RawWorker, closing, uid  # noqa: F401 (fixture)
+from test_coordinator import Recorder, RawWorker, uid
 
 
 def test_after_a_broker_restart_it_comes_back_and_reports_its_tasks_cancelled(

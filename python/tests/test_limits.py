@@ -17,7 +17,7 @@ import zmq
 
 from conftest import Broker, wait_until
 from rlbus import protocol as P
-from test_coordinator import RawWorker, closing, uid  # noqa: F401 (fixture)
+from test_coordinator import RawWorker, uid
 
 MIB = 1024 * 1024
 PER_CONNECTION = 8 * MIB

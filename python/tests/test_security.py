@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import threading
 from typing import Any, Dict, List, Optional
 
 import pytest

@@ -17,9 +17,8 @@ constexpr std::size_t item_overhead = 48;
 
 std::size_t data_batcher::batchable(const std::deque<codec::message>& outbox,
                                     std::uint64_t max_message) {
-  const auto batch_bound = max_message == 0
-                               ? max_batch_bytes
-                               : std::min<std::size_t>(max_batch_bytes, max_message / 2);
+  const auto batch_bound =
+      max_message == 0 ? max_batch_bytes : std::min<std::size_t>(max_batch_bytes, max_message / 2);
   std::size_t n = 0;
   std::size_t bytes = 0;
   const codec::data_ready* prev = nullptr;

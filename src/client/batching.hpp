@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <deque>
 
-#include "codec/messages.hpp"
 #include "codec/codec.hpp"
+#include "codec/messages.hpp"
 
 namespace rlbus::client::detail {
 

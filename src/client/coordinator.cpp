@@ -101,8 +101,8 @@ struct coordinator::impl {
   impl& operator=(const impl&) = delete;
 
   static client::detail::session_options checked(const coordinator_options& o) {
-    client::detail::session_options so{o.endpoint,      role::coordinator,  o.id,   {}, o.heartbeat,
-                                       o.reconnect_min, o.reconnect_max, o.curve};
+    client::detail::session_options so{o.endpoint,      role::coordinator, o.id,   {}, o.heartbeat,
+                                       o.reconnect_min, o.reconnect_max,   o.curve};
     client::detail::validate(so);
     return so;
   }
@@ -354,7 +354,7 @@ struct coordinator::impl {
   std::map<std::string, codec::submitted> acks;
   std::map<std::string, role> submitting;  // SUBMIT sent, SUBMITTED not yet here
   std::map<std::string, open_task> open;
-  std::uint64_t data_lost = 0;  // DATA reported lost by collectors (§12.11)
+  std::uint64_t data_lost = 0;   // DATA reported lost by collectors (§12.11)
   std::uint64_t collectors = 0;  // as of the last capacity callback
   std::uint64_t learners = 0;
   bool cb_stop = false;

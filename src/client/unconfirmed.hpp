@@ -56,8 +56,8 @@ class unconfirmed_data {
   std::size_t max_bytes_;
   std::string task_;
   std::uint32_t attempt_ = 0;
-  std::uint64_t confirmed_ = 0;     // the broker relayed every index up to this one
-  std::uint64_t dropped_upto_ = 0;  // the bound let go of every index up to this one
+  std::uint64_t confirmed_ = 0;      // the broker relayed every index up to this one
+  std::uint64_t dropped_upto_ = 0;   // the bound let go of every index up to this one
   std::deque<codec::message> kept_;  // in index order
   std::size_t kept_bytes_ = 0;
   std::uint64_t dropped_count_ = 0;

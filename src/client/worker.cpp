@@ -85,8 +85,9 @@ struct worker::impl {
   static client::detail::session_options checked(const worker_options& o) {
     if (o.role != role::collector && o.role != role::learner)
       throw std::invalid_argument("a worker's role is collector or learner");
-    client::detail::session_options so{o.endpoint,      o.role,          o.id,   o.resources,
-                                       o.heartbeat,     o.reconnect_min, o.reconnect_max, o.curve};
+    client::detail::session_options so{o.endpoint,      o.role,      o.id,
+                                       o.resources,     o.heartbeat, o.reconnect_min,
+                                       o.reconnect_max, o.curve};
     client::detail::validate(so);
     if (o.max_unconfirmed_data < 1)
       throw std::invalid_argument("max_unconfirmed_data must be at least 1");

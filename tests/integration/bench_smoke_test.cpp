@@ -59,8 +59,8 @@ struct shape {
 // the shape and no other, each with a number per trial beside its baselines.
 void check_all(const shape& s) {
   const auto json_path = "/tmp/rlbus-bench-smoke-" + std::to_string(::getpid()) + ".json";
-  std::vector<std::string> args{"all", "--quick", "--broker", env("RLBUS_BROKER_BIN"), "--json",
-                                json_path};
+  std::vector<std::string> args{"all",    "--quick", "--broker", env("RLBUS_BROKER_BIN"),
+                                "--json", json_path};
   args.insert(args.end(), s.args.begin(), s.args.end());
   const auto [status, out] = run_to_end(env("RLBUS_BENCH_BIN"), args, std::chrono::seconds(90));
   INFO(out);

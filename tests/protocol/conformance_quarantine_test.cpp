@@ -49,8 +49,7 @@ codec::task_start take_and_fail(raw_peer& coord, raw_peer& w, const std::string&
 // quarantine-ms ... the broker SHALL publish `worker.quarantined` ... While in quarantine the
 // worker keeps its session ... but is not assigned a task ...; when the quarantine ends, the
 // queue is tried again." §7.5 quarantine: id, role, failures, quarantine_ms, reason.
-TEST_CASE("SPEC 12.6.9: failing attempts in a row quarantine a worker, then it is back",
-          "[spec]") {
+TEST_CASE("SPEC 12.6.9: failing attempts in a row quarantine a worker, then it is back", "[spec]") {
   broker_with b(quarantining());
   raw_events events(b.ctx, b.broker.get().events_endpoint());
   raw_peer coord(b.ctx, b.router), w(b.ctx, b.router);
@@ -80,8 +79,7 @@ TEST_CASE("SPEC 12.6.9: failing attempts in a row quarantine a worker, then it i
 // §12.6.9 "An attempt that ends otherwise (CANCEL, its owner's end, a drain) leaves the count
 // as it is: a coordinator's cancels never quarantine a worker." "A RESULT it accepts from the
 // worker sets the count to 0."
-TEST_CASE("SPEC 12.6.9: cancels never quarantine a worker, a RESULT clears its count",
-          "[spec]") {
+TEST_CASE("SPEC 12.6.9: cancels never quarantine a worker, a RESULT clears its count", "[spec]") {
   broker_with b(quarantining());
   raw_peer coord(b.ctx, b.router), w(b.ctx, b.router);
   join(coord, "coord", role::coordinator);
@@ -174,7 +172,7 @@ TEST_CASE("SPEC 12.6.10: a leaving worker gets no new task, and its task comes b
   // w is never given a task again in this session, and was not quarantined
   spare.send(codec::task_failed{"t", 2, "no", std::nullopt});
   next_event(coord, "t", "requeued");  // spare's bad end: spare is quarantined (after 1) ...
-  expect_quiet(w);                      // ... and w, free and not quarantined, still gets none
+  expect_quiet(w);                     // ... and w, free and not quarantined, still gets none
   CHECK(b.broker.get().snapshot().quarantines == 1);
   // a LEAVING of 0 hands the task back at once; a leaving worker's session end is no failure
   raw_peer w2(b.ctx, b.router);

@@ -161,7 +161,7 @@ TEST_CASE("SPEC 12.9.6: REPLAY resends the stream byte for byte from any seq it 
   infos(w, 7);
   std::vector<std::string> first;  // events 1..11 as first sent
   for (int i = 0; i < 11; ++i) first.push_back(next_body(coord, type_task_event));
-  REQUIRE(first[3].find(payload) != std::string::npos);  // seq 4, the data event
+  REQUIRE(first[3].find(payload) != std::string::npos);    // seq 4, the data event
   refused(coord, codec::replay{13}, error_code::bad_seq);  // the head is 11
   coord.send(codec::replay{2});
   for (std::uint64_t seq = 2; seq <= 7; ++seq) {  // a window of 6, from 2

@@ -60,6 +60,6 @@ TEST_CASE("quarantine: off at 0; a RESULT ends a quarantine; the table stays bou
   // 10 ids through a table of 4: at most 4 remembered, the quarantines on first
   for (int i = 0; i < 10; ++i) q.failed("w" + std::to_string(i), t0 + std::chrono::milliseconds(i));
   CHECK(q.active() <= 4);
-  CHECK(q.held("w9"));  // the newest is always kept
+  CHECK(q.held("w9"));        // the newest is always kept
   CHECK_FALSE(q.held("w0"));  // the one ending first made room
 }

@@ -99,8 +99,10 @@ TEST_CASE("send meter: connections that never read leave the budget's last quart
   CHECK(meter.total() == 0);
 }
 
-TEST_CASE("send meter: bytes held elsewhere count against the budget, whose last quarter stays for readers",
-          "[unit][meter]") {
+TEST_CASE(
+    "send meter: bytes held elsewhere count against the budget, whose last quarter stays for "
+    "readers",
+    "[unit][meter]") {
   pipe_pair p;
   send_meter meter(64 * 1024, 64 * 1024);
   auto& a = meter.of("a");

@@ -849,7 +849,8 @@ TEST_CASE_METHOD(fixture, "the stream rings of coordinators that never ACK share
 
 // §15.5: the queues and the rings draw from one budget. What the connections' queues hold
 // (peers that never read) is not left to the rings, which give up their oldest events past it.
-TEST_CASE_METHOD(fixture, "the stream rings get only what the connections' queues leave of the budget",
+TEST_CASE_METHOD(fixture,
+                 "the stream rings get only what the connections' queues leave of the budget",
                  "[unit][tasks]") {
   cfg.memory_budget = 256 * 1024;
   cfg.stream_ring = 100'000;
@@ -861,8 +862,8 @@ TEST_CASE_METHOD(fixture, "the stream rings get only what the connections' queue
   auto stream = [&](int from, int to) {
     for (int i = from; i < to; ++i)
       ok("w", role::collector,
-         codec::data_ready{"t", 1, "d" + std::to_string(i), "b", codec::empty_map_blob, payload,
-                           {}, {}});
+         codec::data_ready{
+             "t", 1, "d" + std::to_string(i), "b", codec::empty_map_blob, payload, {}, {}});
   };
   stream(0, 100);  // ~100 KB: within half the budget, all kept
   CHECK(tm->counts().ring_bytes >= 100 * 1000);

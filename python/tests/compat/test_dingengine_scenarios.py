@@ -354,6 +354,8 @@ def test_comm_learner_with_coordinator(ding, tmp_path, caplog):
         c.shutdown()
     learner.close()
     assert coord.late_calls == []
+    wait_until(lambda: not (set(threading.enumerate()) - before), 10,
+               "every thread of the coordinator and the workers to end")
 
 
 LEARNER_PROCESS = """

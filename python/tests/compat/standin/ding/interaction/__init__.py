@@ -1,1 +1,3 @@
-from .slave import ConnectionRefuse, DisconnectionRefuse, Slave, TaskFail, TaskRefuse  # noqa: F401
+from .slave import ConnectionRefuse, DisconnectionRefuse, Slave, TaskFail, TaskRefuse
+
+__all__ = ["ConnectionRefuse", "DisconnectionRefuse", "Slave", "TaskFail", "TaskRefuse"]

@@ -1,1 +1,3 @@
-from .utils import NaiveCollector  # noqa: F401
+from .utils import NaiveCollector
+
+__all__ = ["NaiveCollector"]

@@ -1,1 +1,3 @@
-from .utils import NaiveLearner  # noqa: F401
+from .utils import NaiveLearner
+
+__all__ = ["NaiveLearner"]

@@ -1,0 +1,110 @@
+#!/usr/bin/python3
+"""The project's lint checks, one per subcommand, each exiting 0 when clean:
+
+  format   every C++ file is laid out as .clang-format says (clang-format --dry-run)
+  pyflakes the Python code has no unused import, undefined name or dead assignment
+  tidy     clang-tidy (.clang-tidy's checks) finds nothing in src/; needs the build's
+           compile_commands.json (argument: the build directory); slow: not in the default suite
+
+Each prints what it found, file by file, and how to fix it.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import List
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CPP_DIRS = ("src", "include", "tests", "bench")
+PY_DIRS = ("python", "bench", "deploy", "protocol", "scripts", "tests")
+
+
+def files(dirs, suffixes) -> List[str]:
+    out = []
+    for d in dirs:
+        for base, subdirs, names in os.walk(os.path.join(ROOT, d)):
+            subdirs[:] = sorted(s for s in subdirs if not s.startswith((".", "__")))
+            out += [os.path.join(base, n) for n in sorted(names) if n.endswith(suffixes)]
+    return out
+
+
+def tool(*names: str) -> str:
+    for n in names:
+        path = shutil.which(n)
+        if path:
+            return path
+    sys.exit(f"lint: none of {', '.join(names)} is installed (apt-get install {names[0]})")
+
+
+def check_format() -> int:
+    clang_format = tool("clang-format-14", "clang-format")
+    bad = []
+    for f in files(CPP_DIRS, (".cpp", ".hpp")):
+        r = subprocess.run([clang_format, "--dry-run", "-Werror", f], capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            bad.append(os.path.relpath(f, ROOT))
+            print(r.stderr.strip()[:2000])
+    if bad:
+        print(f"lint format: {len(bad)} file(s) not laid out as .clang-format says; fix with\n"
+              f"  clang-format -i " + " ".join(bad))
+        return 1
+    print("lint format: every C++ file is laid out as .clang-format says")
+    return 0
+
+
+def check_pyflakes() -> int:
+    pyflakes = tool("pyflakes3")
+    r = subprocess.run([pyflakes] + files(PY_DIRS, (".py",)), capture_output=True, text=True,
+                       cwd=ROOT)
+    out = (r.stdout + r.stderr).strip()
+    if r.returncode != 0:
+        print(out.replace(ROOT + os.sep, ""))
+        print("lint pyflakes: the findings above need fixing")
+        return 1
+    print("lint pyflakes: no findings")
+    return 0
+
+
+def check_tidy(build_dir: str) -> int:
+    clang_tidy = tool("clang-tidy-14", "clang-tidy")
+    if not os.path.exists(os.path.join(build_dir, "compile_commands.json")):
+        sys.exit(f"lint tidy: {build_dir} has no compile_commands.json (configure it with meson)")
+    sources = files(("src",), (".cpp",))
+
+    def one(f: str) -> str:
+        r = subprocess.run([clang_tidy, "-p", build_dir, "--quiet", f], capture_output=True,
+                           text=True)
+        found = [line for line in r.stdout.splitlines() if ": warning: " in line or
+                 ": error: " in line]
+        return "\n".join(found)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        found = [x for x in pool.map(one, sources) if x]
+    if found:
+        text = "\n".join(sorted(set("\n".join(found).splitlines())))
+        print(text.replace(ROOT + os.sep, ""))
+        print(f"lint tidy: {len(text.splitlines())} finding(s) in src/")
+        return 1
+    print(f"lint tidy: no findings in {len(sources)} files of src/")
+    return 0
+
+
+def main(argv: List[str]) -> int:
+    if len(argv) < 2 or argv[1] not in ("format", "pyflakes", "tidy"):
+        print(__doc__)
+        return 2
+    if argv[1] == "format":
+        return check_format()
+    if argv[1] == "pyflakes":
+        return check_pyflakes()
+    if len(argv) != 3:
+        sys.exit("usage: lint.py tidy BUILD_DIR")
+    return check_tidy(argv[2])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
