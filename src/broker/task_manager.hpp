@@ -42,6 +42,7 @@
 #include "broker/quarantine.hpp"
 #include "broker/refusal.hpp"
 #include "broker/stream.hpp"
+#include "broker/task_sink.hpp"
 #include "codec/codec.hpp"
 #include "codec/map_writer.hpp"
 #include "codec/messages.hpp"
