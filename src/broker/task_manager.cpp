@@ -784,15 +784,4 @@ void task_manager::erase_task(const std::string& id) {
   tasks_.erase(it);
 }
 
-task_counts task_manager::counts() const {
-  task_counts c = counts_;
-  c.queued = queue_.size();
-  c.running = tasks_.size() - queue_.size();
-  c.quarantined = quarantine_.active();
-  c.quarantines = quarantine_.total();
-  c.orphaned = orphans_.size();
-  c.ring_bytes = ring_total_;
-  return c;
-}
-
 }  // namespace rlbus::broker

@@ -20,7 +20,7 @@
 // Its member functions live by concern: task_manager.cpp (lifecycle, assignment, timers),
 // task_stream.cpp (events, the stream's window and data credit, reliable data; the credit
 // and index state of an attempt is an attempt_data), task_journal.cpp (durability) and
-// task_ops.cpp (what an operator sees and steers).
+// task_ops.cpp (its counts, and what an operator sees and steers).
 #pragma once
 
 #include <chrono>

@@ -1,6 +1,6 @@
-// What an operator sees of the task manager and steers (SPEC §16), as OPS asks it: the
-// live tasks, a worker's state, the streams, the queue by resource shape and the policies'
-// versions; a worker drained, undrained or its task taken back.
+// What an operator sees of the task manager and steers (SPEC §16), as OPS and the metrics
+// ask it: its counts, the live tasks, a worker's state, the streams, the queue by resource
+// shape and the policies' versions; a worker drained, undrained or its task taken back.
 #include <algorithm>
 #include <map>
 
@@ -14,6 +14,17 @@
 namespace rlbus::broker {
 
 using task_helpers::slot;
+
+task_counts task_manager::counts() const {
+  task_counts c = counts_;
+  c.queued = queue_.size();
+  c.running = tasks_.size() - queue_.size();
+  c.quarantined = quarantine_.active();
+  c.quarantines = quarantine_.total();
+  c.orphaned = orphans_.size();
+  c.ring_bytes = ring_total_;
+  return c;
+}
 
 namespace {
 std::string_view state_name(int st) {
