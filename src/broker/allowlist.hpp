@@ -17,7 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "rlbus/types.hpp"
+#include "codec/vocabulary.hpp"
 
 namespace rlbus::broker {
 

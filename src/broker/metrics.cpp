@@ -1,8 +1,12 @@
 // See metrics.hpp.
 #include "broker/metrics.hpp"
 
+#include <algorithm>
+#include <mutex>
+
 #include <fmt/format.h>
 
+#include "broker/server.hpp"
 #include "codec/protocol.hpp"
 
 namespace rlbus::broker {
@@ -154,6 +158,125 @@ std::string prometheus_text(const stats& s) {
   e.one("rlbus_allowlist_errors_total", "counter", "allowlist reloads refused", s.allowlist_errors);
   e.one("rlbus_draining", "gauge", "1 while the broker drains before it stops", s.draining ? 1 : 0);
   return e.done();
+}
+
+// ---- the snapshot -----------------------------------------------------------------------
+
+stats server::snapshot() const {
+  const auto& c = counters_;
+  stats s;
+  for (std::size_t i = 0; i < s.received_by_type.size(); ++i) {
+    s.received_by_type[i] = c.received_by_type[i].load(std::memory_order_relaxed);
+    s.sent_by_type[i] = c.sent_by_type[i].load(std::memory_order_relaxed);
+  }
+  for (std::size_t i = 0; i < s.errors_by_code.size(); ++i)
+    s.errors_by_code[i] = c.errors_by_code[i].load(std::memory_order_relaxed);
+  {
+    const std::lock_guard lock(ticked_mu_);
+    s.queued_by_shape = ticked_shapes_;
+    s.policy_versions = ticked_policies_;
+  }
+  s.assignment_latency = tasks_.assignment_latency().counts();
+  s.task_duration = tasks_.task_duration().counts();
+  s.peers = c.peers.load();
+  s.messages_in = c.messages_in.load();
+  s.messages_out = c.messages_out.load();
+  s.faults = c.faults.load();
+  s.unroutable = c.unroutable.load();
+  s.over_bytes = c.over_bytes.load();
+  s.cut_hellos = c.cut_hellos.load();
+  s.queued_bytes = meter_.total();
+  s.refused_hellos = c.refused_hellos.load();
+  s.expired = c.expired.load();
+  s.events = c.events.load();
+  s.events_unheard = c.events_unheard.load();
+  s.tasks_queued = c.tasks_queued.load();
+  s.tasks_running = c.tasks_running.load();
+  s.tasks_finished = c.tasks_finished.load();
+  s.tasks_failed = c.tasks_failed.load();
+  s.tasks_requeued = c.tasks_requeued.load();
+  s.stale_messages = c.stale.load();
+  s.collectors = c.collectors.load();
+  s.learners = c.learners.load();
+  // Read apart from `peers`, the worker counts may pass it for a moment.
+  s.coordinators = s.peers - std::min(s.peers, s.collectors + s.learners);
+  s.draining = c.draining.load();
+  s.stream_replays = c.replays.load();
+  s.stream_resent = c.resent.load();
+  s.stream_lost = c.lost.load();
+  s.ring_bytes = c.ring_bytes.load();
+  s.ring_drops = c.ring_drops.load();
+  s.data_duplicates = c.data_duplicates.load();
+  s.data_out_of_order = c.data_out_of_order.load();
+  s.data_lost = c.data_lost.load();
+  s.workers_quarantined = c.quarantined.load();
+  s.quarantines = c.quarantines.load();
+  s.coordinators_orphaned = c.orphaned.load();
+  s.coordinator_adoptions = c.adoptions.load();
+  s.journal_records = c.journal_records.load();
+  s.journal_bytes = c.journal_bytes.load();
+  s.journal_fsyncs = c.journal_fsyncs.load();
+  s.journal_compactions = c.journal_compactions.load();
+  s.journal_torn = c.journal_torn.load();
+  s.tasks_restored = c.restored.load();
+  s.connections = c.connections.load();
+  s.connections_admitted = c.admitted.load();
+  s.refused_key = c.refused_key.load();
+  s.refused_subscriber = c.refused_subscriber.load();
+  s.refused_address = c.refused_address.load();
+  s.refused_connections = c.refused_connections.load();
+  s.refused_unauthorized = c.refused_unauthorized.load();
+  s.refused_role_limit = c.refused_role_limit.load();
+  s.refused_task_limit = c.refused_task_limit.load();
+  s.sessions_revoked = c.revoked.load();
+  s.allowlist_reloads = c.allowlist_reloads.load();
+  s.allowlist_errors = c.allowlist_errors.load();
+  s.faults_unanswered = c.unanswered.load();
+  return s;
+}
+
+void server::store_counters() {
+  const auto t = tasks_.counts();
+  auto& c = counters_;
+  c.peers.store(peers_.size(), std::memory_order_relaxed);
+  c.tasks_queued.store(t.queued, std::memory_order_relaxed);
+  c.tasks_running.store(t.running, std::memory_order_relaxed);
+  c.tasks_finished.store(t.finished, std::memory_order_relaxed);
+  c.tasks_failed.store(t.failed, std::memory_order_relaxed);
+  c.tasks_requeued.store(t.requeued, std::memory_order_relaxed);
+  c.stale.store(t.stale, std::memory_order_relaxed);
+  c.collectors.store(live_workers_[0], std::memory_order_relaxed);
+  c.learners.store(live_workers_[1], std::memory_order_relaxed);
+  c.draining.store(draining_, std::memory_order_relaxed);
+  c.replays.store(t.replays, std::memory_order_relaxed);
+  c.resent.store(t.resent, std::memory_order_relaxed);
+  c.lost.store(t.lost, std::memory_order_relaxed);
+  c.ring_bytes.store(t.ring_bytes, std::memory_order_relaxed);
+  c.ring_drops.store(t.ring_budget_drops, std::memory_order_relaxed);
+  c.data_duplicates.store(t.data_duplicates, std::memory_order_relaxed);
+  c.data_out_of_order.store(t.data_out_of_order, std::memory_order_relaxed);
+  c.data_lost.store(t.data_lost, std::memory_order_relaxed);
+  c.quarantined.store(t.quarantined, std::memory_order_relaxed);
+  c.quarantines.store(t.quarantines, std::memory_order_relaxed);
+  c.orphaned.store(t.orphaned, std::memory_order_relaxed);
+  c.adoptions.store(t.adoptions, std::memory_order_relaxed);
+  c.refused_task_limit.store(t.task_limit, std::memory_order_relaxed);
+  const auto& g = gate_.counts();
+  c.connections.store(g.connections, std::memory_order_relaxed);
+  c.admitted.store(g.admitted, std::memory_order_relaxed);
+  c.refused_key.store(g.refused_key, std::memory_order_relaxed);
+  c.refused_subscriber.store(g.refused_subscriber, std::memory_order_relaxed);
+  c.refused_address.store(g.refused_address, std::memory_order_relaxed);
+  c.refused_connections.store(g.refused_total, std::memory_order_relaxed);
+  c.allowlist_reloads.store(g.allowlist_reloads, std::memory_order_relaxed);
+  c.allowlist_errors.store(g.allowlist_errors, std::memory_order_relaxed);
+  if (journal_) {
+    const auto j = journal_->stats();
+    c.journal_records.store(j.records, std::memory_order_relaxed);
+    c.journal_bytes.store(j.bytes, std::memory_order_relaxed);
+    c.journal_fsyncs.store(j.fsyncs, std::memory_order_relaxed);
+    c.journal_compactions.store(j.compactions, std::memory_order_relaxed);
+  }
 }
 
 }  // namespace rlbus::broker

@@ -18,7 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "rlbus/types.hpp"
+#include "codec/vocabulary.hpp"
 #include "util/clock.hpp"
 
 namespace rlbus::broker {

@@ -1,67 +1,33 @@
-// See task_manager.hpp for the model. Handlers check who may say what (owner, holder,
-// attempt, state) before they change anything, so a refused message leaves no trace.
+// The task manager's lifecycle (see task_manager.hpp for the model): sessions that join and
+// go, what coordinators, learners and workers say of their tasks, assignment, deadlines and
+// the end of attempts. Handlers check who may say what (owner, holder, attempt, state)
+// before they change anything, so a refused message leaves no trace.
 #include "broker/task_manager.hpp"
 
 #include <algorithm>
-#include <span>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "broker/task_helpers.hpp"
 #include "codec/codec.hpp"
 #include "codec/map_writer.hpp"
 #include "util/log.hpp"
 
 namespace rlbus::broker {
 
+using task_helpers::clip;
+using task_helpers::reason_body;
+using task_helpers::refuse;
+using task_helpers::slot;
+
 namespace {
-
-// A DATA_ACK goes out after this many relayed indexed DATA, or this many bytes of them,
-// whichever comes first: what a worker keeps for a resend stays well within its bound.
-constexpr std::uint64_t data_ack_every = 32;
-constexpr std::size_t data_ack_bytes = std::size_t{1} << 20;
-// A journal record allows this many more seqs of a stream at a time (§14): at most that many
-// seqs that were never used are reported lost after a crash.
-constexpr std::uint64_t seq_reserve = 64;
-
-bool ends_task(std::string_view event) {
-  return event == "finished" || event == "failed" || event == "cancelled";
-}
-
-std::size_t slot(rlbus::role kind) {
-  return kind == rlbus::role::learner ? 1 : 0;
-}
 
 bool fits(const rlbus::resources& have, const rlbus::resources& need) {
   return std::all_of(need.begin(), need.end(), [&](const auto& n) {
     const auto it = have.find(n.first);
     return it != have.end() && it->second >= n.second;
   });
-}
-
-refusal refuse(codec::error_code code, std::string reason) {
-  const bool late =
-      code == codec::error_code::unknown_task || code == codec::error_code::stale_attempt;
-  return {code, std::move(reason), late};
-}
-
-// Reasons built from a peer's own text stay within the reason limit of the messages and
-// events they end up in.
-std::string clip(std::string s) {
-  if (s.size() > codec::max_reason_length) s.resize(codec::max_reason_length);
-  return s;
-}
-
-codec::blob reason_body(std::string_view reason, std::uint32_t attempt,
-                        const codec::blob* result = nullptr) {
-  if (result == nullptr)
-    return codec::map_writer(2).str("reason", reason).uint("attempt", attempt).done();
-  // The worker's own account of the failure (TASK_FAILED `result`), byte for byte.
-  return codec::map_writer(3, 32 + reason.size() + result->size())
-      .str("reason", reason)
-      .uint("attempt", attempt)
-      .raw("result", *result)
-      .done();
 }
 
 }  // namespace
@@ -392,57 +358,6 @@ std::optional<refusal> task_manager::on_data_reply(const std::string& from, code
   return std::nullopt;
 }
 
-// An event of `t`'s attempt at the head of its owner's stream, written once as the bytes
-// it travels as (its body by `write_body`, `reserve` bytes expected), then sent as the stream
-// allows and published.
-template <class Body>
-void task_manager::emit_with(task& t, std::string_view event, std::size_t reserve,
-                             Body&& write_body, std::string_view detail, std::uint32_t items) {
-  auto& s = streams_[t.owner];
-  if (!t.event_fields.of(t.attempt, t.worker))
-    t.event_fields = codec::event_fixed(t.id, t.attempt, t.worker);
-  const bool ends = ends_task(event);
-  auto wire = codec::event_head(t.event_fields, ++s.seq, event, reserve, ends);
-  const auto head = wire.size();
-  write_body(wire);
-  const auto body_bytes = wire.size() - head;
-  if (ends) codec::event_kind(wire, t.kind);
-  const auto ring_before = s.ring_bytes;
-  s.push({s.seq, util::shared_frame(std::move(wire)), body_bytes, items, ends});
-  const auto& made = s.ring.back();
-  if (journal_ != nullptr) {  // written before the event can leave (§14)
-    if (s.seq > s.reserved) {
-      s.reserved = s.seq + seq_reserve;
-      journal_->reserved(t.owner, s.reserved);
-    }
-    if (made.ends) journal_->end_event(t.owner, made.wire.view());
-  }
-  if (!s.windowed) {  // v1: sent as made; an undeliverable one leaves a gap (§12.8.2)
-    sink_.send_encoded(t.owner, codec::msg_type::task_event, made.wire);
-    s.next = s.seq + 1;
-    s.sent_max = s.seq;
-  }
-  if (event == "data") s.max_data_bytes = std::max(s.max_data_bytes, body_bytes);
-  // The ring is bounded in events and in bytes (payloads can be large).
-  s.trim(cfg_.stream_ring, cfg_.stream_ring_bytes);
-  ring_total_ = ring_total_ - ring_before + s.ring_bytes;
-  // Past the pool, a stream holding more than its share gives up its oldest events (a
-  // replay reports them lost): coordinators that never acknowledge cannot hold it all.
-  while (over_ring_share(s) && s.ring.size() > 1) {
-    ring_total_ -= s.ring.front().body_bytes;
-    s.pop_front();
-    ++counts_.ring_budget_drops;
-  }
-  pump(t.owner, s);
-  auto& topic = topic_;  // reused: no allocation per event
-  topic.clear();
-  topic.append("task.").append(t.owner).append(".").append(event);
-  // Nobody subscribed: the event still takes its seq (SPEC §2.5) but its body is not built.
-  if (!sink_.wanted(topic)) return sink_.publish(topic, std::monostate{});
-  sink_.publish(topic,
-                codec::task_status{t.id, t.kind, t.attempt, t.worker, clip(std::string(detail))});
-}
-
 // ---- worker side -----------------------------------------------------------------------
 
 namespace {
@@ -491,81 +406,6 @@ refusal task_manager::wrong_state(const task& t, std::string_view what, bool lat
   auto r = refuse(codec::error_code::wrong_state, fmt::format("task '{}': {}", t.id, what));
   r.late = late_if_closing && t.st == state::closing;
   return r;
-}
-
-// An item of the attempt's indexed sequence, DATA or INFO (§12.11.4, §12.11.10): a
-// duplicate or one past the next is dropped (true), and what is left must have credit.
-bool task_manager::dropped_by_index(task& t, const std::optional<std::uint64_t>& index) {
-  if (!index) return false;
-  // Already relayed: a resend after a reconnect. Dropped without a word, and it uses no
-  // credit, so resending can never be refused 414 (§12.11.5).
-  if (*index <= t.data_relayed) {
-    ++counts_.data_duplicates;
-    return true;
-  }
-  return past_next(t, *index);
-}
-
-std::optional<refusal> task_manager::out_of_credit(const task& t) {
-  if (!t.credited || t.data_accepted < t.data_limit) return std::nullopt;
-  return refuse(codec::error_code::no_credit,
-                fmt::format("task '{}': attempt {} was granted {} DATA and sent them all; wait "
-                            "for DATA_CREDIT",
-                            t.id, t.attempt, t.data_limit));
-}
-
-// Relayed items (`last`: the index of the last, when they are indexed): counted against
-// the credit, confirmed now and then (so the worker can let go of what it keeps for a
-// resend), and, when credited, maybe the attempt's top-up.
-void task_manager::relayed(task& t, std::optional<std::uint64_t> last, std::uint64_t items,
-                           std::size_t bytes) {
-  if (last) {
-    t.data_relayed = *last;
-    t.out_of_order = 0;
-    t.ack_pending += items;
-    t.ack_pending_bytes += bytes;
-    if (t.ack_pending >= data_ack_every || t.ack_pending_bytes >= data_ack_bytes)
-      send_data_ack(t, false);
-  }
-  // More items leave the others' room as it was (the backlog grew by what this attempt's
-  // unused credit shrank), so only this attempt can have come due for a top-up.
-  if (t.credited) {
-    auto& s = streams_[t.owner];
-    if ((t.data_limit - t.data_accepted) * 2 <= chunk_of(s)) grant(s, nullptr);
-  }
-}
-
-// DATA, read in place: its fields go into the event as they came, copied once, into the
-// bytes the event travels as.
-std::optional<refusal> task_manager::on_data(const std::string& from, rlbus::role role,
-                                             const codec::data_view& d, util::time_point now) {
-  if (role == rlbus::role::coordinator)
-    return refuse(codec::error_code::unknown_type, "a coordinator does not run tasks");
-  std::optional<refusal> why;
-  task* held = held_task(from, d.task_id, d.attempt, why);
-  if (held == nullptr) return why;
-  task& t = *held;
-  // An indexed DATA that crosses TASK_CLOSE was emitted before the worker saw it, maybe
-  // sent again after a reconnect: relaying it keeps the attempt's data whole (§12.11.4).
-  const bool open = t.st == state::running || (t.st == state::closing && d.index);
-  if (!open || t.kind != rlbus::role::collector)
-    return wrong_state(t, "DATA belongs to a running collector task");
-  if (dropped_by_index(t, d.index)) return std::nullopt;
-  if (auto no = out_of_credit(t)) return no;
-  ++t.data_accepted;
-  if (t.st == state::running) set_deadline(t, now + t.step_timeout);  // closing: it stands
-  const auto size = d.meta.size() + (d.payload ? d.payload->size() : 0);
-  emit_with(
-      t, "data", 64 + d.data_id.size() + d.buffer_id.size() + size,
-      [&](codec::blob& wire) {
-        codec::map_writer body(wire, 3 + (d.payload ? 1 : 0) + (d.policy_version ? 1 : 0));
-        body.str("data_id", d.data_id).str("buffer_id", d.buffer_id).raw("meta", d.meta);
-        if (d.payload) body.bin("payload", *d.payload);
-        if (d.policy_version) body.uint("policy_version", *d.policy_version);
-      },
-      d.data_id);
-  relayed(t, d.index, 1, size);
-  return std::nullopt;
 }
 
 std::optional<refusal> task_manager::on_worker_message(const std::string& from, codec::message&& m,
@@ -631,7 +471,7 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
     if (dropped_by_index(t, i->index)) return std::nullopt;
     if (i->index) {
       if (auto no = out_of_credit(t)) return no;
-      ++t.data_accepted;
+      t.data.accept();
     }
     if (t.st == state::running) progress();
     emit(t, "info", i->body);
@@ -678,110 +518,6 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
   return std::nullopt;
 }
 
-// A collector dropped DATA first..last before the broker confirmed them (§12.11.6). Those
-// the broker relayed meanwhile are no loss; the rest are reported to the coordinator, in
-// their place in the stream, and count as used credit, as they did on the worker.
-std::optional<refusal> task_manager::on_data_lost(task& t, const codec::data_lost& l,
-                                                  util::time_point now) {
-  if (t.st != state::running && t.st != state::closing) {
-    auto r = refuse(codec::error_code::wrong_state,
-                    fmt::format("task '{}': DATA_LOST belongs to a running task", t.id));
-    r.late = t.st == state::closing;
-    return r;
-  }
-  if (l.last < l.first)
-    return refuse(
-        codec::error_code::bad_index,
-        fmt::format("task '{}': DATA_LOST from {} to {} is backwards", t.id, l.first, l.last));
-  if (past_next(t, l.first)) return std::nullopt;     // as for a DATA
-  if (l.last <= t.data_relayed) return std::nullopt;  // all of them got here after all
-  const auto first = t.data_relayed + 1;
-  const auto count = l.last - t.data_relayed;
-  if (t.credited && count > t.data_limit - t.data_accepted)
-    return refuse(codec::error_code::bad_index,
-                  fmt::format("task '{}': DATA_LOST up to {} goes past the attempt's credit of {}",
-                              t.id, l.last, t.data_limit));
-  t.data_relayed = l.last;
-  t.out_of_order = 0;
-  t.data_accepted += count;
-  counts_.data_lost += count;
-  if (t.st == state::running) set_deadline(t, now + t.step_timeout);
-  spdlog::warn("task {} attempt {}: its collector lost DATA {}..{}", t.id, t.attempt, first,
-               l.last);
-  emit(t, "data_lost",
-       codec::map_writer(2).uint("first_index", first).uint("last_index", l.last).done(),
-       fmt::format("{}..{}", first, l.last));
-  if (t.credited) grant(streams_[t.owner], nullptr);
-  return std::nullopt;
-}
-
-// Consecutive indexed DATA in one message (§12.12.3), judged as its items would be one by
-// one: duplicates at its front are dropped, the new items use credit and leave as one
-// `data_batch`, spliced from the batch's bytes.
-std::optional<refusal> task_manager::on_data_batch(task& t, const codec::data_batch& b,
-                                                   util::time_point now) {
-  if ((t.st != state::running && t.st != state::closing) || t.kind != rlbus::role::collector) {
-    auto r = refuse(codec::error_code::wrong_state,
-                    fmt::format("task '{}': DATA_BATCH belongs to a running collector task", t.id));
-    r.late = t.st == state::closing;
-    return r;
-  }
-  const auto items = codec::split_items(b.items);
-  const std::uint64_t n = items.size();
-  const auto last = b.first_index + n - 1;  // first_index <= 2^63: no overflow
-  if (last <= t.data_relayed) {
-    counts_.data_duplicates += n;
-    return std::nullopt;
-  }
-  if (past_next(t, b.first_index)) {
-    counts_.data_out_of_order += n - 1;  // past_next counted one
-    return std::nullopt;
-  }
-  const auto skip = t.data_relayed + 1 - b.first_index;  // duplicates at the front
-  const auto fresh = n - skip;
-  if (t.credited && fresh > t.data_limit - t.data_accepted)
-    return refuse(codec::error_code::no_credit,
-                  fmt::format("task '{}': attempt {} was granted {} DATA and has sent {}; a batch "
-                              "of {} more goes past it: wait for DATA_CREDIT",
-                              t.id, t.attempt, t.data_limit, t.data_accepted, fresh));
-  counts_.data_duplicates += skip;
-  t.data_accepted += fresh;
-  if (t.st == state::running) set_deadline(t, now + t.step_timeout);
-  const auto first = t.data_relayed + 1;
-  const std::span<const std::string_view> fresh_items(items.data() + skip, fresh);
-  std::size_t bytes = 0;
-  auto& s = streams_[t.owner];
-  for (const auto item : fresh_items) {
-    bytes += item.size();
-    // A unit of credit costs what the stream's largest item does (§12.12.3).
-    s.max_data_bytes = std::max(s.max_data_bytes, item.size());
-  }
-  emit_with(
-      t, "data_batch", 32 + bytes,
-      [&](codec::blob& wire) {
-        codec::map_writer(wire, 2).uint("first_index", first).array("items", fresh_items);
-      },
-      fmt::format("{}..{}", first, last), static_cast<std::uint32_t>(fresh));
-  relayed(t, last, fresh, bytes);
-  return std::nullopt;
-}
-
-// Past the next index: those before it went missing on the way. Dropped, and the worker is
-// asked to send again from the first missing one; once per gap and then every 64th, so a
-// worker that keeps sending cannot make the broker answer each message.
-bool task_manager::past_next(task& t, std::uint64_t index) {
-  if (index - 1 <= t.data_relayed) return false;
-  ++counts_.data_out_of_order;
-  if (t.out_of_order++ % 64 == 0) send_data_ack(t, true);
-  return true;
-}
-
-void task_manager::send_data_ack(task& t, bool resend) {
-  t.ack_pending = 0;
-  t.ack_pending_bytes = 0;
-  sink_.send_to(t.worker, codec::data_ack{t.id, t.attempt, t.data_relayed, resend});
-}
-
 // ---- assignment, deadlines, attempts ---------------------------------------------------
 
 void task_manager::try_assign(util::time_point now) {
@@ -820,10 +556,7 @@ void task_manager::start_attempt(task& t, worker_info& w, const std::string& wor
   t.worker = worker_id;
   t.st = state::starting;
   t.request_id.reset();
-  t.data_relayed = 0;
-  t.ack_pending = 0;
-  t.ack_pending_bytes = 0;
-  t.out_of_order = 0;
+  t.data.begin();
   w.task = t.id;
   t.attempt_end = now + t.task_timeout;
   t.leave_end = false;
@@ -850,9 +583,7 @@ void task_manager::start_attempt(task& t, worker_info& w, const std::string& wor
   // already knows the limit (§12.9.9).
   auto& s = streams_[t.owner];
   if (t.kind == rlbus::role::collector && s.windowed) {
-    t.credited = true;
-    t.data_accepted = 0;
-    t.data_limit = 0;
+    t.data.begin_credit();
     s.credited.insert(t.id);
     grant(s, &t);
   }
@@ -956,8 +687,7 @@ void task_manager::on_timers(util::time_point now) {
       checks_.push({t.deadline, t.id, t.generation});
       continue;
     }
-    if (t.st == state::running && t.credited && t.data_accepted >= t.data_limit &&
-        t.deadline < t.attempt_end) {
+    if (t.st == state::running && t.data.exhausted() && t.deadline < t.attempt_end) {
       // Its collector waits for credit: held back by the coordinator's window, not silent.
       t.deadline = std::min(now + t.step_timeout, t.attempt_end);
       t.scheduled = t.deadline;
@@ -1052,354 +782,6 @@ void task_manager::erase_task(const std::string& id) {
   if (const auto o = owned_.find(it->second.owner); o != owned_.end() && --o->second == 0)
     owned_.erase(o);
   tasks_.erase(it);
-}
-
-void task_manager::emit(task& t, std::string_view event, std::string_view body,
-                        std::string_view detail, std::uint32_t items) {
-  emit_with(
-      t, event, body.size(), [&](codec::blob& wire) { wire.append(body); }, detail, items);
-}
-
-// ---- replay and flow control (§12.9) ---------------------------------------------------
-
-void task_manager::pump_streams() {
-  for (auto& [owner, s] : streams_)
-    if (s.windowed && s.next <= s.seq) pump(owner, s);
-}
-
-std::optional<refusal> task_manager::on_replay(const std::string& from, const codec::replay& r) {
-  auto& s = streams_[from];
-  if (auto no = s.replay(r.from_seq)) return no;
-  ++counts_.replays;
-  if (journal_ != nullptr) journal_->acked(from, s.acked);
-  pump(from, s);
-  grant(s, nullptr);
-  return std::nullopt;
-}
-
-std::optional<refusal> task_manager::on_ack(const std::string& from, const codec::ack& a) {
-  auto& s = streams_[from];
-  const auto before = s.acked;
-  if (auto no = s.ack(a.seq)) return no;
-  if (journal_ != nullptr && s.acked != before) journal_->acked(from, s.acked);
-  pump(from, s);
-  grant(s, nullptr);
-  return std::nullopt;
-}
-
-// Tops up the data credit of the stream's collector attempts out of the window's room: the
-// unacknowledged events plus all credit not yet used stay within stream-window, and their
-// bytes (a unit of credit costing the largest data event so far) within half the ring's byte
-// bound. A chunk is the window shared by twice the credited attempts; an attempt is topped up
-// once it has used half its chunk. `announce` gets DATA_CREDIT even when nothing changed.
-void task_manager::grant(stream& s, const task* announce) {
-  if (!s.windowed || s.credited.empty()) return;
-  const auto window = static_cast<std::uint64_t>(cfg_.stream_window);
-  const std::uint64_t chunk = chunk_of(s);
-  // Unused credit counts against the window up to each attempt's current chunk. An attempt
-  // granted a bigger chunk while it shared the window with fewer others cannot be asked to
-  // give it back; counting all of it would let a few idle attempts starve the rest for good.
-  std::uint64_t outstanding = 0;
-  for (const auto& id : s.credited) {
-    const auto& t = tasks_.at(id);
-    outstanding += std::min(t.data_limit - t.data_accepted, chunk);
-  }
-  const std::uint64_t backlog = s.unacked_items();
-  const std::size_t byte_budget = cfg_.stream_ring_bytes / 2;
-  for (const auto& id : s.credited) {
-    auto& t = tasks_.at(id);
-    const auto left = t.data_limit - t.data_accepted;
-    std::uint64_t add = 0;
-    if (left * 2 <= chunk) {
-      std::uint64_t room = backlog + outstanding < window ? window - backlog - outstanding : 0;
-      const auto unacked = s.unacked_bytes();
-      if (unacked >= byte_budget || over_ring_share(s)) {
-        room = 0;
-      } else if (s.max_data_bytes > 0) {
-        const std::uint64_t fit = (byte_budget - unacked) / s.max_data_bytes;
-        room = std::min(room, fit > outstanding ? fit - outstanding : 0);
-      }
-      add = std::min(chunk - left, room);
-    }
-    if (add > 0) {
-      t.data_limit += add;
-      outstanding += add;
-    }
-    if (add > 0 || &t == announce)
-      sink_.send_to(t.worker, codec::data_credit{t.id, t.attempt, t.data_limit});
-  }
-}
-
-std::uint64_t task_manager::chunk_of(const stream& s) const {
-  const auto window = static_cast<std::uint64_t>(cfg_.stream_window);
-  return std::max<std::uint64_t>(1, window / (2 * std::max<std::size_t>(1, s.credited.size())));
-}
-
-// The attempt ends: its unused credit goes back to the window, for the stream's others.
-void task_manager::uncredit(task& t) {
-  if (!t.credited) return;
-  t.credited = false;
-  t.data_accepted = 0;
-  t.data_limit = 0;
-  const auto it = streams_.find(t.owner);
-  if (it == streams_.end()) return;
-  it->second.credited.erase(t.id);
-  grant(it->second, nullptr);
-}
-
-task_counts task_manager::counts() const {
-  task_counts c = counts_;
-  c.queued = queue_.size();
-  c.running = tasks_.size() - queue_.size();
-  c.quarantined = quarantine_.active();
-  c.quarantines = quarantine_.total();
-  c.orphaned = orphans_.size();
-  c.ring_bytes = ring_total_;
-  return c;
-}
-
-// ---- durability (§14) --------------------------------------------------------------------
-
-journal_task task_manager::journal_task_of(const task& t) {
-  journal_task j;
-  j.owner = t.owner;
-  j.order = t.order;
-  j.submit.task_id = t.id;
-  j.submit.kind = t.kind;
-  j.submit.task_info = t.task_info;
-  j.submit.requirements = t.requirements;
-  j.submit.policy_id = t.policy_id;
-  const auto ms = [](std::chrono::milliseconds d) { return static_cast<std::uint32_t>(d.count()); };
-  j.start_timeout_ms = ms(t.start_timeout);
-  j.step_timeout_ms = ms(t.step_timeout);
-  j.close_timeout_ms = ms(t.close_timeout);
-  j.task_timeout_ms = ms(t.task_timeout);
-  j.queue_timeout_ms = ms(t.queue_timeout);
-  j.max_attempts = t.max_attempts;
-  j.attempt = t.attempt;
-  j.running = t.st != state::queued;
-  j.worker = t.worker.empty() ? t.last_worker : t.worker;
-  return j;
-}
-
-void task_manager::write_snapshot(journal& j) const {
-  for (const auto& [id, p] : policies_.all())
-    j.policy(p.publisher, codec::policy{id, p.version, p.ref, p.params});
-  for (const auto& [owner, s] : streams_) {
-    j.reserved(owner, std::max(s.reserved, s.seq));
-    if (s.windowed) j.acked(owner, s.acked);
-    for (const auto& h : s.ring)
-      if (h.seq > s.acked && h.ends) j.end_event(owner, h.wire.view());
-  }
-  std::map<std::uint64_t, const task*> in_order;
-  for (const auto& [id, t] : tasks_) in_order.emplace(t.order, &t);
-  for (const auto& [order, t] : in_order) {
-    const auto jt = journal_task_of(*t);
-    j.submitted(jt);
-    if (jt.attempt > 0) j.started(jt.submit.task_id, jt.attempt, jt.worker);
-    if (jt.attempt > 0 && !jt.running) j.requeued(jt.submit.task_id, jt.attempt);
-  }
-}
-
-void task_manager::restore(const journal_state& js, util::time_point now) {
-  for (const auto& p : js.policies) (void)policies_.publish(p.publisher, codec::policy(p.latest));
-  // Streams first: the restart's own events below are numbered after what came before.
-  for (const auto& [owner, st] : js.streams) {
-    auto& s = streams_[owner];
-    s.seq = st.head;
-    s.reserved = st.head;
-    s.sent_max = st.head;  // any of them may have reached the coordinator
-    s.windowed = st.windowed;
-    s.acked = std::min(st.acked, st.head);
-    s.next = s.acked + 1;
-    // The ring holds the kept ends at their seqs and, between them, placeholders for the
-    // events nobody kept: a replay reports those lost. Before the first kept end, the ring's
-    // front does the same (STREAM_GAP), without placeholders.
-    std::uint64_t first = st.head + 1;
-    for (const auto& e : st.ends)
-      if (e.seq > s.acked) first = std::min(first, e.seq);
-    first = std::max(first, st.head >= cfg_.stream_ring ? st.head - cfg_.stream_ring + 1 : 1);
-    auto end = st.ends.begin();
-    for (auto seq = first; seq <= st.head; ++seq) {
-      while (end != st.ends.end() && end->seq < seq) ++end;
-      if (end != st.ends.end() && end->seq == seq) {
-        s.push({seq, util::shared_frame(codec::encode_body(codec::message{*end})), end->body.size(),
-                1, true});
-      } else {
-        s.push({seq});  // a placeholder
-      }
-    }
-    ring_total_ += s.ring_bytes;
-    // What the ring holds at or below acked counts as acknowledged, as it does in a live run.
-    const auto acked = s.acked;
-    s.acked = 0;
-    s.set_acked(acked);
-  }
-  for (const auto& jt : js.tasks) {
-    task t;
-    t.id = jt.submit.task_id;
-    t.owner = jt.owner;
-    t.kind = jt.submit.kind;
-    t.task_info = jt.submit.task_info;
-    t.requirements = jt.submit.requirements;
-    t.policy_id = jt.submit.policy_id;
-    t.start_timeout = std::chrono::milliseconds(jt.start_timeout_ms);
-    t.step_timeout = std::chrono::milliseconds(jt.step_timeout_ms);
-    t.close_timeout = std::chrono::milliseconds(jt.close_timeout_ms);
-    t.task_timeout = std::chrono::milliseconds(jt.task_timeout_ms);
-    t.queue_timeout = std::chrono::milliseconds(jt.queue_timeout_ms);
-    t.max_attempts = jt.max_attempts;
-    t.attempt = jt.attempt;
-    t.last_worker = jt.worker;
-    t.order = jt.order;
-    next_order_ = std::max(next_order_, t.order);
-    ++owned_[t.owner];
-    auto& held = tasks_.emplace(t.id, std::move(t)).first->second;
-    if (jt.running) {
-      // The attempt ended with the broker that ran it. The restart is not the task's fault:
-      // it does not use up an attempt (within the protocol's 1000).
-      const std::string reason = "broker restarted";
-      if (held.attempt >= 1000) {
-        ++counts_.failed;
-        emit(held, "failed", reason_body(reason, held.attempt), reason);
-        erase_task(held.id);
-        continue;
-      }
-      held.max_attempts = std::max(held.max_attempts, held.attempt + 1);
-      held.worker = jt.worker;  // the event names the worker it ran on
-      emit(held, "requeued", reason_body(reason, held.attempt), reason);
-      held.worker.clear();
-      ++counts_.requeued;
-    }
-    queue_.emplace(held.order, held.id);
-    held.submitted_at = now;  // as far as this broker knows
-    held.queued_at = now;
-    arm_queue_timeout(held, now);
-  }
-  // Nobody is connected yet: every coordinator's work waits for a new session of its id.
-  std::set<std::string> owners;
-  for (const auto& [owner, s] : streams_) owners.insert(owner);
-  for (const auto& [id, t] : tasks_) owners.insert(t.owner);
-  for (const auto& owner : owners) {
-    if (cfg_.coordinator_grace_ms == 0) {
-      drop_coordinator(owner, now);
-    } else {
-      orphans_[owner] = now + std::chrono::milliseconds(cfg_.coordinator_grace_ms);
-    }
-  }
-  spdlog::info(
-      "restored {} tasks ({} queued, {} re-queued after the restart), {} policies, {} "
-      "coordinator streams",
-      tasks_.size(), tasks_.size() - counts_.requeued, counts_.requeued, js.policies.size(),
-      streams_.size());
-}
-
-// ---- what an operator sees and steers (SPEC §16) -------------------------------------
-
-namespace {
-std::string_view state_name(int st) {
-  static constexpr std::string_view names[] = {"queued", "starting", "running", "closing"};
-  return names[st];
-}
-}  // namespace
-
-std::pair<std::vector<task_manager::task_view>, std::size_t> task_manager::list_tasks(
-    std::string_view state, std::optional<rlbus::role> kind, std::string_view coordinator,
-    std::size_t limit, std::uint64_t offset) const {
-  std::vector<const task*> order;
-  order.reserve(tasks_.size());
-  for (const auto& [order_key, id] : queue_) order.push_back(&tasks_.at(id));
-  std::vector<const task*> others;
-  for (const auto& [id, t] : tasks_)
-    if (t.st != state::queued) others.push_back(&t);
-  std::sort(others.begin(), others.end(),
-            [](const task* a, const task* b) { return a->order < b->order; });
-  order.insert(order.end(), others.begin(), others.end());
-  std::vector<task_view> out;
-  std::size_t total = 0;
-  for (const task* t : order) {
-    const auto name = state_name(static_cast<int>(t->st));
-    if ((!state.empty() && name != state) || (kind && t->kind != *kind) ||
-        (!coordinator.empty() && t->owner != coordinator))
-      continue;
-    if (total++ < offset) continue;
-    if (out.size() < limit)
-      out.push_back({t->id, t->kind, name, t->attempt, t->worker, t->owner, t->submitted_at});
-  }
-  return {std::move(out), total};
-}
-
-std::optional<task_manager::worker_view> task_manager::worker_state(const std::string& id) const {
-  const auto it = workers_.find(id);
-  if (it == workers_.end()) return std::nullopt;
-  const auto& w = it->second;
-  worker_view v{w.task, 0, quarantine_.held(id), w.leaving, w.drained};
-  if (!w.task.empty()) v.attempt = tasks_.at(w.task).attempt;
-  return v;
-}
-
-std::vector<task_manager::stream_view> task_manager::list_streams() const {
-  std::vector<stream_view> out;
-  for (const auto& [owner, s] : streams_)
-    out.push_back({owner, s.seq, s.acked, s.windowed, s.ring.size()});
-  std::sort(out.begin(), out.end(), [](const stream_view& a, const stream_view& b) {
-    return a.coordinator < b.coordinator;
-  });
-  return out;
-}
-
-std::vector<std::pair<std::string, std::uint64_t>> task_manager::queued_by_shape() const {
-  std::map<std::string, std::uint64_t> shapes;
-  for (const auto& [order, id] : queue_) {
-    std::string shape;
-    for (const auto& [name, amount] : tasks_.at(id).requirements)
-      shape += fmt::format("{}{}={}", shape.empty() ? "" : ",", name, amount);
-    ++shapes[shape];
-  }
-  return {shapes.begin(), shapes.end()};
-}
-
-std::vector<std::pair<std::string, std::uint64_t>> task_manager::policy_versions() const {
-  std::vector<std::pair<std::string, std::uint64_t>> out;
-  for (const auto& [id, p] : policies_.all()) out.emplace_back(id, p.version);
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-bool task_manager::set_drained(const std::string& id, bool drained, util::time_point now) {
-  const auto it = workers_.find(id);
-  if (it == workers_.end()) return false;
-  auto& w = it->second;
-  if (w.drained == drained) return true;
-  w.drained = drained;
-  spdlog::info("worker {} {} by an operator{}", id, drained ? "drained" : "undrained",
-               drained && !w.task.empty() ? fmt::format(" (its task {} runs on)", w.task) : "");
-  if (drained) {
-    free_[slot(w.role)].erase(w.serial);
-  } else if (w.task.empty() && !w.leaving && !quarantine_.held(id)) {
-    free_[slot(w.role)].emplace(w.serial, id);
-    try_assign(now);
-  }
-  return true;
-}
-
-std::optional<std::string> task_manager::take_back(const std::string& id, const std::string& reason,
-                                                   util::time_point now) {
-  const auto it = workers_.find(id);
-  if (it == workers_.end()) return std::nullopt;
-  const std::string task_id = it->second.task;
-  // No new task for it while the session lasts (the caller ends it next).
-  it->second.drained = true;
-  free_[slot(it->second.role)].erase(it->second.serial);
-  if (task_id.empty()) return task_id;
-  auto& t = tasks_.at(task_id);
-  const util::log_scope log(
-      {.task = t.id, .attempt = t.attempt, .worker = id, .coordinator = t.owner});
-  sink_.send_to(id, codec::task_abort{t.id, t.attempt, reason});
-  it->second.task.clear();
-  end_attempt(t, reason, now);
-  try_assign(now);
-  return task_id;
 }
 
 }  // namespace rlbus::broker

@@ -16,6 +16,11 @@
 //
 // Single-threaded: the broker loop owns it. It talks to the world only through task_sink,
 // so tests can drive it with a fake clock and a fake sink.
+//
+// Its member functions live by concern: task_manager.cpp (lifecycle, assignment, timers),
+// task_stream.cpp (events, the stream's window and data credit, reliable data; the credit
+// and index state of an attempt is an attempt_data), task_journal.cpp (durability) and
+// task_ops.cpp (its counts, and what an operator sees and steers).
 #pragma once
 
 #include <chrono>
@@ -29,6 +34,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "broker/attempt_data.hpp"
 #include "broker/config.hpp"
 #include "broker/histogram.hpp"
 #include "broker/journal.hpp"
@@ -36,6 +42,7 @@
 #include "broker/quarantine.hpp"
 #include "broker/refusal.hpp"
 #include "broker/stream.hpp"
+#include "broker/task_sink.hpp"
 #include "codec/codec.hpp"
 #include "codec/map_writer.hpp"
 #include "codec/messages.hpp"
@@ -177,18 +184,9 @@ class task_manager {
     // a check that comes due early is re-pushed at the real deadline (as peer expiry does).
     std::optional<util::time_point> scheduled;
     std::uint32_t generation = 0;  // bumped when the schedule is dropped: older checks go stale
-    // Data credit (§12.9.9), for a collector attempt begun while its owner's stream was
-    // windowed: DATA is accepted while data_accepted < data_limit.
-    bool credited = false;
-    std::uint64_t data_accepted = 0;
-    std::uint64_t data_limit = 0;  // the running total granted in DATA_CREDIT
-    // Reliable data (§12.11), per attempt: the indexed DATA relayed (or declared lost) so
-    // far, which are exactly indexes 1..data_relayed; what was relayed since the last
-    // DATA_ACK; and the DATA dropped past the next index since the last relay.
-    std::uint64_t data_relayed = 0;
-    std::uint64_t ack_pending = 0;
-    std::size_t ack_pending_bytes = 0;
-    std::uint64_t out_of_order = 0;
+    // The current attempt's data credit (§12.9.9), held by a collector attempt begun while
+    // its owner's stream was windowed, and its indexed sequence (reliable data, §12.11).
+    attempt_data data;
     codec::event_fixed event_fields;  // of the attempt's TASK_EVENTs, encoded once
     util::time_point submitted_at{};  // when its SUBMIT came
     util::time_point queued_at{};     // when it was last queued

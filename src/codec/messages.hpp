@@ -9,7 +9,7 @@
 
 #include "codec/protocol.hpp"
 #include "codec/task_messages.hpp"
-#include "rlbus/types.hpp"
+#include "codec/vocabulary.hpp"
 
 namespace rlbus::codec {
 

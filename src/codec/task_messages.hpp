@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "codec/protocol.hpp"
-#include "rlbus/types.hpp"
+#include "codec/vocabulary.hpp"
 
 namespace rlbus::codec {
 

@@ -14,6 +14,7 @@
 
 #include "broker/server.hpp"
 #include "codec/codec.hpp"
+#include "rlbus/types.hpp"
 
 namespace rlbus::test {
 
