@@ -362,12 +362,7 @@ class Session:
             self._broker_deadline = now + self._silence()
         name = msg.name
         if name not in _SESSION_MESSAGES:  # the common case: straight to the role
-            on_message = self._on_message
-            if on_message is not None:
-                try:
-                    on_message(msg)
-                except Exception:  # a role's bug must not end the connection
-                    log.exception("%s %s: on_message raised", self.role, self.id)
+            self._deliver(msg)
             return
         if name == "WELCOME":
             if self.state == READY:

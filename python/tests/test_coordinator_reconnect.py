@@ -6,12 +6,13 @@ process SIGKILLed and started again (the new process adopts the tasks, SPEC §12
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 from conftest import PYTHON_DIR, Broker, wait_until
 from relay import Relay
@@ -150,27 +151,34 @@ sys.stdin.read()  # until killed
 """
 
 
+@contextlib.contextmanager
+def coordinator_process(broker: Broker, cid: str, *tasks: str) -> Iterator[None]:
+    """A coordinator process of id `cid` that submitted `tasks` (task_id, or task_id:kind);
+    SIGKILLed on the way out, so the broker hears no DISCONNECT from it."""
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+    old = subprocess.Popen([sys.executable, "-c", OLD_COORDINATOR, broker.router, cid, *tasks],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert old.stdout is not None
+        assert old.stdout.readline().strip() == "submitted"
+        yield
+    finally:
+        old.send_signal(signal.SIGKILL)
+        old.wait(10)
+
+
 def test_a_restarted_coordinator_process_adopts_the_tasks_of_the_killed_one(
         broker: Broker, closing: Any) -> None:
     cid = uid("coord")
     workers = [RawWorker(broker.router, "collector") for _ in range(2)]
     for w in workers:
         closing(w)
-    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
-    old = subprocess.Popen([sys.executable, "-c", OLD_COORDINATOR, broker.router, cid,
-                            "job-1", "job-2"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                           text=True, env=env)
-    try:
-        assert old.stdout is not None
-        assert old.stdout.readline().strip() == "submitted"
+    with coordinator_process(broker, cid, "job-1", "job-2"):
         taken = dict(w.take() for w in workers)  # both running, attempt 1
         assert sorted(taken) == ["job-1", "job-2"] and set(taken.values()) == {1}
         for w, (task, attempt) in zip(workers, taken.items()):
             w.send("DATA", task_id=task, attempt=attempt, data_id="before", buffer_id="",
                    meta={})
-    finally:
-        old.send_signal(signal.SIGKILL)
-        old.wait(10)
     rec = Recorder()
     # refused (409) while the killed process's session lives, admitted once it expired
     c = Coordinator(broker.router, id=cid, callbacks=rec, reconnect_min=0.05, reconnect_max=0.2)
@@ -202,17 +210,8 @@ def test_a_learner_task_adopted_by_a_new_process_finishes_in_the_learner_callbac
     cid = uid("coord")
     learner = RawWorker(broker.router, "learner")
     closing(learner)
-    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
-    old = subprocess.Popen([sys.executable, "-c", OLD_COORDINATOR, broker.router, cid,
-                            "learn-1:learner"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                           text=True, env=env)
-    try:
-        assert old.stdout is not None
-        assert old.stdout.readline().strip() == "submitted"
+    with coordinator_process(broker, cid, "learn-1:learner"):
         task, attempt = learner.take()
-    finally:
-        old.send_signal(signal.SIGKILL)
-        old.wait(10)
     rec = Recorder()
     c = Coordinator(broker.router, id=cid, callbacks=rec, reconnect_min=0.05, reconnect_max=0.2)
     closing(c)

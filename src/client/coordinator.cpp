@@ -190,21 +190,16 @@ struct coordinator::impl {
     stream.processed(seq, gen, more);
   }
 
-  // The task's kind as this coordinator knows it: from its SUBMIT, or from the event that
-  // names it (an adopted task's, §12.5.8); nullopt when neither told.
-  std::optional<role> kind_of(const codec::task_event& e) {
-    std::lock_guard lock(io.mu());
-    const auto it = open.find(e.task_id);
-    if (it != open.end()) return it->second.kind;
-    return e.kind;
-  }
-
-  // Ends the task here; returns its kind (as kind_of()).
+  // Ends the task here; returns its kind: the one its end event names (§12.3.6), else the one
+  // this coordinator submitted it as; nullopt when neither told.
   std::optional<role> close_task(const codec::task_event& e) {
     no_data_backoff.erase(e.task_id);  // the callback thread's own, like dispatch
-    const auto kind = kind_of(e);
     std::lock_guard lock(io.mu());
-    open.erase(e.task_id);
+    std::optional<role> kind = e.kind;
+    if (const auto it = open.find(e.task_id); it != open.end()) {
+      if (!kind) kind = it->second.kind;
+      open.erase(it);
+    }
     return kind;
   }
 

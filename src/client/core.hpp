@@ -84,7 +84,6 @@ class core {
   [[nodiscard]] std::uint64_t welcomes() const;
   /// The last error or refusal the broker sent (or why a connection was given up), "" if none.
   [[nodiscard]] std::string last_error() const;
-  [[nodiscard]] const session_options& options() const noexcept { return opts_; }
 
  private:
   void run(role_hooks hooks);
