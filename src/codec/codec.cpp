@@ -291,7 +291,7 @@ result<event> decode_event(std::string_view topic, std::string_view body,
     e.body = b;
   } else if (topic.rfind("capacity.", 0) == 0) {
     capacity_status b;
-    r.role("kind", b.kind);
+    r.kind("kind", b.kind);
     // Snapshots go to coordinators only (SPEC §12.10.4): an event is a change.
     r.word(
         "change", b.change,
@@ -306,7 +306,7 @@ result<event> decode_event(std::string_view topic, std::string_view body,
   } else if (topic.rfind("task.", 0) == 0) {
     task_status b;
     r.peer_id("task_id", b.task_id);
-    r.role("kind", b.kind);
+    r.kind("kind", b.kind);
     r.uint("attempt", b.attempt, 0, 0xFFFF'FFFF);
     r.str("worker_id", b.worker_id, max_id_length);
     r.str("detail", b.detail, max_reason_length);

@@ -123,6 +123,17 @@ class field_reader {
     }
   }
 
+  /// A task's kind of worker (§12.2.5): collector or learner; coordinator is refused.
+  void kind(std::string_view key, rlbus::role& out) {
+    word(
+        key, out,
+        [](std::string_view text) {
+          const auto r = parse_role(text);
+          return r == rlbus::role::coordinator ? std::nullopt : r;
+        },
+        "collector or learner");
+  }
+
   /// A str of at most 32 bytes that `parse` turns into a value (an enum spelled as words);
   /// anything else is refused, naming the `expected` words.
   template <class T, class Parse>

@@ -34,7 +34,9 @@ struct writer {
   void operator()(std::string_view k, const std::string& v, rule::text /*r*/) {
     pk.pack(k).pack(v);
   }
-  void operator()(std::string_view k, const rlbus::role& v) { pk.pack(k).pack(to_string(v)); }
+  void operator()(std::string_view k, const rlbus::role& v, rule::kind /*r*/) {
+    pk.pack(k).pack(to_string(v));
+  }
   void operator()(std::string_view k, const bool& v) { pk.pack(k).pack(v); }
   void operator()(std::string_view k, const capacity_change& v) { pk.pack(k).pack(to_string(v)); }
   template <class U>
@@ -80,7 +82,7 @@ struct reader {
   field_reader& r;
   void operator()(std::string_view k, std::string& v, rule::id /*r*/) { r.peer_id(k, v); }
   void operator()(std::string_view k, std::string& v, rule::text t) { r.str(k, v, t.max); }
-  void operator()(std::string_view k, rlbus::role& v) { r.role(k, v); }
+  void operator()(std::string_view k, rlbus::role& v, rule::kind /*r*/) { r.kind(k, v); }
   void operator()(std::string_view k, bool& v) { r.boolean(k, v); }
   void operator()(std::string_view k, capacity_change& v) {
     r.word(k, v, parse_capacity_change, "increase, decrease or snapshot");

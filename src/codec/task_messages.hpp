@@ -25,6 +25,7 @@ inline const blob nil_blob{"\xc0", 1};
 /// Field rules the generic codec applies (SPEC §12.2).
 namespace rule {
 struct id {};  // 1-128 characters of A-Z a-z 0-9 . _ : @ / -
+struct kind {};  // a task's kind of worker: collector or learner, never coordinator (§12.2.5)
 struct text {
   std::size_t max;
 };
@@ -73,7 +74,7 @@ struct submit {
   template <class S, class F>
   static void fields(S& s, F&& f) {
     f("task_id", s.task_id, rule::id{});
-    f("kind", s.kind);
+    f("kind", s.kind, rule::kind{});
     f("task_info", s.task_info, rule::shape::map);
     f("requirements", s.requirements);
     f("start_timeout_ms", s.start_timeout_ms, rule::timeout_ms);
@@ -185,7 +186,7 @@ struct capacity {
   RLBUS_TASK_MESSAGE(capacity, capacity)
   template <class S, class F>
   static void fields(S& s, F&& f) {
-    f("kind", s.kind);
+    f("kind", s.kind, rule::kind{});
     f("change", s.change);
     f("worker_id", s.worker_id, rule::text{max_id_length});
     f("count", s.count, rule::u64);
@@ -208,7 +209,7 @@ struct task_start {
   static void fields(S& s, F&& f) {
     f("task_id", s.task_id, rule::id{});
     f("attempt", s.attempt, rule::attempt);
-    f("kind", s.kind);
+    f("kind", s.kind, rule::kind{});
     f("task_info", s.task_info, rule::shape::map);
     f("policy_id", s.policy_id, rule::id{});
     f("policy_version", s.policy_version, rule::version);
