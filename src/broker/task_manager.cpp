@@ -9,6 +9,8 @@
 #include <spdlog/spdlog.h>
 
 #include "codec/codec.hpp"
+#include "codec/event_bodies.hpp"
+#include "codec/field_writer.hpp"
 #include "codec/map_writer.hpp"
 #include "util/log.hpp"
 
@@ -52,16 +54,10 @@ std::string clip(std::string s) {
   return s;
 }
 
-codec::blob reason_body(std::string_view reason, std::uint32_t attempt,
-                        const codec::blob* result = nullptr) {
-  if (result == nullptr)
-    return codec::map_writer(2).str("reason", reason).uint("attempt", attempt).done();
-  // The worker's own account of the failure (TASK_FAILED `result`), byte for byte.
-  return codec::map_writer(3, 32 + reason.size() + result->size())
-      .str("reason", reason)
-      .uint("attempt", attempt)
-      .raw("result", *result)
-      .done();
+// The worker's own account of a failure (TASK_FAILED `result`), byte for byte, when it gave one.
+std::optional<std::string_view> view_of(const codec::blob* result) {
+  if (result == nullptr) return std::nullopt;
+  return std::string_view(*result);
 }
 
 }  // namespace
@@ -364,7 +360,7 @@ std::optional<refusal> task_manager::on_cancel(const std::string& from, const co
     sink_.send_to(t->worker, codec::task_abort{t->id, t->attempt, clip("cancelled: " + c.reason)});
     free_worker(t->worker);
   }
-  emit(*t, "cancelled", reason_body(c.reason, t->attempt), c.reason);
+  emit(*t, codec::event_body::cancelled{c.reason, t->attempt}, c.reason);
   ++counts_.cancelled;
   erase_task(c.task_id);
   try_assign(now);
@@ -553,15 +549,9 @@ std::optional<refusal> task_manager::on_data(const std::string& from, rlbus::rol
   ++t.data_accepted;
   if (t.st == state::running) set_deadline(t, now + t.step_timeout);  // closing: it stands
   const auto size = d.meta.size() + (d.payload ? d.payload->size() : 0);
-  emit_with(
-      t, "data", 64 + d.data_id.size() + d.buffer_id.size() + size,
-      [&](codec::blob& wire) {
-        codec::map_writer body(wire, 3 + (d.payload ? 1 : 0) + (d.policy_version ? 1 : 0));
-        body.str("data_id", d.data_id).str("buffer_id", d.buffer_id).raw("meta", d.meta);
-        if (d.payload) body.bin("payload", *d.payload);
-        if (d.policy_version) body.uint("policy_version", *d.policy_version);
-      },
-      d.data_id);
+  codec::event_body::data body{d.data_id, d.buffer_id, d.meta, std::nullopt, d.policy_version};
+  if (d.payload) body.payload = *d.payload;
+  emit(t, body, d.data_id);
   relayed(t, d.index, 1, size);
   return std::nullopt;
 }
@@ -606,7 +596,7 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
     if (t.st != state::starting) return wrong("STARTED belongs to a starting attempt");
     t.st = state::running;
     progress();
-    emit(t, "started", codec::empty_map_blob);
+    emit(t, codec::event_body::started{});
   } else if (const auto* b = std::get_if<codec::data_batch>(&m)) {
     return on_data_batch(t, *b, now);
   } else if (std::holds_alternative<codec::task_alive>(m)) {
@@ -632,20 +622,15 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
       ++t.data_accepted;
     }
     if (t.st == state::running) progress();
-    emit(t, "info", i->body);
+    emit_verbatim<codec::event_body::info>(t, i->body);
     relayed(t, i->index, 1, i->body.size());
   } else if (const auto* g = std::get_if<codec::get_data>(&m)) {
     if (t.st != state::running || t.kind != rlbus::role::learner)
       return wrong("GET_DATA belongs to a running learner task");
     progress();
     t.request_id = g->request_id;
-    emit(t, "data_request",
-         codec::map_writer(4)
-             .uint("request_id", g->request_id)
-             .str("buffer_id", g->buffer_id)
-             .uint("batch_size", g->batch_size)
-             .uint("cur_learner_iter", g->cur_learner_iter)
-             .done());
+    emit(t, codec::event_body::data_request{g->request_id, g->buffer_id, g->batch_size,
+                                            g->cur_learner_iter});
   } else if (auto* l = std::get_if<codec::learn_info>(&m)) {
     // Numbered, it is an item of the learner attempt's sequence (§12.11.10).
     const bool open = t.st == state::running || (t.st == state::closing && l->index);
@@ -653,13 +638,12 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
       return wrong("LEARN_INFO belongs to a running learner task");
     if (dropped_by_index(t, l->index)) return std::nullopt;
     if (t.st == state::running) progress();
-    emit(t, "learn_info",
-         codec::map_writer(2).str("buffer_id", l->buffer_id).raw("info", l->body).done());
+    emit(t, codec::event_body::learn_info{l->buffer_id, l->body});
     relayed(t, l->index, 1, l->body.size());
   } else if (auto* r = std::get_if<codec::task_result>(&m)) {
     if (t.st != state::closing) return wrong("RESULT answers TASK_CLOSE");
     duration_.observe(now - t.started_at);
-    emit(t, "finished", r->result);
+    emit_verbatim<codec::event_body::finished>(t, r->result);
     ++counts_.finished;
     quarantine_.succeeded(from);
     free_worker(from);
@@ -706,9 +690,7 @@ std::optional<refusal> task_manager::on_data_lost(task& t, const codec::data_los
   if (t.st == state::running) set_deadline(t, now + t.step_timeout);
   spdlog::warn("task {} attempt {}: its collector lost DATA {}..{}", t.id, t.attempt, first,
                l.last);
-  emit(t, "data_lost",
-       codec::map_writer(2).uint("first_index", first).uint("last_index", l.last).done(),
-       fmt::format("{}..{}", first, l.last));
+  emit(t, codec::event_body::data_lost{first, l.last}, fmt::format("{}..{}", first, l.last));
   if (t.credited) grant(streams_[t.owner], nullptr);
   return std::nullopt;
 }
@@ -754,12 +736,8 @@ std::optional<refusal> task_manager::on_data_batch(task& t, const codec::data_ba
     // A unit of credit costs what the stream's largest item does (§12.12.3).
     s.max_data_bytes = std::max(s.max_data_bytes, item.size());
   }
-  emit_with(
-      t, "data_batch", 32 + bytes,
-      [&](codec::blob& wire) {
-        codec::map_writer(wire, 2).uint("first_index", first).array("items", fresh_items);
-      },
-      fmt::format("{}..{}", first, last), static_cast<std::uint32_t>(fresh));
+  emit(t, codec::event_body::data_batch{first, fresh_items}, fmt::format("{}..{}", first, last),
+       static_cast<std::uint32_t>(fresh));
   relayed(t, last, fresh, bytes);
   return std::nullopt;
 }
@@ -840,10 +818,9 @@ void task_manager::start_attempt(task& t, worker_info& w, const std::string& wor
     start.policy_params = p->params;
   }
   // The coordinator learns which version each attempt runs, so it can measure policy lag.
-  emit(t, "assigned",
-       p != nullptr ? codec::map_writer(1).uint("policy_version", p->version).done()
-                    : codec::empty_map_blob,
-       worker_id);
+  codec::event_body::assigned assigned;
+  if (p != nullptr) assigned.policy_version = p->version;
+  emit(t, assigned, worker_id);
   // A collector of a windowed stream learns its credit before its task, so its first DATA
   // already knows the limit (§12.9.9).
   auto& s = streams_[t.owner];
@@ -908,7 +885,7 @@ void task_manager::end_attempt(task& t, const std::string& reason, util::time_po
   if (t.attempt < t.max_attempts) {
     spdlog::warn("task {} attempt {} ended ({}): re-queued", t.id, t.attempt, reason);
     if (journal_ != nullptr) journal_->requeued(t.id, t.attempt);
-    emit(t, "requeued", reason_body(reason, t.attempt, result), reason);
+    emit(t, codec::event_body::requeued{{reason, t.attempt, view_of(result)}}, reason);
     t.last_worker = std::move(t.worker);
     t.worker.clear();
     t.st = state::queued;
@@ -923,7 +900,7 @@ void task_manager::end_attempt(task& t, const std::string& reason, util::time_po
   } else {
     spdlog::warn("task {} failed after {} attempts: {}", t.id, t.attempt, reason);
     ++counts_.failed;
-    emit(t, "failed", reason_body(reason, t.attempt, result), reason);
+    emit(t, codec::event_body::failed{{reason, t.attempt, view_of(result)}}, reason);
     erase_task(t.id);
   }
 }
@@ -945,7 +922,7 @@ void task_manager::on_timers(util::time_point now) {
                                       t.queue_timeout.count());
       spdlog::warn("task {} failed: {}", t.id, reason);
       ++counts_.failed;
-      emit(t, "failed", reason_body(reason, t.attempt), reason);
+      emit(t, codec::event_body::failed{{reason, t.attempt}}, reason);
       erase_task(t.id);
       continue;
     }
@@ -1028,7 +1005,7 @@ void task_manager::cancel(task& t, const std::string& reason) {
     sink_.send_to(t.worker, codec::task_abort{t.id, t.attempt, reason});
     free_worker(t.worker);
   }
-  emit(t, "cancelled", reason_body(reason, t.attempt), reason);
+  emit(t, codec::event_body::cancelled{reason, t.attempt}, reason);
   ++counts_.cancelled;
   erase_task(t.id);
 }
@@ -1052,10 +1029,17 @@ void task_manager::erase_task(const std::string& id) {
   tasks_.erase(it);
 }
 
-void task_manager::emit(task& t, std::string_view event, std::string_view body,
-                        std::string_view detail, std::uint32_t items) {
+template <class Body>
+void task_manager::emit(task& t, const Body& body, std::string_view detail, std::uint32_t items) {
   emit_with(
-      t, event, body.size(), [&](codec::blob& wire) { wire.append(body); }, detail, items);
+      t, Body::event, codec::size_hint(body),
+      [&](codec::blob& wire) { codec::append_fields(wire, body); }, detail, items);
+}
+
+template <class Body>
+void task_manager::emit_verbatim(task& t, std::string_view body) {
+  emit_with(
+      t, Body::event, body.size(), [&](codec::blob& wire) { wire.append(body); }, {}, 1);
 }
 
 // ---- replay and flow control (§12.9) ---------------------------------------------------
@@ -1259,13 +1243,13 @@ void task_manager::restore(const journal_state& js, util::time_point now) {
       const std::string reason = "broker restarted";
       if (held.attempt >= 1000) {
         ++counts_.failed;
-        emit(held, "failed", reason_body(reason, held.attempt), reason);
+        emit(held, codec::event_body::failed{{reason, held.attempt}}, reason);
         erase_task(held.id);
         continue;
       }
       held.max_attempts = std::max(held.max_attempts, held.attempt + 1);
       held.worker = jt.worker;  // the event names the worker it ran on
-      emit(held, "requeued", reason_body(reason, held.attempt), reason);
+      emit(held, codec::event_body::requeued{{reason, held.attempt}}, reason);
       held.worker.clear();
       ++counts_.requeued;
     }

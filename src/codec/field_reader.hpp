@@ -190,6 +190,12 @@ class field_reader {
     return true;
   }
 
+  /// Refuses the field `key` (402) for `what`, unless a fault came first.
+  void fail(std::string_view key, std::string_view what) {
+    if (!fault_)
+      fault_ = decode_error{error_code::bad_field, fmt::format("field '{}': {}", key, what)};
+  }
+
  private:
   struct field {
     std::string_view key;
@@ -225,10 +231,6 @@ class field_reader {
     out = v->n;
   }
 
-  void fail(std::string_view key, std::string_view what) {
-    if (!fault_)
-      fault_ = decode_error{error_code::bad_field, fmt::format("field '{}': {}", key, what)};
-  }
   bool refused(std::string_view key, std::string_view what) {
     fail(key, what);
     return false;
