@@ -210,6 +210,7 @@ codec::blob server::ops_status(util::time_point now) const {
       {"stream_resent", s.stream_resent},
       {"stream_lost", s.stream_lost},
       {"data_duplicates", s.data_duplicates},
+      {"data_out_of_order", s.data_out_of_order},
       {"data_lost", s.data_lost},
       {"quarantines", s.quarantines},
       {"connections", s.connections},

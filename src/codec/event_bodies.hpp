@@ -92,7 +92,8 @@ struct finished {
 };
 
 /// requeued and failed: why the attempt ended, which attempt, and the worker's own account
-/// (TASK_FAILED `result`) when it gave one.
+/// (TASK_FAILED `result`) when it gave one. A task that fails in the queue before its first
+/// attempt (its queue timeout, §12.7.6) names attempt 0.
 template <std::uint64_t FirstAttempt>
 struct attempt_ended {
   std::string_view reason;
@@ -108,7 +109,7 @@ struct attempt_ended {
 struct requeued : attempt_ended<1> {
   static constexpr std::string_view event = "requeued";
 };
-struct failed : attempt_ended<1> {
+struct failed : attempt_ended<0> {
   static constexpr std::string_view event = "failed";
 };
 
