@@ -150,11 +150,13 @@ struct data_batch {
 };
 
 /// Every event of a task, in the order of §12.5.6.
-using all = std::tuple<assigned, started, data, info, data_request, learn_info, finished,
-                       requeued, failed, cancelled, data_lost, data_batch>;
+using all = std::tuple<assigned, started, data, info, data_request, learn_info, finished, requeued,
+                       failed, cancelled, data_lost, data_batch>;
 
 /// Whether `B` is a body made of a field of the worker's message (info, finished).
 template <class B>
-constexpr bool is_verbatim = requires { typename B::from; };
+constexpr bool is_verbatim = requires {
+  typename B::from;
+};
 
 }  // namespace rlbus::codec::event_body

@@ -57,9 +57,7 @@ struct field_writer {
   }
   void operator()(std::string_view k, std::string_view v, rule::id /*r*/) { pk.pack(k).pack(v); }
   void operator()(std::string_view k, std::string_view v, rule::text /*r*/) { pk.pack(k).pack(v); }
-  void operator()(std::string_view k, std::string_view v, rule::words /*r*/) {
-    pk.pack(k).pack(v);
-  }
+  void operator()(std::string_view k, std::string_view v, rule::words /*r*/) { pk.pack(k).pack(v); }
   void operator()(std::string_view k, const rlbus::role& v) { pk.pack(k).pack(to_string(v)); }
   void operator()(std::string_view k, const rlbus::role& v, rule::kind /*r*/) {
     pk.pack(k).pack(to_string(v));
@@ -70,7 +68,7 @@ struct field_writer {
     pk.pack(k).pack(to_string(v));
   }
   template <class U>
-    requires std::is_integral_v<U>
+  requires std::is_integral_v<U>
   void operator()(std::string_view k, const U& v, rule::range /*r*/) {
     pk.pack(k).pack(static_cast<std::uint64_t>(v));
   }

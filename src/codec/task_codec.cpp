@@ -215,8 +215,6 @@ void read_event_fields(field_reader& r, event& e) {
       e.body);
 }
 
-
-
 }  // namespace rlbus::codec::detail
 
 namespace rlbus::codec {

@@ -25,7 +25,7 @@ inline const blob nil_blob{"\xc0", 1};
 
 /// Field rules the generic codec applies (SPEC §12.2).
 namespace rule {
-struct id {};  // 1-128 characters of A-Z a-z 0-9 . _ : @ / -
+struct id {};    // 1-128 characters of A-Z a-z 0-9 . _ : @ / -
 struct kind {};  // a task's kind of worker: collector or learner, never coordinator (§12.2.5)
 struct text {
   std::size_t max;

@@ -77,7 +77,7 @@ TEST_CASE_METHOD(fixture, "SPEC 16.5: status counts duplicate and out-of-order D
   CHECK(before.at("data_duplicates") == 0);
   w.send(indexed_data(1));
   next_event(coord, "t", "data");
-  w.send(indexed_data(1));                                        // a duplicate
+  w.send(indexed_data(1));                                         // a duplicate
   for (std::uint64_t i = 3; i <= 4; ++i) w.send(indexed_data(i));  // 2 went missing
   CHECK(next_a<codec::data_ack>(w).resend);
   const auto after = ask(ctl, op("status", 8)).at("counters");

@@ -71,10 +71,11 @@ struct describer {
   }
 
   template <class S>
-  static constexpr bool is_text = std::is_same_v<S, std::string> || std::is_same_v<S, std::string_view>;
+  static constexpr bool is_text =
+      std::is_same_v<S, std::string> || std::is_same_v<S, std::string_view>;
 
   template <class S>
-    requires is_text<S>
+  requires is_text<S>
   static void what(json& f, const S* /*v*/, rule::id /*r*/) {
     f["type"] = "str";
     f["min_length"] = 1;
@@ -82,20 +83,20 @@ struct describer {
     f["pattern"] = "^[A-Za-z0-9._:@/-]{1,128}$";
   }
   template <class S>
-    requires is_text<S>
+  requires is_text<S>
   static void what(json& f, const S* /*v*/, rule::text t) {
     f["type"] = "str";
     if (t.min > 0) f["min_length"] = t.min;
     f["max_length"] = t.max;
   }
   template <class S>
-    requires is_text<S>
+  requires is_text<S>
   static void what(json& f, const S* /*v*/, rule::words w) {
     f["type"] = "str";
     f["enum"] = words(w.allowed);
   }
   template <class S>
-    requires is_text<S>
+  requires is_text<S>
   static void what(json& f, const S* /*v*/, rule::shape s) {
     f["type"] = s == rule::shape::any ? "msgpack-any" : "msgpack-map";
     f["verbatim"] = true;
@@ -103,7 +104,7 @@ struct describer {
     if (s == rule::shape::batched_map) f["max_nesting"] = rule::max_batched_nesting;
   }
   template <class S>
-    requires is_text<S>
+  requires is_text<S>
   static void what(json& f, const S* /*v*/, rule::bin b) {
     f["type"] = "bin";
     if (b.max != ~std::size_t{0}) f["max_length"] = b.max;
@@ -126,7 +127,7 @@ struct describer {
   }
   static void what(json& f, const bool* /*v*/) { f["type"] = "bool"; }
   template <class U>
-    requires std::is_integral_v<U>
+  requires std::is_integral_v<U>
   static void what(json& f, const U* /*v*/, rule::range g) {
     f["type"] = "uint";
     f["min"] = g.lo;
@@ -136,19 +137,15 @@ struct describer {
     CHECK(g.hi <= std::numeric_limits<U>::max());
   }
   static void what(json& f, const rlbus::resources* /*v*/) {
-    f = {{"name", f["name"]},
-         {"type", "map<str,number>"},
+    f = {{"name", f["name"]},      {"type", "map<str,number>"},
          {"required", false},  // always written; an absent field reads as the empty map
-         {"always_encoded", true},
-         {"max_entries", codec::max_resources},
-         {"key_min_length", 1},
-         {"key_max_length", codec::max_resource_name},
-         {"value_min", 0},
-         {"value_finite", true}};
+         {"always_encoded", true}, {"max_entries", codec::max_resources},
+         {"key_min_length", 1},    {"key_max_length", codec::max_resource_name},
+         {"value_min", 0},         {"value_finite", true}};
   }
   template <class A>
-    requires std::is_same_v<A, codec::item_array> ||
-             std::is_same_v<A, std::span<const std::string_view>>
+  requires std::is_same_v<A, codec::item_array> ||
+      std::is_same_v<A, std::span<const std::string_view>>
   static void what(json& f, const A* /*v*/, rule::items it) {
     f["type"] = "data-items";
     f["verbatim"] = true;
@@ -284,8 +281,8 @@ TEST_CASE("messages.json and the TASK_EVENT bodies the broker composes agree",
               CHECK(m.at("event").get<std::string>() == event);
               if constexpr (codec::event_body::is_verbatim<B>) {
                 // The body is a field of the worker's message, as it came: one that is a map.
-                const auto from = std::string(*codec::type_name(
-                                      static_cast<std::uint8_t>(codec::type_of(typename B::from{})))) +
+                const auto from = std::string(*codec::type_name(static_cast<std::uint8_t>(
+                                      codec::type_of(typename B::from{})))) +
                                   "." + std::string(B::field);
                 CHECK(m.value("verbatim", "") == from);
                 const auto fields = describe<typename B::from>();
