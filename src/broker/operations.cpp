@@ -154,7 +154,7 @@ std::variant<codec::blob, refusal> server::ops_answer(const codec::ops& op, util
   if (auto why = s->assign(next, *op.value); !why.empty())
     return refusal{codec::error_code::bad_field, fmt::format("{}: {}", *op.key, why)};
   try {
-    next.validate();
+    validate(next);
   } catch (const std::invalid_argument& e) {
     return refusal{codec::error_code::bad_field, fmt::format("{}: {}", *op.key, e.what())};
   }

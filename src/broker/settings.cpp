@@ -330,6 +330,57 @@ const std::vector<setting>& settings() {
   return table;
 }
 
+namespace {
+void require(bool ok, std::string_view what) {
+  if (!ok) throw std::invalid_argument(std::string(what));
+}
+}  // namespace
+
+void validate(const config& cfg) {
+  // Each setting on its own, by the bounds of the table of settings (settings.cpp).
+  for (const auto& s : settings())
+    if (auto why = s.check(cfg); !why.empty())
+      throw std::invalid_argument(fmt::format("{} ({}): {}", s.key(), s.flag(), why));
+  // Settings that bound each other.
+  require(cfg.heartbeat_min_ms <= cfg.heartbeat_max_ms,
+          fmt::format("heartbeat-min ({} ms) must not exceed heartbeat-max ({} ms)",
+                      cfg.heartbeat_min_ms, cfg.heartbeat_max_ms));
+  require(cfg.policy_max_bytes <= cfg.limits.max_bin,
+          "inline policy params cannot exceed the decoder's bin limit");
+  // The held events of a full window must fit the ring with room to spare.
+  require(cfg.stream_window <= cfg.stream_ring / 2,
+          fmt::format("tasks.stream-window (--stream-window) is {} but must be 1..{}, half the "
+                      "stream ring (--stream-ring {})",
+                      cfg.stream_window, cfg.stream_ring / 2, cfg.stream_ring));
+  require(cfg.max_connection_bytes >= 2 * cfg.max_message,
+          fmt::format("security.max-connection-bytes (--max-connection-bytes) is {} but must be "
+                      "at least twice max-message ({}): a connection must be able to take the "
+                      "largest message",
+                      cfg.max_connection_bytes, cfg.max_message));
+  require(cfg.memory_budget >= cfg.max_connection_bytes,
+          fmt::format("security.memory-budget (--memory-budget) is {} but must be at least "
+                      "max-connection-bytes ({})",
+                      cfg.memory_budget, cfg.max_connection_bytes));
+  // Security (SPEC §15): fail closed. CURVE without an allowlist would let any key in.
+  require(cfg.curve_key_path.empty() == cfg.allowlist_path.empty(),
+          cfg.curve_key_path.empty()
+              ? "--allowlist needs --curve-key: without CURVE a peer's key is unknown"
+              : "--curve-key needs --allowlist: CURVE admits only the keys it lists");
+  if (cfg.curve_key_path.empty() && !cfg.insecure) {
+    for (const auto* ep : {&cfg.router_endpoint, &cfg.events_endpoint})
+      require(loopback_endpoint(*ep),
+              fmt::format("{} is reachable from other machines, and without CURVE anyone who "
+                          "reaches it can join as any peer: turn CURVE on (--curve-key, "
+                          "--allowlist) or say --insecure",
+                          *ep));
+    require(cfg.metrics_port == 0 || loopback_host(cfg.metrics_address),
+            fmt::format("metrics.address (--metrics-address) {} is reachable from other "
+                        "machines, and without CURVE every other socket of the broker stays on "
+                        "loopback unless told: turn CURVE on or say --insecure",
+                        cfg.metrics_address));
+  }
+}
+
 std::vector<std::string> live_setting_keys() {
   std::vector<std::string> out;
   for (const auto& s : settings())

@@ -48,6 +48,10 @@ struct setting {
   [[nodiscard]] std::string check(const config& cfg) const;
 };
 
+/// Throws std::invalid_argument naming the first setting of `cfg` out of its range (the table's
+/// bounds), or the first rule between settings it breaks.
+void validate(const config& cfg);
+
 /// Every setting, in the order of the reference page.
 const std::vector<setting>& settings();
 /// The keys of the settings that may change while the broker runs (`live`), in table order.
