@@ -6,7 +6,7 @@ map forms), every range at its edges and one past them, every required field dro
 field of the wrong kind, unknown fields, strings, arrays, maps, bins and nesting at and over
 the SPEC §5.1 limits, rule violations (fields that travel together), and malformed bodies and
 headers; plus event bodies for every topic. Each case goes through both codecs: the C++ one
-is `rlbus-codec-dump` (built from python/peer), which prints its verdict per line. Both must
+is `rlbus-codec-dump` (built from tests/peer), which prints its verdict per line. Both must
 accept or refuse alike, refuse with the same SPEC §6 code, and re-encode an accepted message
 to the same canonical bytes.
 """
@@ -33,11 +33,8 @@ ID_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:@/-
 
 
 def dump_binary() -> Optional[str]:
-    """Where rlbus-codec-dump was built (python/peer in the build dir)."""
-    for path in (os.path.join(BUILD_DIR, "python", "peer", "rlbus-codec-dump"), DUMP):
-        if os.path.exists(path):
-            return path
-    return None
+    """Where rlbus-codec-dump was built (tests/peer in the build dir)."""
+    return DUMP if os.path.exists(DUMP) else None
 
 
 # ---- msgpack written by hand (canonical or deliberately not) ---------------------------
@@ -743,7 +740,7 @@ def py_event(topic: str, body: bytes) -> Verdict:
 def cpp_verdicts(lines: List[str]) -> List[Verdict]:
     exe = dump_binary()
     if exe is None:
-        pytest.skip("rlbus-codec-dump not built (ninja -C build python/peer/rlbus-codec-dump)")
+        pytest.skip("rlbus-codec-dump not built (ninja -C build tests/peer/rlbus-codec-dump)")
     proc = subprocess.run([exe], input="\n".join(lines) + "\n", capture_output=True,
                           text=True, timeout=60, check=True)
     out = proc.stdout.splitlines()
