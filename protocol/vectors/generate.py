@@ -5,6 +5,8 @@ The bytes come from Python's msgpack, an encoder independent of the C++ codec, w
 map written in the canonical field order of SPEC.md §4/§7/§12.3. Every client's tests decode
 these bytes, compare the meaning, and re-encode them byte for byte. Rerun after a spec
 change (needs Debian's python3-msgpack):  /usr/bin/python3 protocol/vectors/generate.py
+The files go next to this script, or into the directory given as the only argument (a test
+writes them elsewhere and compares them with the committed ones).
 
 "fields" is the meaning of the body as JSON. JSON has no bytes, so a msgpack bin value is
 written there as {"$bin_hex": "<its bytes in lower-case hex>"} (see to_json below).
@@ -12,6 +14,7 @@ written there as {"$bin_hex": "<its bytes in lower-case hex>"} (see to_json belo
 import json
 import os
 import struct
+import sys
 
 import msgpack
 
@@ -743,12 +746,20 @@ EVENTS = [
 ]
 
 
-def write(name, items):
-    with open(os.path.join(HERE, name), "w") as f:
+def write(out_dir, name, items):
+    with open(os.path.join(out_dir, name), "w") as f:
         json.dump({"protocol": "rlbus", "version": 1, "vectors": items}, f, indent=1)
         f.write("\n")
 
 
-write("valid.json", VALID)
-write("invalid.json", INVALID)
-write("events.json", EVENTS)
+def main(argv):
+    if len(argv) > 2:
+        sys.exit("usage: generate.py [OUTPUT_DIR]")
+    out_dir = argv[1] if len(argv) == 2 else HERE
+    write(out_dir, "valid.json", VALID)
+    write(out_dir, "invalid.json", INVALID)
+    write(out_dir, "events.json", EVENTS)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

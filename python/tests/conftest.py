@@ -22,8 +22,8 @@ if PYTHON_DIR not in sys.path:
 PROTOCOL_DIR = os.path.join(ROOT, "protocol")
 BUILD_DIR = os.environ.get("RLBUS_BUILD_DIR", os.path.join(ROOT, "build"))
 BROKER = os.path.join(BUILD_DIR, "src", "rlbus-broker")
-PEER = os.path.join(BUILD_DIR, "python", "peer", "rlbus-sdk-peer")
-DUMP = os.path.join(BUILD_DIR, "python", "peer", "rlbus-codec-dump")
+PEER = os.path.join(BUILD_DIR, "tests", "peer", "rlbus-sdk-peer")
+DUMP = os.path.join(BUILD_DIR, "tests", "peer", "rlbus-codec-dump")
 
 
 def wait_until(cond: Callable[[], bool], timeout: float = 10.0, step: float = 0.01) -> bool:

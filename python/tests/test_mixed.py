@@ -2,7 +2,7 @@
 SDK coordinator drives Python Workers, a C++ and a Python collector share one coordinator's
 tasks, and a Python worker SIGKILLed in the middle of a task hands it to another worker.
 
-The C++ side is `rlbus-sdk-peer` (python/peer/sdk_peer.cpp), which prints what it sees and
+The C++ side is `rlbus-sdk-peer` (tests/peer/sdk_peer.cpp), which prints what it sees and
 does as JSON lines; the tests follow those lines and the Python callbacks, always waiting
 for a condition with a deadline.
 """
@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import pytest
 
-from conftest import BUILD_DIR, PEER, PYTHON_DIR, Broker, wait_until
+from conftest import PEER, PYTHON_DIR, Broker, wait_until
 
 import rlbus
 
@@ -27,10 +27,9 @@ DEADLINE = 20.0
 
 
 def peer_binary() -> str:
-    for path in (os.path.join(BUILD_DIR, "python", "peer", "rlbus-sdk-peer"), PEER):
-        if os.path.exists(path):
-            return path
-    pytest.skip("rlbus-sdk-peer not built (ninja -C build python/peer/rlbus-sdk-peer)")
+    if os.path.exists(PEER):
+        return PEER
+    pytest.skip("rlbus-sdk-peer not built (ninja -C build tests/peer/rlbus-sdk-peer)")
     raise AssertionError("unreachable")
 
 

@@ -120,3 +120,23 @@ def test_check_body_of_some_fields_holds_just_those_to_their_rules() -> None:
         with pytest.raises(P.ProtocolError) as err:
             P.check_body("DATA", dict(fields, **bad), only)
         assert err.value.code == 402 and next(iter(bad)) in err.value.reason
+
+
+def test_committed_vectors_are_what_generate_py_writes(tmp_path: Any) -> None:
+    """protocol/vectors/*.json are exactly what generate.py writes now: a change to the
+    generator (a spec change) that was not followed by a rerun fails here, naming the file."""
+    import subprocess
+    import sys
+
+    script = os.path.join(PROTOCOL_DIR, "vectors", "generate.py")
+    subprocess.run([sys.executable, script, str(tmp_path)], check=True, timeout=120)
+    names = sorted(n for n in os.listdir(tmp_path))
+    assert names == ["events.json", "invalid.json", "valid.json"]
+    for name in names:
+        with open(os.path.join(PROTOCOL_DIR, "vectors", name), encoding="utf-8") as f:
+            committed = f.read()
+        with open(os.path.join(tmp_path, name), encoding="utf-8") as f:
+            generated = f.read()
+        assert generated == committed, (
+            f"protocol/vectors/{name} differs from what generate.py writes: rerun "
+            "/usr/bin/python3 protocol/vectors/generate.py")

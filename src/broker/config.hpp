@@ -1,5 +1,7 @@
 // Broker settings with their defaults in one place. The binary fills this from flags;
-// tests and embedders fill it directly. validate() is the single check of ranges.
+// tests and embedders fill it directly. The table of settings (settings.hpp) knows their
+// keys, flags and ranges; broker::validate (there) is the single check of them. This header
+// knows nothing of the table.
 #pragma once
 
 #include <cstddef>
@@ -125,9 +127,6 @@ struct config {
   std::string log_level = "info";
   /// human (time, level, message) or json (one object per line, with the task and peers).
   std::string log_format = "human";
-
-  /// Throws std::invalid_argument naming the first setting that is out of range.
-  void validate() const;
 };
 
 /// "tcp://host:0" -> "tcp://host:*" (libzmq spells "any free port" with a star).

@@ -18,13 +18,6 @@ namespace rlbus::broker {
 
 namespace {
 
-// The settings `set` may change while the broker runs (§16.5): those read afresh at each use.
-constexpr std::array<std::string_view, 11> live_settings{
-    "tasks.max-queue",        "tasks.start-timeout", "tasks.step-timeout",
-    "tasks.close-timeout",    "tasks.task-timeout",  "tasks.max-attempts",
-    "tasks.queue-timeout-ms", "tasks.no-data-retry", "heartbeat-min",
-    "heartbeat-max",          "max-faults"};
-
 // Every array in a reply fits the decoding limits of §5.1 (1024 entries): a page holds at
 // most this many (§16.3.2), and so do the lists of status.
 constexpr std::size_t ops_page_max = 1000;
@@ -153,15 +146,15 @@ std::variant<codec::blob, refusal> server::ops_answer(const codec::ops& op, util
                    fmt::format("'{}' is not a setting (keys as in the config file, e.g. "
                                "tasks.max-queue)",
                                *op.key)};
-  if (std::find(live_settings.begin(), live_settings.end(), *op.key) == live_settings.end())
+  if (!s->live)  // the table says which settings are read afresh at each use
     return refusal{codec::error_code::bad_field,
                    fmt::format("{} cannot change while the broker runs; the ones that can: {}",
-                               *op.key, fmt::join(live_settings, ", "))};
+                               *op.key, fmt::join(live_setting_keys(), ", "))};
   config next = cfg_;
   if (auto why = s->assign(next, *op.value); !why.empty())
     return refusal{codec::error_code::bad_field, fmt::format("{}: {}", *op.key, why)};
   try {
-    next.validate();
+    validate(next);
   } catch (const std::invalid_argument& e) {
     return refusal{codec::error_code::bad_field, fmt::format("{}: {}", *op.key, e.what())};
   }
@@ -210,6 +203,7 @@ codec::blob server::ops_status(util::time_point now) const {
       {"stream_resent", s.stream_resent},
       {"stream_lost", s.stream_lost},
       {"data_duplicates", s.data_duplicates},
+      {"data_out_of_order", s.data_out_of_order},
       {"data_lost", s.data_lost},
       {"quarantines", s.quarantines},
       {"connections", s.connections},

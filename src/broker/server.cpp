@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "broker/settings.hpp"
 #include "codec/codec.hpp"
 #include "util/log.hpp"
 #include "util/poll.hpp"
@@ -56,7 +57,7 @@ std::string resources_text(const rlbus::resources& res) {
 }  // namespace
 
 server::server(zmq::context_t& ctx, config cfg)
-    : cfg_((cfg.validate(), std::move(cfg))),
+    : cfg_((validate(cfg), std::move(cfg))),
       epoch_(util::random_u64_nonzero()),
       gate_(ctx, cfg_),
       meter_(cfg_.max_connection_bytes, cfg_.memory_budget),

@@ -18,6 +18,12 @@ constexpr std::uint64_t day_ms = 86'400'000;  // the longest time any setting ma
 constexpr std::uint64_t ten_million = 10'000'000;
 constexpr std::uint64_t hundred_million = 100'000'000;
 
+// A setting that may change while the broker runs (OPS set, §16.5).
+setting live(setting s) {
+  s.live = true;
+  return s;
+}
+
 std::vector<setting> make_table() {
   using c = config;
   const std::vector<std::string_view> any;
@@ -30,20 +36,20 @@ std::vector<setting> make_table() {
       {"", "events", "PUB endpoint where events are published", &c::events_endpoint, 1},
       {"", "liveness", "a peer silent for liveness x its heartbeat interval is expired",
        &c::liveness, 1, 1000},
-      {"", "heartbeat-min",
-       "smallest heartbeat interval a peer may use; faster requests are "
-       "clamped",
-       &c::heartbeat_min_ms, 10, 600'000, any, "ms"},
-      {"", "heartbeat-max", "largest heartbeat interval a peer may use", &c::heartbeat_max_ms, 10,
-       600'000, any, "ms"},
+      live({"", "heartbeat-min",
+            "smallest heartbeat interval a peer may use; faster requests are "
+            "clamped",
+            &c::heartbeat_min_ms, 10, 600'000, any, "ms"}),
+      live({"", "heartbeat-max", "largest heartbeat interval a peer may use", &c::heartbeat_max_ms,
+            10, 600'000, any, "ms"}),
       {"", "status-interval", "period of the broker.heartbeat event", &c::status_interval_ms, 10,
        day_ms, any, "ms"},
       {"", "max-message", "largest inbound frame; a peer sending more is disconnected",
        &c::max_message, 1024, std::uint64_t{1} << 32U, any, "bytes"},
       {"", "max-peers", "most sessions at once; more HELLOs get BUSY", &c::max_peers, 1,
        ten_million},
-      {"", "max-faults", "bad messages a peer may send before it is disconnected", &c::max_faults,
-       1, 1'000'000},
+      live({"", "max-faults", "bad messages a peer may send before it is disconnected",
+            &c::max_faults, 1, 1'000'000}),
       {"", "shutdown-linger", "time to let the final DISCONNECTs leave at shutdown",
        &c::shutdown_linger_ms, 0, day_ms, any, "ms"},
       {"", "drain-ms",
@@ -51,28 +57,28 @@ std::vector<setting> make_table() {
        "own before they are aborted (0 = stop at once)",
        &c::drain_ms, 0, day_ms, any, "ms"},
       // ---- tasks ----
-      {"tasks", "max-queue",
-       "most tasks waiting for a worker; a SUBMIT past it is refused (412 "
-       "QUEUE_FULL)",
-       &c::max_queue, 1, hundred_million},
-      {"tasks", "start-timeout", "time a worker has to answer TASK_START with STARTED",
-       &c::start_timeout_ms, 1, day_ms, any, "ms"},
-      {"tasks", "step-timeout",
-       "longest time a running task may go without progress from its "
-       "worker",
-       &c::step_timeout_ms, 1, day_ms, any, "ms"},
-      {"tasks", "close-timeout", "time a worker has to answer TASK_CLOSE with its RESULT",
-       &c::close_timeout_ms, 1, day_ms, any, "ms"},
-      {"tasks", "task-timeout", "longest time one attempt of a task may take, start to result",
-       &c::task_timeout_ms, 1, day_ms, any, "ms"},
-      {"tasks", "max-attempts",
-       "attempts a task gets before it fails (a lost worker or a timeout "
-       "ends one)",
-       &c::max_attempts, 1, 1000},
-      {"tasks", "queue-timeout-ms",
-       "time a task may wait in the queue for a worker, each time it "
-       "is queued, before it fails, when its SUBMIT does not say (0 = as long as it takes)",
-       &c::queue_timeout_ms, 0, day_ms, any, "ms"},
+      live({"tasks", "max-queue",
+            "most tasks waiting for a worker; a SUBMIT past it is refused (412 "
+            "QUEUE_FULL)",
+            &c::max_queue, 1, hundred_million}),
+      live({"tasks", "start-timeout", "time a worker has to answer TASK_START with STARTED",
+            &c::start_timeout_ms, 1, day_ms, any, "ms"}),
+      live({"tasks", "step-timeout",
+            "longest time a running task may go without progress from its "
+            "worker",
+            &c::step_timeout_ms, 1, day_ms, any, "ms"}),
+      live({"tasks", "close-timeout", "time a worker has to answer TASK_CLOSE with its RESULT",
+            &c::close_timeout_ms, 1, day_ms, any, "ms"}),
+      live({"tasks", "task-timeout", "longest time one attempt of a task may take, start to result",
+            &c::task_timeout_ms, 1, day_ms, any, "ms"}),
+      live({"tasks", "max-attempts",
+            "attempts a task gets before it fails (a lost worker or a timeout "
+            "ends one)",
+            &c::max_attempts, 1, 1000}),
+      live({"tasks", "queue-timeout-ms",
+            "time a task may wait in the queue for a worker, each time it "
+            "is queued, before it fails, when its SUBMIT does not say (0 = as long as it takes)",
+            &c::queue_timeout_ms, 0, day_ms, any, "ms"}),
       {"tasks", "quarantine-after",
        "attempts in a row a worker may end badly (failed, timed out, "
        "gone while holding one) before it gets no task for a while (0 = never)",
@@ -81,10 +87,10 @@ std::vector<setting> make_table() {
        "time a quarantined worker gets no task; doubled for each "
        "further quarantine in a row, up to 8 times",
        &c::quarantine_ms, 1, day_ms, any, "ms"},
-      {"tasks", "no-data-retry",
-       "time a learner is told to wait (NO_DATA) before asking its "
-       "coordinator again",
-       &c::no_data_retry_ms, 0, day_ms, any, "ms"},
+      live({"tasks", "no-data-retry",
+            "time a learner is told to wait (NO_DATA) before asking its "
+            "coordinator again",
+            &c::no_data_retry_ms, 0, day_ms, any, "ms"}),
       {"tasks", "stream-ring", "task events kept per coordinator for replay", &c::stream_ring, 16,
        hundred_million},
       {"tasks", "stream-ring-bytes", "bytes of task event bodies kept per coordinator for replay",
@@ -324,6 +330,64 @@ const std::vector<setting>& settings() {
   return table;
 }
 
+namespace {
+void require(bool ok, std::string_view what) {
+  if (!ok) throw std::invalid_argument(std::string(what));
+}
+}  // namespace
+
+void validate(const config& cfg) {
+  // Each setting on its own, by the bounds of the table of settings (settings.cpp).
+  for (const auto& s : settings())
+    if (auto why = s.check(cfg); !why.empty())
+      throw std::invalid_argument(fmt::format("{} ({}): {}", s.key(), s.flag(), why));
+  // Settings that bound each other.
+  require(cfg.heartbeat_min_ms <= cfg.heartbeat_max_ms,
+          fmt::format("heartbeat-min ({} ms) must not exceed heartbeat-max ({} ms)",
+                      cfg.heartbeat_min_ms, cfg.heartbeat_max_ms));
+  require(cfg.policy_max_bytes <= cfg.limits.max_bin,
+          "inline policy params cannot exceed the decoder's bin limit");
+  // The held events of a full window must fit the ring with room to spare.
+  require(cfg.stream_window <= cfg.stream_ring / 2,
+          fmt::format("tasks.stream-window (--stream-window) is {} but must be 1..{}, half the "
+                      "stream ring (--stream-ring {})",
+                      cfg.stream_window, cfg.stream_ring / 2, cfg.stream_ring));
+  require(cfg.max_connection_bytes >= 2 * cfg.max_message,
+          fmt::format("security.max-connection-bytes (--max-connection-bytes) is {} but must be "
+                      "at least twice max-message ({}): a connection must be able to take the "
+                      "largest message",
+                      cfg.max_connection_bytes, cfg.max_message));
+  require(cfg.memory_budget >= cfg.max_connection_bytes,
+          fmt::format("security.memory-budget (--memory-budget) is {} but must be at least "
+                      "max-connection-bytes ({})",
+                      cfg.memory_budget, cfg.max_connection_bytes));
+  // Security (SPEC §15): fail closed. CURVE without an allowlist would let any key in.
+  require(cfg.curve_key_path.empty() == cfg.allowlist_path.empty(),
+          cfg.curve_key_path.empty()
+              ? "--allowlist needs --curve-key: without CURVE a peer's key is unknown"
+              : "--curve-key needs --allowlist: CURVE admits only the keys it lists");
+  if (cfg.curve_key_path.empty() && !cfg.insecure) {
+    for (const auto* ep : {&cfg.router_endpoint, &cfg.events_endpoint})
+      require(loopback_endpoint(*ep),
+              fmt::format("{} is reachable from other machines, and without CURVE anyone who "
+                          "reaches it can join as any peer: turn CURVE on (--curve-key, "
+                          "--allowlist) or say --insecure",
+                          *ep));
+    require(cfg.metrics_port == 0 || loopback_host(cfg.metrics_address),
+            fmt::format("metrics.address (--metrics-address) {} is reachable from other "
+                        "machines, and without CURVE every other socket of the broker stays on "
+                        "loopback unless told: turn CURVE on or say --insecure",
+                        cfg.metrics_address));
+  }
+}
+
+std::vector<std::string> live_setting_keys() {
+  std::vector<std::string> out;
+  for (const auto& s : settings())
+    if (s.live) out.push_back(s.key());
+  return out;
+}
+
 const setting* find_setting(std::string_view key_or_name) {
   for (const auto& s : settings())
     if (s.key() == key_or_name || s.name == key_or_name ||
@@ -479,20 +543,23 @@ std::string reference_markdown() {
       "What is not given anywhere keeps its default. `rlbus-broker --print-config` prints the\n"
       "configuration in effect as such a file. A file that cannot be used stops the broker\n"
       "before it binds anything (exit 2), naming the file, the line, the key, the value and\n"
-      "why. Times are in milliseconds.\n";
+      "why. Times are in milliseconds.\n\n"
+      "The settings marked live may also change while the broker runs: `rlbus-ctl set KEY\n"
+      "VALUE` (the operations message OPS `set`, SPEC §16.5) gives one a new value, within the\n"
+      "same bounds; the others are read once, at start-up.\n";
   std::string_view section = "-";
   for (const auto& s : settings()) {
     if (s.section != section) {
       section = s.section;
       out += section.empty() ? std::string("\n## Top level\n\n")
                              : fmt::format("\n## [{}]\n\n", section);
-      out += "| key | flag | environment | default | values | meaning |\n";
-      out += "|---|---|---|---|---|---|\n";
+      out += "| key | flag | environment | default | values | live | meaning |\n";
+      out += "|---|---|---|---|---|---|---|\n";
     }
     const auto shown = s.text(defaults);
-    out += fmt::format("| `{}` | `{}` | `{}` | {} | {} | {} |\n", s.key(), s.flag(), s.env(),
+    out += fmt::format("| `{}` | `{}` | `{}` | {} | {} | {} | {} |\n", s.key(), s.flag(), s.env(),
                        shown.empty() ? std::string("(empty)") : fmt::format("`{}`", shown),
-                       bounds(s), s.help);
+                       bounds(s), s.live ? "live" : "", s.help);
   }
   return out;
 }

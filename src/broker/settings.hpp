@@ -1,5 +1,6 @@
 // Every setting of the broker in one table: its key in the config file, its flag, its
-// environment variable, what it means, its bounds and where it lives in `config`. The flags,
+// environment variable, what it means, its bounds, whether it may change at run time and
+// where it lives in `config`. The flags,
 // the config file, the environment, --print-config and the reference page are all made from
 // this table, so none of them can name a setting the others do not know.
 //
@@ -31,6 +32,8 @@ struct setting {
   std::vector<std::string_view> words;  // text: the values allowed (empty: any)
   std::string_view unit;                // of a number, for people ("ms", "bytes", ...)
   std::string_view flag_name;           // when the flag is not --NAME (--log-level)
+  bool live = false;  // may change while the broker runs (OPS set, rlbus-ctl set; SPEC §16.5):
+                      // the broker reads it afresh at each use
 
   /// "section.name" (or just the name at the top level): how people and rlbus-ctl name it.
   [[nodiscard]] std::string key() const;
@@ -45,8 +48,14 @@ struct setting {
   [[nodiscard]] std::string check(const config& cfg) const;
 };
 
+/// Throws std::invalid_argument naming the first setting of `cfg` out of its range (the table's
+/// bounds), or the first rule between settings it breaks.
+void validate(const config& cfg);
+
 /// Every setting, in the order of the reference page.
 const std::vector<setting>& settings();
+/// The keys of the settings that may change while the broker runs (`live`), in table order.
+std::vector<std::string> live_setting_keys();
 /// The setting with this key ("tasks.max-queue"), name in its table or flag name ("max-queue",
 /// "log-level"); nullptr if none.
 const setting* find_setting(std::string_view key_or_name);

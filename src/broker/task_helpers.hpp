@@ -1,17 +1,17 @@
 // What the task manager's own files share (task_manager.cpp, task_stream.cpp,
 // task_journal.cpp, task_ops.cpp): how a refusal is made, how a reason is kept within its
-// limit and put in an event's body, and which free pool a worker kind uses. Not for use
-// outside the task manager.
+// limit, how a failure's own account goes into an event's body, and which free pool a worker kind
+// uses. Not for use outside the task manager.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 
 #include "broker/refusal.hpp"
 #include "codec/codec.hpp"
-#include "codec/map_writer.hpp"
 
 namespace rlbus::broker::task_helpers {
 
@@ -33,16 +33,11 @@ inline std::string clip(std::string s) {
   return s;
 }
 
-inline codec::blob reason_body(std::string_view reason, std::uint32_t attempt,
-                               const codec::blob* result = nullptr) {
-  if (result == nullptr)
-    return codec::map_writer(2).str("reason", reason).uint("attempt", attempt).done();
-  // The worker's own account of the failure (TASK_FAILED `result`), byte for byte.
-  return codec::map_writer(3, 32 + reason.size() + result->size())
-      .str("reason", reason)
-      .uint("attempt", attempt)
-      .raw("result", *result)
-      .done();
+/// The worker's own account of a failure (TASK_FAILED `result`), when it gave one, as the
+/// view an event body holds.
+inline std::optional<std::string_view> view_of(const codec::blob* result) {
+  if (result == nullptr) return std::nullopt;
+  return std::string_view(*result);
 }
 
 }  // namespace rlbus::broker::task_helpers

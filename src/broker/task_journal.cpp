@@ -10,10 +10,9 @@
 #include "broker/task_helpers.hpp"
 #include "broker/task_manager.hpp"
 #include "codec/codec.hpp"
+#include "codec/event_bodies.hpp"
 
 namespace rlbus::broker {
-
-using task_helpers::reason_body;
 
 journal_task task_manager::journal_task_of(const task& t) {
   journal_task j;
@@ -116,13 +115,13 @@ void task_manager::restore(const journal_state& js, util::time_point now) {
       const std::string reason = "broker restarted";
       if (held.attempt >= 1000) {
         ++counts_.failed;
-        emit(held, "failed", reason_body(reason, held.attempt), reason);
+        emit(held, codec::event_body::failed{{reason, held.attempt}}, reason);
         erase_task(held.id);
         continue;
       }
       held.max_attempts = std::max(held.max_attempts, held.attempt + 1);
       held.worker = jt.worker;  // the event names the worker it ran on
-      emit(held, "requeued", reason_body(reason, held.attempt), reason);
+      emit(held, codec::event_body::requeued{{reason, held.attempt}}, reason);
       held.worker.clear();
       ++counts_.requeued;
     }

@@ -11,15 +11,15 @@
 
 #include "broker/task_helpers.hpp"
 #include "codec/codec.hpp"
-#include "codec/map_writer.hpp"
+#include "codec/event_bodies.hpp"
 #include "util/log.hpp"
 
 namespace rlbus::broker {
 
 using task_helpers::clip;
-using task_helpers::reason_body;
 using task_helpers::refuse;
 using task_helpers::slot;
+using task_helpers::view_of;
 
 namespace {
 
@@ -330,7 +330,7 @@ std::optional<refusal> task_manager::on_cancel(const std::string& from, const co
     sink_.send_to(t->worker, codec::task_abort{t->id, t->attempt, clip("cancelled: " + c.reason)});
     free_worker(t->worker);
   }
-  emit(*t, "cancelled", reason_body(c.reason, t->attempt), c.reason);
+  emit(*t, codec::event_body::cancelled{c.reason, t->attempt}, c.reason);
   ++counts_.cancelled;
   erase_task(c.task_id);
   try_assign(now);
@@ -448,7 +448,7 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
     if (t.st != state::starting) return wrong("STARTED belongs to a starting attempt");
     t.st = state::running;
     progress();
-    emit(t, "started", codec::empty_map_blob);
+    emit(t, codec::event_body::started{});
   } else if (const auto* b = std::get_if<codec::data_batch>(&m)) {
     return on_data_batch(t, *b, now);
   } else if (std::holds_alternative<codec::task_alive>(m)) {
@@ -474,20 +474,15 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
       t.data.accept();
     }
     if (t.st == state::running) progress();
-    emit(t, "info", i->body);
+    emit_verbatim<codec::event_body::info>(t, i->body);
     relayed(t, i->index, 1, i->body.size());
   } else if (const auto* g = std::get_if<codec::get_data>(&m)) {
     if (t.st != state::running || t.kind != rlbus::role::learner)
       return wrong("GET_DATA belongs to a running learner task");
     progress();
     t.request_id = g->request_id;
-    emit(t, "data_request",
-         codec::map_writer(4)
-             .uint("request_id", g->request_id)
-             .str("buffer_id", g->buffer_id)
-             .uint("batch_size", g->batch_size)
-             .uint("cur_learner_iter", g->cur_learner_iter)
-             .done());
+    emit(t, codec::event_body::data_request{g->request_id, g->buffer_id, g->batch_size,
+                                            g->cur_learner_iter});
   } else if (auto* l = std::get_if<codec::learn_info>(&m)) {
     // Numbered, it is an item of the learner attempt's sequence (§12.11.10).
     const bool open = t.st == state::running || (t.st == state::closing && l->index);
@@ -495,13 +490,12 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
       return wrong("LEARN_INFO belongs to a running learner task");
     if (dropped_by_index(t, l->index)) return std::nullopt;
     if (t.st == state::running) progress();
-    emit(t, "learn_info",
-         codec::map_writer(2).str("buffer_id", l->buffer_id).raw("info", l->body).done());
+    emit(t, codec::event_body::learn_info{l->buffer_id, l->body});
     relayed(t, l->index, 1, l->body.size());
   } else if (auto* r = std::get_if<codec::task_result>(&m)) {
     if (t.st != state::closing) return wrong("RESULT answers TASK_CLOSE");
     duration_.observe(now - t.started_at);
-    emit(t, "finished", r->result);
+    emit_verbatim<codec::event_body::finished>(t, r->result);
     ++counts_.finished;
     quarantine_.succeeded(from);
     free_worker(from);
@@ -575,10 +569,9 @@ void task_manager::start_attempt(task& t, worker_info& w, const std::string& wor
     start.policy_params = p->params;
   }
   // The coordinator learns which version each attempt runs, so it can measure policy lag.
-  emit(t, "assigned",
-       p != nullptr ? codec::map_writer(1).uint("policy_version", p->version).done()
-                    : codec::empty_map_blob,
-       worker_id);
+  codec::event_body::assigned assigned;
+  if (p != nullptr) assigned.policy_version = p->version;
+  emit(t, assigned, worker_id);
   // A collector of a windowed stream learns its credit before its task, so its first DATA
   // already knows the limit (§12.9.9).
   auto& s = streams_[t.owner];
@@ -641,7 +634,7 @@ void task_manager::end_attempt(task& t, const std::string& reason, util::time_po
   if (t.attempt < t.max_attempts) {
     spdlog::warn("task {} attempt {} ended ({}): re-queued", t.id, t.attempt, reason);
     if (journal_ != nullptr) journal_->requeued(t.id, t.attempt);
-    emit(t, "requeued", reason_body(reason, t.attempt, result), reason);
+    emit(t, codec::event_body::requeued{{reason, t.attempt, view_of(result)}}, reason);
     t.last_worker = std::move(t.worker);
     t.worker.clear();
     t.st = state::queued;
@@ -656,7 +649,7 @@ void task_manager::end_attempt(task& t, const std::string& reason, util::time_po
   } else {
     spdlog::warn("task {} failed after {} attempts: {}", t.id, t.attempt, reason);
     ++counts_.failed;
-    emit(t, "failed", reason_body(reason, t.attempt, result), reason);
+    emit(t, codec::event_body::failed{{reason, t.attempt, view_of(result)}}, reason);
     erase_task(t.id);
   }
 }
@@ -678,7 +671,7 @@ void task_manager::on_timers(util::time_point now) {
                                       t.queue_timeout.count());
       spdlog::warn("task {} failed: {}", t.id, reason);
       ++counts_.failed;
-      emit(t, "failed", reason_body(reason, t.attempt), reason);
+      emit(t, codec::event_body::failed{{reason, t.attempt}}, reason);
       erase_task(t.id);
       continue;
     }
@@ -760,7 +753,7 @@ void task_manager::cancel(task& t, const std::string& reason) {
     sink_.send_to(t.worker, codec::task_abort{t.id, t.attempt, reason});
     free_worker(t.worker);
   }
-  emit(t, "cancelled", reason_body(reason, t.attempt), reason);
+  emit(t, codec::event_body::cancelled{reason, t.attempt}, reason);
   ++counts_.cancelled;
   erase_task(t.id);
 }

@@ -262,8 +262,12 @@ class task_manager {
   /// Cancels a coordinator's tasks without events and drops its stream (§12.5.8).
   void drop_coordinator(const std::string& id, util::time_point now);
   void cancel(task& t, const std::string& reason);
-  void emit(task& t, std::string_view event, std::string_view body, std::string_view detail = {},
-            std::uint32_t items = 1);
+  /// An event with a body the broker composes (codec/event_bodies.hpp), named by its type.
+  template <class Body>
+  void emit(task& t, const Body& body, std::string_view detail = {}, std::uint32_t items = 1);
+  /// An event whose body is a field of the worker's message, byte for byte (info, finished).
+  template <class Body>
+  void emit_verbatim(task& t, std::string_view body);
   template <class Body>
   void emit_with(task& t, std::string_view event, std::size_t reserve, Body&& write_body,
                  std::string_view detail = {}, std::uint32_t items = 1);

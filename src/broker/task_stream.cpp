@@ -11,7 +11,8 @@
 #include "broker/task_helpers.hpp"
 #include "broker/task_manager.hpp"
 #include "codec/codec.hpp"
-#include "codec/map_writer.hpp"
+#include "codec/event_bodies.hpp"
+#include "codec/field_writer.hpp"
 
 namespace rlbus::broker {
 
@@ -83,11 +84,33 @@ void task_manager::emit_with(task& t, std::string_view event, std::size_t reserv
                 codec::task_status{t.id, t.kind, t.attempt, t.worker, clip(std::string(detail))});
 }
 
-void task_manager::emit(task& t, std::string_view event, std::string_view body,
-                        std::string_view detail, std::uint32_t items) {
+template <class Body>
+void task_manager::emit(task& t, const Body& body, std::string_view detail, std::uint32_t items) {
   emit_with(
-      t, event, body.size(), [&](codec::blob& wire) { wire.append(body); }, detail, items);
+      t, Body::event, codec::size_hint(body),
+      [&](codec::blob& wire) { codec::append_fields(wire, body); }, detail, items);
 }
+
+template <class Body>
+void task_manager::emit_verbatim(task& t, std::string_view body) {
+  emit_with(
+      t, Body::event, body.size(), [&](codec::blob& wire) { wire.append(body); }, {}, 1);
+}
+
+// Every body the task manager's files emit (task_manager.cpp, task_journal.cpp, this one).
+namespace eb = codec::event_body;
+template void task_manager::emit(task&, const eb::assigned&, std::string_view, std::uint32_t);
+template void task_manager::emit(task&, const eb::started&, std::string_view, std::uint32_t);
+template void task_manager::emit(task&, const eb::data&, std::string_view, std::uint32_t);
+template void task_manager::emit(task&, const eb::data_request&, std::string_view, std::uint32_t);
+template void task_manager::emit(task&, const eb::learn_info&, std::string_view, std::uint32_t);
+template void task_manager::emit(task&, const eb::requeued&, std::string_view, std::uint32_t);
+template void task_manager::emit(task&, const eb::failed&, std::string_view, std::uint32_t);
+template void task_manager::emit(task&, const eb::cancelled&, std::string_view, std::uint32_t);
+template void task_manager::emit(task&, const eb::data_lost&, std::string_view, std::uint32_t);
+template void task_manager::emit(task&, const eb::data_batch&, std::string_view, std::uint32_t);
+template void task_manager::emit_verbatim<eb::info>(task&, std::string_view);
+template void task_manager::emit_verbatim<eb::finished>(task&, std::string_view);
 
 // ---- reliable data (§12.11) ------------------------------------------------------------
 
@@ -146,15 +169,9 @@ std::optional<refusal> task_manager::on_data(const std::string& from, rlbus::rol
   t.data.accept();
   if (t.st == state::running) set_deadline(t, now + t.step_timeout);  // closing: it stands
   const auto size = d.meta.size() + (d.payload ? d.payload->size() : 0);
-  emit_with(
-      t, "data", 64 + d.data_id.size() + d.buffer_id.size() + size,
-      [&](codec::blob& wire) {
-        codec::map_writer body(wire, 3 + (d.payload ? 1 : 0) + (d.policy_version ? 1 : 0));
-        body.str("data_id", d.data_id).str("buffer_id", d.buffer_id).raw("meta", d.meta);
-        if (d.payload) body.bin("payload", *d.payload);
-        if (d.policy_version) body.uint("policy_version", *d.policy_version);
-      },
-      d.data_id);
+  codec::event_body::data body{d.data_id, d.buffer_id, d.meta, std::nullopt, d.policy_version};
+  if (d.payload) body.payload = *d.payload;
+  emit(t, body, d.data_id);
   relayed(t, d.index, 1, size);
   return std::nullopt;
 }
@@ -188,9 +205,7 @@ std::optional<refusal> task_manager::on_data_lost(task& t, const codec::data_los
   if (t.st == state::running) set_deadline(t, now + t.step_timeout);
   spdlog::warn("task {} attempt {}: its collector lost DATA {}..{}", t.id, t.attempt, first,
                l.last);
-  emit(t, "data_lost",
-       codec::map_writer(2).uint("first_index", first).uint("last_index", l.last).done(),
-       fmt::format("{}..{}", first, l.last));
+  emit(t, codec::event_body::data_lost{first, l.last}, fmt::format("{}..{}", first, l.last));
   if (t.data.credited()) grant(streams_[t.owner], nullptr);
   return std::nullopt;
 }
@@ -236,12 +251,8 @@ std::optional<refusal> task_manager::on_data_batch(task& t, const codec::data_ba
     // A unit of credit costs what the stream's largest item does (§12.12.3).
     s.max_data_bytes = std::max(s.max_data_bytes, item.size());
   }
-  emit_with(
-      t, "data_batch", 32 + bytes,
-      [&](codec::blob& wire) {
-        codec::map_writer(wire, 2).uint("first_index", first).array("items", fresh_items);
-      },
-      fmt::format("{}..{}", first, last), static_cast<std::uint32_t>(fresh));
+  emit(t, codec::event_body::data_batch{first, fresh_items}, fmt::format("{}..{}", first, last),
+       static_cast<std::uint32_t>(fresh));
   relayed(t, last, fresh, bytes);
   return std::nullopt;
 }

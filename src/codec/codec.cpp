@@ -1,9 +1,12 @@
-// Protocol v1 codec: session messages (§4) and events (§7). Decoding runs msgpack's parser
+// Protocol v1 codec: messages (§4, §12) and events (§7). Decoding runs msgpack's parser
 // with hard limits (an unlimited unpack of a 6-byte array32 header asks for 16 GiB), then
 // checks each field with `field_reader`, which records the first fault instead of throwing.
+// Each message and event body lists its fields once (fields()); one generic writer
+// (field_writer.hpp) and one generic reader (task_codec.cpp) serve them all.
 #include "codec/codec.hpp"
 
 #include "codec/field_reader.hpp"
+#include "codec/field_writer.hpp"
 #include "codec/task_codec.hpp"
 
 #include <algorithm>
@@ -18,14 +21,6 @@ namespace rlbus::codec {
 namespace {
 
 using detail::field_reader;
-using detail::u16_max;
-using detail::u64_max;
-
-template <class T>
-result<message> done(field_reader& r, T&& value) {
-  if (r.fault()) return *r.fault();
-  return message{std::forward<T>(value)};
-}
 
 decode_error unknown_type(std::uint8_t type) {
   return {error_code::unknown_type,
@@ -34,105 +29,18 @@ decode_error unknown_type(std::uint8_t type) {
 }
 
 result<message> read_message(std::uint8_t type, field_reader& r) {
-  switch (static_cast<msg_type>(type)) {
-    case msg_type::hello: {
-      hello m;
-      r.role("role", m.role);
-      r.peer_id("id", m.id);
-      r.uint("heartbeat_ms", m.heartbeat_ms, min_heartbeat_ms, max_heartbeat_ms);
-      r.resources("resources", m.resources);
-      r.opt_uint("session", m.session, 1, u64_max);
-      return done(r, std::move(m));
-    }
-    case msg_type::welcome: {
-      welcome m;
-      r.uint("session", m.session, 1, u64_max);
-      r.uint("epoch", m.epoch, 0, u64_max);
-      r.uint("heartbeat_ms", m.heartbeat_ms, min_heartbeat_ms, max_heartbeat_ms);
-      r.uint("liveness", m.liveness, 1, 1000);
-      r.uint("max_message", m.max_message, 0, u64_max);
-      r.boolean("resumed", m.resumed);
-      r.opt_uint("stream_acked", m.stream_acked, 0, u64_max);
-      return done(r, m);
-    }
-    case msg_type::heartbeat:
-      return done(r, heartbeat{});
-    case msg_type::disconnect: {
-      disconnect m;
-      r.uint("code", m.code, 0, u16_max);
-      r.str("reason", m.reason, max_reason_length);
-      return done(r, std::move(m));
-    }
-    case msg_type::error: {
-      error m;
-      r.uint("code", m.code, 0, u16_max);
-      r.str("reason", m.reason, max_reason_length);
-      r.opt_uint("ref_type", m.ref_type, 0, 0xFF);
-      return done(r, std::move(m));
-    }
-    default:
-      if (is_task_type(type) || is_ops_type(type)) return detail::read_task(type, r);
-      break;
-  }
-  return unknown_type(type);
+  if (static_cast<msg_type>(type) == msg_type::event) return unknown_type(type);
+  return detail::read_fields_message(type, r);
 }
 
 using packer = msgpack::packer<msgpack::sbuffer>;
 
-void pack_kv(packer& pk, std::string_view key, std::string_view v) {
-  pk.pack(key).pack(v);
-}
-void pack_kv(packer& pk, std::string_view key, std::uint64_t v) {
-  pk.pack(key).pack(v);
-}
-void pack_kv(packer& pk, std::string_view key, bool v) {
-  pk.pack(key).pack(v);
-}
-void pack_kv(packer& pk, std::string_view key, rlbus::role v) {
-  pk.pack(key).pack(to_string(v));
-}
-
-void pack_kv(packer& pk, msgpack::sbuffer& out, std::string_view key, const rlbus::resources& res) {
-  pk.pack(key);
-  detail::pack_resources(pk, out, res);
-}
-
-struct body_encoder {
+struct body_encoder {  // every message: one generic writer, driven by its fields()
   packer& pk;
   msgpack::sbuffer& out;
   template <class T>
-  void operator()(const T& m) const {  // task messages (§12): one generic writer
-    detail::write_task(m, pk, out);
-  }
-  void operator()(const hello& m) const {
-    pk.pack_map(m.session ? 5 : 4);
-    pack_kv(pk, "role", m.role);
-    pack_kv(pk, "id", m.id);
-    pack_kv(pk, "heartbeat_ms", std::uint64_t{m.heartbeat_ms});
-    pack_kv(pk, out, "resources", m.resources);
-    if (m.session) pack_kv(pk, "session", *m.session);
-  }
-  void operator()(const welcome& m) const {
-    pk.pack_map(m.stream_acked ? 7 : 6);
-    pack_kv(pk, "session", m.session);
-    pack_kv(pk, "epoch", m.epoch);
-    pack_kv(pk, "heartbeat_ms", std::uint64_t{m.heartbeat_ms});
-    pack_kv(pk, "liveness", std::uint64_t{m.liveness});
-    pack_kv(pk, "max_message", m.max_message);
-    pack_kv(pk, "resumed", m.resumed);
-    if (m.stream_acked) pack_kv(pk, "stream_acked", *m.stream_acked);
-  }
-  void operator()(const heartbeat& /*m*/) const { pk.pack_map(0); }
-  void operator()(const disconnect& m) const {
-    pk.pack_map(2);
-    pack_kv(pk, "code", std::uint64_t{m.code});
-    pack_kv(pk, "reason", m.reason);
-  }
-  void operator()(const error& m) const {
-    pk.pack_map(m.ref_type ? 3 : 2);
-    pack_kv(pk, "code", std::uint64_t{m.code});
-    pack_kv(pk, "reason", m.reason);
-    if (m.ref_type) pack_kv(pk, "ref_type", std::uint64_t{*m.ref_type});
+  void operator()(const T& m) const {
+    write_fields(pk, out, m);
   }
 };
 
@@ -141,67 +49,15 @@ struct event_encoder {
   packer& pk;
   msgpack::sbuffer& out;
   const event& e;
-  void envelope(std::uint32_t extra) const {
-    pk.pack_map(3 + extra);
-    pack_kv(pk, "seq", e.seq);
-    pack_kv(pk, "epoch", e.epoch);
-    pack_kv(pk, "ts_ms", e.ts_ms);
-  }
-  void operator()(std::monostate /*unused*/) const { envelope(0); }
-  void operator()(const peer_joined& b) const {
-    envelope(5);
-    pack_kv(pk, "id", b.id);
-    pack_kv(pk, "role", b.role);
-    pack_kv(pk, "serial", b.serial);
-    pack_kv(pk, out, "resources", b.resources);
-    pack_kv(pk, "resumed", b.resumed);
-  }
-  void operator()(const peer_gone& b) const {
-    envelope(5);
-    pack_kv(pk, "id", b.id);
-    pack_kv(pk, "role", b.role);
-    pack_kv(pk, "serial", b.serial);
-    pack_kv(pk, "code", std::uint64_t{b.code});
-    pack_kv(pk, "reason", b.reason);
-  }
-  void operator()(const worker_quarantine& b) const {
-    envelope(5);
-    pack_kv(pk, "id", b.id);
-    pack_kv(pk, "role", b.role);
-    pack_kv(pk, "failures", std::uint64_t{b.failures});
-    pack_kv(pk, "quarantine_ms", b.quarantine_ms);
-    pack_kv(pk, "reason", b.reason);
-  }
-  void operator()(const broker_status& b) const {
-    envelope(2);
-    pack_kv(pk, "peers", b.peers);
-    pack_kv(pk, "uptime_ms", b.uptime_ms);
-  }
-  void operator()(const broker_stopping& b) const {
-    envelope(1);
-    pack_kv(pk, "drain_ms", b.drain_ms);
-  }
-  void operator()(const capacity_status& b) const {
-    envelope(4);
-    pack_kv(pk, "kind", b.kind);
-    pk.pack("change").pack(to_string(b.change));
-    pack_kv(pk, "worker_id", b.worker_id);
-    pack_kv(pk, "count", b.count);
-  }
-  void operator()(const task_status& b) const {
-    envelope(5);
-    pack_kv(pk, "task_id", b.task_id);
-    pack_kv(pk, "kind", b.kind);
-    pack_kv(pk, "attempt", std::uint64_t{b.attempt});
-    pack_kv(pk, "worker_id", b.worker_id);
-    pack_kv(pk, "detail", b.detail);
-  }
-  void operator()(const policy_status& b) const {
-    envelope(4);
-    pack_kv(pk, "policy_id", b.policy_id);
-    pack_kv(pk, "version", b.version);
-    pack_kv(pk, "publisher", b.publisher);
-    pack_kv(pk, "size", b.size);
+  template <class B>
+  void operator()(const B& b) const {
+    constexpr bool has_body = !std::is_same_v<B, std::monostate>;
+    std::uint32_t n = field_count(e);
+    if constexpr (has_body) n += field_count(b);
+    pk.pack_map(n);
+    detail::field_writer<msgpack::sbuffer> w{pk, out};
+    event::fields(e, w);
+    if constexpr (has_body) B::fields(b, w);
   }
 };
 
@@ -241,84 +97,26 @@ std::string encode_body(const message& m) {
   return {buf.data(), buf.size()};
 }
 
+decltype(event::body) event_body_of(std::string_view topic) {
+  if (ends_with(topic, ".joined")) return peer_joined{};
+  if (ends_with(topic, ".left") || ends_with(topic, ".lost")) return peer_gone{};
+  if (topic == topic::worker_quarantined) return worker_quarantine{};
+  if (topic == topic::broker_heartbeat) return broker_status{};
+  if (topic == topic::broker_stopping) return broker_stopping{};
+  if (topic.rfind("capacity.", 0) == 0) return capacity_status{};
+  if (topic.rfind("task.", 0) == 0) return task_status{};
+  if (topic.rfind("policy.", 0) == 0) return policy_status{};
+  return std::monostate{};
+}
+
 result<event> decode_event(std::string_view topic, std::string_view body,
                            const decode_limits& limits) {
   field_reader r(body, limits);
   if (r.fault()) return *r.fault();
   event e;
   e.topic = topic;
-  r.uint("seq", e.seq, 1, u64_max);
-  r.uint("epoch", e.epoch, 0, u64_max);
-  r.uint("ts_ms", e.ts_ms, 0, u64_max);
-  if (ends_with(topic, ".joined")) {
-    peer_joined b;
-    r.peer_id("id", b.id);
-    r.role("role", b.role);
-    r.uint("serial", b.serial, 1, u64_max);
-    r.resources("resources", b.resources);
-    r.boolean("resumed", b.resumed);
-    e.body = std::move(b);
-  } else if (ends_with(topic, ".left") || ends_with(topic, ".lost")) {
-    peer_gone b;
-    r.peer_id("id", b.id);
-    r.role("role", b.role);
-    r.uint("serial", b.serial, 1, u64_max);
-    r.uint("code", b.code, 0, u16_max);
-    r.str("reason", b.reason, max_reason_length);
-    e.body = std::move(b);
-  } else if (topic == topic::worker_quarantined) {
-    worker_quarantine b;
-    r.peer_id("id", b.id);
-    r.word(
-        "role", b.role,
-        [](std::string_view text) {
-          const auto r = parse_role(text);  // a worker's: never a coordinator
-          return r == rlbus::role::coordinator ? std::nullopt : r;
-        },
-        "collector or learner");
-    r.uint("failures", b.failures, 1, 1000);
-    r.uint("quarantine_ms", b.quarantine_ms, 1, u64_max);
-    r.str("reason", b.reason, max_reason_length);
-    e.body = std::move(b);
-  } else if (topic == topic::broker_heartbeat) {
-    broker_status b;
-    r.uint("peers", b.peers, 0, u64_max);
-    r.uint("uptime_ms", b.uptime_ms, 0, u64_max);
-    e.body = b;
-  } else if (topic == topic::broker_stopping) {
-    broker_stopping b;
-    r.uint("drain_ms", b.drain_ms, 0, u64_max);
-    e.body = b;
-  } else if (topic.rfind("capacity.", 0) == 0) {
-    capacity_status b;
-    r.role("kind", b.kind);
-    // Snapshots go to coordinators only (SPEC §12.10.4): an event is a change.
-    r.word(
-        "change", b.change,
-        [](std::string_view text) {
-          auto c = parse_capacity_change(text);
-          return c == capacity_change::snapshot ? std::nullopt : c;
-        },
-        "increase or decrease");
-    r.peer_id("worker_id", b.worker_id);
-    r.uint("count", b.count, 0, u64_max);
-    e.body = std::move(b);
-  } else if (topic.rfind("task.", 0) == 0) {
-    task_status b;
-    r.peer_id("task_id", b.task_id);
-    r.role("kind", b.kind);
-    r.uint("attempt", b.attempt, 0, 0xFFFF'FFFF);
-    r.str("worker_id", b.worker_id, max_id_length);
-    r.str("detail", b.detail, max_reason_length);
-    e.body = std::move(b);
-  } else if (topic.rfind("policy.", 0) == 0) {
-    policy_status b;
-    r.peer_id("policy_id", b.policy_id);
-    r.uint("version", b.version, 1, u64_max);
-    r.peer_id("publisher", b.publisher);
-    r.uint("size", b.size, 0, u64_max);
-    e.body = std::move(b);
-  }
+  e.body = event_body_of(topic);
+  detail::read_event_fields(r, e);
   if (r.fault()) return *r.fault();
   return e;
 }

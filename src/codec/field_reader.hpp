@@ -123,15 +123,15 @@ class field_reader {
     }
   }
 
-  /// An optional task kind: collector or learner.
-  void opt_task_kind(std::string_view key, std::optional<rlbus::role>& out) {
-    out.reset();
-    if (!has(key)) return;
-    rlbus::role r = rlbus::role::collector;
-    role(key, r);
-    if (fault_) return;
-    if (r == rlbus::role::coordinator) return fail(key, "a task's kind is collector or learner");
-    out = r;
+  /// A task's kind of worker (§12.2.5): collector or learner; coordinator is refused.
+  void kind(std::string_view key, rlbus::role& out) {
+    word(
+        key, out,
+        [](std::string_view text) {
+          const auto r = parse_role(text);
+          return r == rlbus::role::coordinator ? std::nullopt : r;
+        },
+        "collector or learner");
   }
 
   /// A str of at most 32 bytes that `parse` turns into a value (an enum spelled as words);
@@ -190,6 +190,12 @@ class field_reader {
     return true;
   }
 
+  /// Refuses the field `key` (402) for `what`, unless a fault came first.
+  void fail(std::string_view key, std::string_view what) {
+    if (!fault_)
+      fault_ = decode_error{error_code::bad_field, fmt::format("field '{}': {}", key, what)};
+  }
+
  private:
   struct field {
     std::string_view key;
@@ -225,10 +231,6 @@ class field_reader {
     out = v->n;
   }
 
-  void fail(std::string_view key, std::string_view what) {
-    if (!fault_)
-      fault_ = decode_error{error_code::bad_field, fmt::format("field '{}': {}", key, what)};
-  }
   bool refused(std::string_view key, std::string_view what) {
     fail(key, what);
     return false;

@@ -1,5 +1,5 @@
-// Builds small msgpack maps (event bodies the broker composes) with opaque values spliced
-// in verbatim. Fields are written in the order they are added; the count is fixed up front.
+// Builds small msgpack maps (the results of OPS_REPLY) with opaque values spliced in
+// verbatim. Fields are written in the order they are added; the count is fixed up front.
 // The bytes go straight into the blob that done() hands over, or into one the caller is
 // writing (a TASK_EVENT whose body this map is): no buffer to copy out of.
 //
@@ -14,12 +14,10 @@
 
 #include <msgpack.hpp>
 
+#include "codec/field_writer.hpp"
 #include "codec/task_messages.hpp"
 
 namespace rlbus::codec {
-
-/// Resources (a map of str -> number) as they travel: canonical form (SPEC §4.1.4).
-blob encode_resources(const rlbus::resources& res);
 
 class map_writer {
  public:

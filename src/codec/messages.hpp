@@ -20,6 +20,14 @@ struct hello {
   std::uint32_t heartbeat_ms = 1000;
   rlbus::resources resources;
   std::optional<std::uint64_t> session;
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("role", s.role);
+    f("id", s.id, rule::id{});
+    f("heartbeat_ms", s.heartbeat_ms, rule::range{min_heartbeat_ms, max_heartbeat_ms});
+    f("resources", s.resources);
+    f("session", s.session, rule::range{1, ~std::uint64_t{0}});
+  }
   bool operator==(const hello&) const = default;
 };
 
@@ -34,11 +42,23 @@ struct welcome {
   /// A coordinator's new session adopted an earlier one's tasks and stream (SPEC §12.5.8):
   /// the stream goes on after this acknowledged seq.
   std::optional<std::uint64_t> stream_acked;
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("session", s.session, rule::range{1, ~std::uint64_t{0}});
+    f("epoch", s.epoch, rule::u64);
+    f("heartbeat_ms", s.heartbeat_ms, rule::range{min_heartbeat_ms, max_heartbeat_ms});
+    f("liveness", s.liveness, rule::range{1, 1000});
+    f("max_message", s.max_message, rule::u64);
+    f("resumed", s.resumed);
+    f("stream_acked", s.stream_acked, rule::u64);
+  }
   bool operator==(const welcome&) const = default;
 };
 
 /// HEARTBEAT (both ways): an empty map; its arrival is the whole message.
 struct heartbeat {
+  template <class S, class F>
+  static void fields(S& /*s*/, F&& /*f*/) {}
   bool operator==(const heartbeat&) const = default;
 };
 
@@ -46,6 +66,11 @@ struct heartbeat {
 struct disconnect {
   std::uint16_t code = static_cast<std::uint16_t>(error_code::goodbye);
   std::string reason;
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("code", s.code, rule::range{0, 0xFFFF});
+    f("reason", s.reason, rule::reason);
+  }
   bool operator==(const disconnect&) const = default;
 };
 
@@ -54,6 +79,12 @@ struct error {
   std::uint16_t code = 0;
   std::string reason;
   std::optional<std::uint8_t> ref_type;
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("code", s.code, rule::range{0, 0xFFFF});
+    f("reason", s.reason, rule::reason);
+    f("ref_type", s.ref_type, rule::range{0, 0xFF});
+  }
   bool operator==(const error&) const = default;
 };
 
@@ -121,6 +152,14 @@ struct peer_joined {
   std::uint64_t serial = 0;
   rlbus::resources resources;
   bool resumed = false;
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("id", s.id, rule::id{});
+    f("role", s.role);
+    f("serial", s.serial, rule::range{1, ~std::uint64_t{0}});
+    f("resources", s.resources);
+    f("resumed", s.resumed);
+  }
   bool operator==(const peer_joined&) const = default;
 };
 
@@ -131,6 +170,14 @@ struct peer_gone {
   std::uint64_t serial = 0;
   std::uint16_t code = 0;
   std::string reason;
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("id", s.id, rule::id{});
+    f("role", s.role);
+    f("serial", s.serial, rule::range{1, ~std::uint64_t{0}});
+    f("code", s.code, rule::range{0, 0xFFFF});
+    f("reason", s.reason, rule::reason);
+  }
   bool operator==(const peer_gone&) const = default;
 };
 
@@ -142,6 +189,14 @@ struct worker_quarantine {
   std::uint32_t failures = 0;
   std::uint64_t quarantine_ms = 0;
   std::string reason;
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("id", s.id, rule::id{});
+    f("role", s.role, rule::kind{});  // a worker's: never a coordinator
+    f("failures", s.failures, rule::range{1, 1000});
+    f("quarantine_ms", s.quarantine_ms, rule::range{1, ~std::uint64_t{0}});
+    f("reason", s.reason, rule::reason);
+  }
   bool operator==(const worker_quarantine&) const = default;
 };
 
@@ -149,12 +204,21 @@ struct worker_quarantine {
 struct broker_status {
   std::uint64_t peers = 0;
   std::uint64_t uptime_ms = 0;
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("peers", s.peers, rule::u64);
+    f("uptime_ms", s.uptime_ms, rule::u64);
+  }
   bool operator==(const broker_status&) const = default;
 };
 
 /// Body of broker.stopping.
 struct broker_stopping {
   std::uint64_t drain_ms = 0;
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("drain_ms", s.drain_ms, rule::u64);
+  }
   bool operator==(const broker_stopping&) const = default;
 };
 
@@ -167,6 +231,14 @@ struct task_status {
   std::uint32_t attempt = 0;
   std::string worker_id;
   std::string detail;
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("task_id", s.task_id, rule::id{});
+    f("kind", s.kind, rule::kind{});
+    f("attempt", s.attempt, rule::u32);
+    f("worker_id", s.worker_id, rule::text{max_id_length});
+    f("detail", s.detail, rule::reason);
+  }
   bool operator==(const task_status&) const = default;
 };
 
@@ -177,6 +249,13 @@ struct policy_status {
   std::uint64_t version = 0;
   std::string publisher;   // the learner that published it
   std::uint64_t size = 0;  // bytes of inline params, 0 for a reference
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("policy_id", s.policy_id, rule::id{});
+    f("version", s.version, rule::version);
+    f("publisher", s.publisher, rule::id{});
+    f("size", s.size, rule::u64);
+  }
   bool operator==(const policy_status&) const = default;
 };
 
@@ -188,6 +267,13 @@ struct capacity_status {
   capacity_change change = capacity_change::increase;
   std::string worker_id;
   std::uint64_t count = 0;
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("kind", s.kind, rule::kind{});
+    f("change", s.change, rule::no_snapshot{});
+    f("worker_id", s.worker_id, rule::id{});
+    f("count", s.count, rule::u64);
+  }
   bool operator==(const capacity_status&) const = default;
 };
 
@@ -202,6 +288,13 @@ struct event {
                policy_status, capacity_status, worker_quarantine>
       body;
   bool operator==(const event&) const = default;
+  /// The envelope's fields (§7), written before the body's.
+  template <class S, class F>
+  static void fields(S& s, F&& f) {
+    f("seq", s.seq, rule::range{1, ~std::uint64_t{0}});
+    f("epoch", s.epoch, rule::u64);
+    f("ts_ms", s.ts_ms, rule::u64);
+  }
 };
 
 }  // namespace rlbus::codec

@@ -1,8 +1,11 @@
-// See task_codec.hpp. The field visitors below are the only place that knows how each
-// kind of field travels (SPEC §12.2).
+// See task_codec.hpp. The field reader below (and the writer, field_writer.hpp) are the only
+// places that know how each kind of field travels (SPEC §12.2).
 #include "codec/task_codec.hpp"
 
+#include "codec/field_writer.hpp"
 #include "codec/map_writer.hpp"
+
+#include <fmt/format.h>
 
 namespace rlbus::codec::detail {
 
@@ -10,84 +13,38 @@ namespace {
 
 using packer = msgpack::packer<msgpack::sbuffer>;
 
-template <class V>
-bool present(const V& /*v*/) {
-  return true;
-}
-template <class V>
-bool present(const std::optional<V>& v) {
-  return v.has_value();
-}
-
-struct counter {
-  std::uint32_t n = 0;
-  template <class V, class... Rule>
-  void operator()(std::string_view /*key*/, const V& v, Rule... /*rule*/) {
-    n += present(v) ? 1 : 0;
-  }
-};
-
-struct writer {
-  packer& pk;
-  msgpack::sbuffer& out;
-  void operator()(std::string_view k, const std::string& v, rule::id /*r*/) { pk.pack(k).pack(v); }
-  void operator()(std::string_view k, const std::string& v, rule::text /*r*/) {
-    pk.pack(k).pack(v);
-  }
-  void operator()(std::string_view k, const rlbus::role& v) { pk.pack(k).pack(to_string(v)); }
-  void operator()(std::string_view k, const std::optional<rlbus::role>& v) {
-    if (v) pk.pack(k).pack(to_string(*v));
-  }
-  void operator()(std::string_view k, const bool& v) { pk.pack(k).pack(v); }
-  void operator()(std::string_view k, const capacity_change& v) { pk.pack(k).pack(to_string(v)); }
-  template <class U>
-  void operator()(std::string_view k, const U& v, rule::range /*r*/) {
-    pk.pack(k).pack(static_cast<std::uint64_t>(v));
-  }
-  template <class U>
-  void operator()(std::string_view k, const std::optional<U>& v, rule::range /*r*/) {
-    if (v) pk.pack(k).pack(static_cast<std::uint64_t>(*v));
-  }
-  void operator()(std::string_view k, const blob& v, rule::shape /*s*/) {
-    pk.pack(k);
-    out.write(v.data(), v.size());  // already one complete msgpack value
-  }
-  void operator()(std::string_view k, const item_array& v, rule::items /*r*/) {
-    pk.pack(k);
-    out.write(v.bytes.data(), v.bytes.size());  // the array of items, as it travels
-  }
-  void operator()(std::string_view k, const std::optional<blob>& v, rule::shape /*s*/) {
-    if (!v) return;
-    pk.pack(k);
-    out.write(v->data(), v->size());
-  }
-  void operator()(std::string_view k, const rlbus::resources& v) {
-    pk.pack(k);
-    pack_resources(pk, out, v);
-  }
-  void operator()(std::string_view k, const std::optional<std::string>& v, rule::id /*r*/) {
-    if (v) pk.pack(k).pack(*v);
-  }
-  void operator()(std::string_view k, const std::optional<std::string>& v, rule::text /*r*/) {
-    if (v) pk.pack(k).pack(*v);
-  }
-  void operator()(std::string_view k, const std::optional<std::string>& v, rule::bin /*r*/) {
-    if (!v) return;
-    pk.pack(k);
-    pk.pack_bin(static_cast<std::uint32_t>(v->size()));
-    pk.pack_bin_body(v->data(), static_cast<std::uint32_t>(v->size()));
-  }
-};
-
 struct reader {
   field_reader& r;
   void operator()(std::string_view k, std::string& v, rule::id /*r*/) { r.peer_id(k, v); }
-  void operator()(std::string_view k, std::string& v, rule::text t) { r.str(k, v, t.max); }
+  void operator()(std::string_view k, std::string& v, rule::text t) {
+    r.str(k, v, t.max);
+    if (!r.fault() && v.size() < t.min) r.fail(k, "empty");
+  }
+  void operator()(std::string_view k, std::string& v, rule::words w) {
+    r.str(k, v, 32);
+    if (r.fault()) return;
+    for (const auto word : w.allowed)
+      if (word == v) return;
+    r.fail(k, fmt::format("not one of {}", fmt::join(w.allowed, ", ")));
+  }
   void operator()(std::string_view k, rlbus::role& v) { r.role(k, v); }
-  void operator()(std::string_view k, std::optional<rlbus::role>& v) { r.opt_task_kind(k, v); }
+  void operator()(std::string_view k, rlbus::role& v, rule::kind /*r*/) { r.kind(k, v); }
+  void operator()(std::string_view k, std::optional<rlbus::role>& v, rule::kind kind) {
+    if (!r.has(k)) return;
+    (*this)(k, v.emplace(), kind);
+  }
   void operator()(std::string_view k, bool& v) { r.boolean(k, v); }
   void operator()(std::string_view k, capacity_change& v) {
     r.word(k, v, parse_capacity_change, "increase, decrease or snapshot");
+  }
+  void operator()(std::string_view k, capacity_change& v, rule::no_snapshot /*r*/) {
+    r.word(
+        k, v,
+        [](std::string_view text) {
+          auto c = parse_capacity_change(text);
+          return c == capacity_change::snapshot ? std::nullopt : c;
+        },
+        "increase or decrease");
   }
   template <class U>
   void operator()(std::string_view k, U& v, rule::range g) {
@@ -127,13 +84,10 @@ struct reader {
   // fields go to `out` when given.
   static std::optional<std::string> check_item(field_reader& ir, data_item* out);
   void operator()(std::string_view k, rlbus::resources& v) { r.resources(k, v); }
-  void operator()(std::string_view k, std::optional<std::string>& v, rule::id /*r*/) {
+  template <class Rule>
+  void operator()(std::string_view k, std::optional<std::string>& v, Rule t) {
     if (!r.has(k)) return;
-    r.peer_id(k, v.emplace());
-  }
-  void operator()(std::string_view k, std::optional<std::string>& v, rule::text t) {
-    if (!r.has(k)) return;
-    r.str(k, v.emplace(), t.max);
+    (*this)(k, v.emplace(), t);
   }
   void operator()(std::string_view k, std::optional<std::string>& v, rule::bin b) {
     if (!r.has(k)) {
@@ -169,8 +123,18 @@ result<message> read_as(field_reader& r) {
 
 }  // namespace
 
-result<message> read_task(std::uint8_t type, field_reader& r) {
+result<message> read_fields_message(std::uint8_t type, field_reader& r) {
   switch (static_cast<msg_type>(type)) {
+    case msg_type::hello:
+      return read_as<hello>(r);
+    case msg_type::welcome:
+      return read_as<welcome>(r);
+    case msg_type::heartbeat:
+      return read_as<heartbeat>(r);
+    case msg_type::disconnect:
+      return read_as<disconnect>(r);
+    case msg_type::error:
+      return read_as<error>(r);
     case msg_type::submit:
       return read_as<submit>(r);
     case msg_type::submitted:
@@ -238,51 +202,18 @@ result<message> read_task(std::uint8_t type, field_reader& r) {
     default:
       break;
   }
-  return decode_error{error_code::unknown_type, "not a task message"};
+  return decode_error{error_code::unknown_type, "not a ROUTER message"};
 }
 
-template <class T>
-void write_task(const T& m, packer& pk, msgpack::sbuffer& out) {
-  counter c;
-  T::fields(m, c);
-  pk.pack_map(c.n);
-  T::fields(m, writer{pk, out});
+void read_event_fields(field_reader& r, event& e) {
+  event::fields(e, reader{r});
+  std::visit(
+      [&](auto& b) {
+        using B = std::decay_t<decltype(b)>;
+        if constexpr (!std::is_same_v<B, std::monostate>) B::fields(b, reader{r});
+      },
+      e.body);
 }
-
-#define RLBUS_INSTANTIATE(T) template void write_task<T>(const T&, packer&, msgpack::sbuffer&);
-RLBUS_INSTANTIATE(submit)
-RLBUS_INSTANTIATE(submitted)
-RLBUS_INSTANTIATE(finish)
-RLBUS_INSTANTIATE(cancel)
-RLBUS_INSTANTIATE(data_reply)
-RLBUS_INSTANTIATE(task_event)
-RLBUS_INSTANTIATE(ops)
-RLBUS_INSTANTIATE(ops_reply)
-RLBUS_INSTANTIATE(capacity)
-RLBUS_INSTANTIATE(task_start)
-RLBUS_INSTANTIATE(task_close)
-RLBUS_INSTANTIATE(learn)
-RLBUS_INSTANTIATE(no_data)
-RLBUS_INSTANTIATE(task_abort)
-RLBUS_INSTANTIATE(policy_update)
-RLBUS_INSTANTIATE(started)
-RLBUS_INSTANTIATE(data_ready)
-RLBUS_INSTANTIATE(info)
-RLBUS_INSTANTIATE(get_data)
-RLBUS_INSTANTIATE(learn_info)
-RLBUS_INSTANTIATE(task_result)
-RLBUS_INSTANTIATE(task_failed)
-RLBUS_INSTANTIATE(task_alive)
-RLBUS_INSTANTIATE(leaving)
-RLBUS_INSTANTIATE(policy)
-RLBUS_INSTANTIATE(replay)
-RLBUS_INSTANTIATE(ack)
-RLBUS_INSTANTIATE(stream_gap)
-RLBUS_INSTANTIATE(data_credit)
-RLBUS_INSTANTIATE(data_ack)
-RLBUS_INSTANTIATE(data_lost)
-RLBUS_INSTANTIATE(data_batch)
-#undef RLBUS_INSTANTIATE
 
 }  // namespace rlbus::codec::detail
 
@@ -308,27 +239,26 @@ std::optional<capacity_change> parse_capacity_change(std::string_view text) noex
 }
 
 namespace {
-struct blob_sink {  // what msgpack::packer writes to
-  blob& bytes;
-  void write(const char* p, std::size_t n) { bytes.append(p, n); }
+// An item's fields as data_item lists them, from wherever they are (a DATA, an item).
+struct item_ref {
+  std::string_view data_id, buffer_id, meta;
+  std::optional<std::string_view> payload;
+  std::optional<std::uint64_t> policy_version;
 };
 
-void write_item(blob& out, std::string_view data_id, std::string_view buffer_id, const blob& meta,
-                const std::optional<std::string>& payload,
-                const std::optional<std::uint64_t>& policy_version) {
-  blob_sink sink{out};
-  msgpack::packer<blob_sink> pk(sink);
-  pk.pack_map(3 + (payload ? 1 : 0) + (policy_version ? 1 : 0));
-  pk.pack(std::string_view("data_id")).pack(data_id);
-  pk.pack(std::string_view("buffer_id")).pack(buffer_id);
-  pk.pack(std::string_view("meta"));
-  out.append(meta);
-  if (payload) {
-    pk.pack(std::string_view("payload"));
-    pk.pack_bin(static_cast<std::uint32_t>(payload->size()));
-    pk.pack_bin_body(payload->data(), static_cast<std::uint32_t>(payload->size()));
-  }
-  if (policy_version) pk.pack(std::string_view("policy_version")).pack(*policy_version);
+void write_item(blob& out, const item_ref& item) {
+  detail::blob_sink sink{out};
+  msgpack::packer<detail::blob_sink> pk(sink);
+  detail::field_counter n;
+  data_item::fields(item, n);
+  pk.pack_map(n.n);
+  data_item::fields(item, detail::field_writer<detail::blob_sink>{pk, sink});
+}
+
+item_ref ref_of(const auto& d) {
+  item_ref r{d.data_id, d.buffer_id, d.meta, std::nullopt, d.policy_version};
+  if (d.payload) r.payload = *d.payload;
+  return r;
 }
 }  // namespace
 
@@ -342,14 +272,14 @@ blob encode_resources(const rlbus::resources& res) {
 event_fixed::event_fixed(std::string_view task_id, std::uint32_t attempt,
                          std::string_view worker_id)
     : made_(true), attempt_(attempt), worker_id_(worker_id) {
-  blob_sink task{task_};
-  msgpack::packer<blob_sink>(task)
+  detail::blob_sink task{task_};
+  msgpack::packer<detail::blob_sink>(task)
       .pack(std::string_view("task_id"))
       .pack(task_id)
       .pack(std::string_view("attempt"))
       .pack(attempt);
-  blob_sink worker{worker_};
-  msgpack::packer<blob_sink>(worker)
+  detail::blob_sink worker{worker_};
+  msgpack::packer<detail::blob_sink>(worker)
       .pack(std::string_view("worker_id"))
       .pack(worker_id)
       .pack(std::string_view("body"));
@@ -359,10 +289,11 @@ blob event_head(const event_fixed& f, std::uint64_t seq, std::string_view event,
                 std::size_t reserve, bool with_kind) {
   blob out;
   out.reserve(32 + f.task_.size() + event.size() + f.worker_.size() + reserve);
-  blob_sink sink{out};
-  msgpack::packer<blob_sink> pk(sink);
-  // the fields of task_event, in order
-  pk.pack_map(with_kind ? 7 : 6).pack(std::string_view("seq")).pack(seq);
+  detail::blob_sink sink{out};
+  msgpack::packer<detail::blob_sink> pk(sink);
+  // The fields of task_event, in order (all of them required).
+  static const std::uint32_t fields = field_count(task_event{});  // kind absent
+  pk.pack_map(fields + (with_kind ? 1 : 0)).pack(std::string_view("seq")).pack(seq);
   out.append(f.task_);
   pk.pack(std::string_view("event")).pack(event);
   out.append(f.worker_);
@@ -370,19 +301,19 @@ blob event_head(const event_fixed& f, std::uint64_t seq, std::string_view event,
 }
 
 void event_kind(blob& out, rlbus::role kind) {
-  blob_sink sink{out};
-  msgpack::packer<blob_sink>(sink).pack(std::string_view("kind")).pack(to_string(kind));
+  detail::blob_sink sink{out};
+  msgpack::packer<detail::blob_sink>(sink).pack(std::string_view("kind")).pack(to_string(kind));
 }
 
 items_writer::items_writer() : buf_(header_room, '\0') {}
 
 void items_writer::add(const data_ready& d) {
-  write_item(buf_, d.data_id, d.buffer_id, d.meta, d.payload, d.policy_version);
+  write_item(buf_, ref_of(d));
   ends_.push_back(static_cast<std::uint32_t>(buf_.size()));
 }
 
 void items_writer::add(const data_item& item) {
-  write_item(buf_, item.data_id, item.buffer_id, item.meta, item.payload, item.policy_version);
+  write_item(buf_, ref_of(item));
   ends_.push_back(static_cast<std::uint32_t>(buf_.size()));
 }
 

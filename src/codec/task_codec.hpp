@@ -1,5 +1,6 @@
-// The generic codec for task messages: each struct's fields() drives one encoder and one
-// decoder, so a task message is declared once (task_messages.hpp). Internal to src/codec.
+// The generic codec: each message's and event body's fields() drives one encoder and one
+// decoder, so a message is declared once (task_messages.hpp, messages.hpp). Internal to
+// src/codec.
 #pragma once
 
 #include <cstdint>
@@ -11,11 +12,10 @@
 
 namespace rlbus::codec::detail {
 
-/// Decodes the task message `type` from the fields of `r` (type must satisfy is_task_type).
-result<message> read_task(std::uint8_t type, field_reader& r);
+/// Decodes the message `type` (any ROUTER message) from the fields of `r`.
+result<message> read_fields_message(std::uint8_t type, field_reader& r);
 
-/// Appends one task message in canonical form.
-template <class T>
-void write_task(const T& m, msgpack::packer<msgpack::sbuffer>& pk, msgpack::sbuffer& out);
+/// Reads an event's envelope and the fields of the body `e.body` holds (by its topic).
+void read_event_fields(field_reader& r, event& e);
 
 }  // namespace rlbus::codec::detail

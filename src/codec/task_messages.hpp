@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,10 +25,19 @@ inline const blob nil_blob{"\xc0", 1};
 
 /// Field rules the generic codec applies (SPEC §12.2).
 namespace rule {
-struct id {};  // 1-128 characters of A-Z a-z 0-9 . _ : @ / -
+struct id {};    // 1-128 characters of A-Z a-z 0-9 . _ : @ / -
+struct kind {};  // a task's kind of worker: collector or learner, never coordinator (§12.2.5)
 struct text {
   std::size_t max;
+  std::size_t min = 0;  // 1: must not be empty
 };
+// One of these words (an enum that stays a str in its struct).
+struct words {
+  std::span<const std::string_view> allowed;
+};
+// A capacity change as published (§12.10.3): increase or decrease; snapshots go to
+// coordinators only (§12.10.4).
+struct no_snapshot {};
 struct range {
   std::uint64_t lo, hi;
 };
@@ -73,7 +83,7 @@ struct submit {
   template <class S, class F>
   static void fields(S& s, F&& f) {
     f("task_id", s.task_id, rule::id{});
-    f("kind", s.kind);
+    f("kind", s.kind, rule::kind{});
     f("task_info", s.task_info, rule::shape::map);
     f("requirements", s.requirements);
     f("start_timeout_ms", s.start_timeout_ms, rule::timeout_ms);
@@ -165,7 +175,7 @@ struct task_event {
     f("event", s.event, rule::text{32});
     f("worker_id", s.worker_id, rule::text{max_id_length});
     f("body", s.body, rule::shape::any);
-    f("kind", s.kind);
+    f("kind", s.kind, rule::kind{});
   }
 };
 
@@ -189,7 +199,7 @@ struct capacity {
   RLBUS_TASK_MESSAGE(capacity, capacity)
   template <class S, class F>
   static void fields(S& s, F&& f) {
-    f("kind", s.kind);
+    f("kind", s.kind, rule::kind{});
     f("change", s.change);
     f("worker_id", s.worker_id, rule::text{max_id_length});
     f("count", s.count, rule::u64);
@@ -212,7 +222,7 @@ struct task_start {
   static void fields(S& s, F&& f) {
     f("task_id", s.task_id, rule::id{});
     f("attempt", s.attempt, rule::attempt);
-    f("kind", s.kind);
+    f("kind", s.kind, rule::kind{});
     f("task_info", s.task_info, rule::shape::map);
     f("policy_id", s.policy_id, rule::id{});
     f("policy_version", s.policy_version, rule::version);
@@ -579,14 +589,8 @@ inline constexpr std::array<std::string_view, 7> ops_verbs{"status",  "workers",
 inline constexpr std::array<std::string_view, 4> ops_states{"queued", "starting", "running",
                                                             "closing"};
 
-namespace detail {
-template <std::size_t N>
-constexpr bool one_of(const std::array<std::string_view, N>& words, std::string_view w) {
-  for (const auto x : words)
-    if (x == w) return true;
-  return false;
-}
-}  // namespace detail
+/// The kinds of worker, as the `kind` filter of OPS spells them.
+inline constexpr std::array<std::string_view, 2> worker_kinds{"collector", "learner"};
 
 /// OPS (operator -> broker): a question about the broker's state or an order to it (§16).
 struct ops {
@@ -604,25 +608,15 @@ struct ops {
   template <class S, class F>
   static void fields(S& s, F&& f) {
     f("request_id", s.request_id, rule::range{1, ~std::uint64_t{0}});
-    f("verb", s.verb, rule::text{32});
+    f("verb", s.verb, rule::words{ops_verbs});
     f("worker", s.worker, rule::id{});
-    f("key", s.key, rule::text{64});
+    f("key", s.key, rule::text{64, 1});
     f("value", s.value, rule::text{256});
-    f("state", s.state, rule::text{32});
-    f("kind", s.kind, rule::text{32});
+    f("state", s.state, rule::words{ops_states});
+    f("kind", s.kind, rule::words{worker_kinds});
     f("coordinator", s.coordinator, rule::id{});
     f("limit", s.limit, rule::range{1, 10'000});
     f("offset", s.offset, rule::range{0, ~std::uint64_t{0}});
-  }
-  static std::optional<std::string_view> check(const ops& m) {
-    if (!detail::one_of(ops_verbs, m.verb))
-      return "field 'verb': not one of status, workers, tasks, drain, undrain, evict, set";
-    if (m.key && m.key->empty()) return "field 'key': empty";
-    if (m.state && !detail::one_of(ops_states, *m.state))
-      return "field 'state': not one of queued, starting, running, closing";
-    if (m.kind && *m.kind != "collector" && *m.kind != "learner")
-      return "field 'kind': not collector or learner";
-    return std::nullopt;
   }
 };
 
@@ -635,13 +629,8 @@ struct ops_reply {
   template <class S, class F>
   static void fields(S& s, F&& f) {
     f("request_id", s.request_id, rule::range{1, ~std::uint64_t{0}});
-    f("verb", s.verb, rule::text{32});
+    f("verb", s.verb, rule::words{ops_verbs});
     f("result", s.result, rule::shape::map);
-  }
-  static std::optional<std::string_view> check(const ops_reply& m) {
-    if (!detail::one_of(ops_verbs, m.verb))
-      return "field 'verb': not one of status, workers, tasks, drain, undrain, evict, set";
-    return std::nullopt;
   }
 };
 

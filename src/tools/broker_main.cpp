@@ -191,7 +191,7 @@ int main(int argc, char** argv) {
     cfg.stream_window = std::min<std::size_t>(1024, cfg.stream_ring / 2);
   if (print_config) {
     try {
-      cfg.validate();
+      rlbus::broker::validate(cfg);
     } catch (const std::invalid_argument& e) {
       std::fprintf(stderr, "rlbus-broker: bad configuration: %s\n", e.what());
       return 2;

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
+#include "broker/settings.hpp"
 #include "codec/codec.hpp"
 #include "rlbus/types.hpp"
 
@@ -258,8 +259,10 @@ int main(int argc, char** argv) {
   auto* undrain = app.add_subcommand("undrain", "let a drained WORKER get tasks again");
   auto* evict =
       app.add_subcommand("evict", "hand WORKER's task back to the queue and end its session");
-  auto* set = app.add_subcommand(
-      "set", "change a setting at run time (tasks.max-queue, timeouts, heartbeat bounds, ...)");
+  // The settings a broker may change at run time, from its table (the broker judges).
+  auto* set =
+      app.add_subcommand("set", fmt::format("change a setting at run time: {}",
+                                            fmt::join(rlbus::broker::live_setting_keys(), ", ")));
   std::string kind, state, coordinator, worker, key, value;
   std::uint32_t limit = 0;
   for (auto* c : {workers, tasks}) {
@@ -278,7 +281,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   for (auto* c : {drain, undrain, evict})
     c->add_option("worker", worker, "the worker's id")->required();
-  set->add_option("key", key, "the setting, as the config file names it")->required();
+  set->add_option("key", key,
+                  "the setting, as the config file names it (one of those above; a broker of "
+                  "another version judges by its own list)")
+      ->required();
   set->add_option("value", value, "its new value")->required();
   try {
     app.parse(argc, argv);

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "broker/settings.hpp"
 #include "support/child.hpp"
 #include "support/support.hpp"
 
@@ -220,4 +221,15 @@ TEST_CASE("rlbus-ctl watch refreshes status and workers", "[binary][ctl]") {
   const auto [hcode, human] = ctl(b, {"watch", "--interval", "100", "--count", "1"});
   CHECK(hcode == 0);
   CHECK_THAT(human, Catch::Contains("\x1b[H\x1b[2J") && Catch::Contains("WORKER"));
+}
+
+// The settings rlbus-ctl offers to set are the broker's live ones, from the same table.
+TEST_CASE("rlbus-ctl set lists the settings that may change at run time", "[binary][ctl]") {
+  const auto [code, out] = run_to_end(binary_from_env("RLBUS_CTL_BIN"), {"set", "--help"});
+  CHECK(code == 0);
+  const auto keys = broker::live_setting_keys();
+  CHECK(keys.size() >= 10);
+  for (const auto& k : keys) CHECK_THAT(out, Catch::Contains(k));
+  for (const auto& s : broker::settings())
+    if (!s.live) CHECK_THAT(out, !Catch::Contains(" " + s.key() + ","));
 }

@@ -67,6 +67,25 @@ TEST_CASE_METHOD(fixture, "SPEC 16.1, 16.5: status answers a connection without 
   expect_quiet(coord);
 }
 
+// §16.5 "`counters` (map of counter name to uint: ... `data_duplicates`, `data_out_of_order`
+// (§12.11.4), `data_lost` ...)": the counts of §12.11.4's dropped DATA, as an operator sees them.
+TEST_CASE_METHOD(fixture, "SPEC 16.5: status counts duplicate and out-of-order DATA", "[spec]") {
+  raw_peer coord(ctx, router), w(ctx, router), ctl(ctx, router);
+  running(coord, w);
+  const auto before = ask(ctl, op("status")).at("counters");
+  CHECK(before.at("data_out_of_order") == 0);
+  CHECK(before.at("data_duplicates") == 0);
+  w.send(indexed_data(1));
+  next_event(coord, "t", "data");
+  w.send(indexed_data(1));                                         // a duplicate
+  for (std::uint64_t i = 3; i <= 4; ++i) w.send(indexed_data(i));  // 2 went missing
+  CHECK(next_a<codec::data_ack>(w).resend);
+  const auto after = ask(ctl, op("status", 8)).at("counters");
+  CHECK(after.at("data_duplicates") == 1);
+  CHECK(after.at("data_out_of_order") == 2);
+  CHECK(after.at("data_out_of_order") == broker.get().snapshot().data_out_of_order);
+}
+
 TEST_CASE_METHOD(fixture, "SPEC 16.5: workers lists each worker session with its task", "[spec]") {
   raw_peer coord(ctx, router), w0(ctx, router), w1(ctx, router), l0(ctx, router), ctl(ctx, router);
   join(coord, "coord", role::coordinator);

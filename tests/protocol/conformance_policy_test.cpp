@@ -286,3 +286,42 @@ TEST_CASE_METHOD(fixture, "SPEC 13.4.5: each accepted version is announced on th
   CHECK(std::get<codec::policy_status>(second->body) == codec::policy_status{"p.main", 3, "l", 0});
   for (const auto& item : raw.seen()) CHECK(item.body.find(secret) == std::string::npos);
 }
+
+// §13.4.6 "After accepting a POLICY, the broker SHALL send POLICY_UPDATE with the version it now
+// holds to the holder of every attempt in starting or running whose task's SUBMIT named that
+// `policy_id` ... Queued and closing tasks get none"; POLICY_UPDATE is broker-only (§3.5.2).
+TEST_CASE_METHOD(fixture, "SPEC 13.4.6: a new policy version reaches the attempts that run it",
+                 "[spec]") {
+  raw_peer coord(ctx, router), c1(ctx, router), c2(ctx, router), l(ctx, router);
+  join(coord, "coord", role::coordinator);
+  join(c1, "c1", role::collector);
+  join(c2, "c2", role::collector);
+  join(l, "l", role::learner);
+  auto with = task_of("with");
+  with.policy_id = "pi";
+  start_task(coord, c1, with);
+  start_task(coord, c2, task_of("without"));
+  l.send(codec::policy{"pi", 2, std::nullopt, "\x00\x01\xff"s});
+  const auto u = next_a<codec::policy_update>(c1);
+  CHECK(u.task_id == "with");
+  CHECK(u.attempt == 1);
+  CHECK(u.policy_id == "pi");
+  CHECK(u.policy_version == 2);
+  CHECK_FALSE(u.policy_ref);
+  CHECK(u.policy_params == "\x00\x01\xff"s);
+  expect_quiet(c2);  // its task names no policy
+  expect_quiet(coord);
+  l.send(codec::policy{"pi", 3, "/ckpt/3"s, std::nullopt});
+  const auto v = next_a<codec::policy_update>(c1);
+  CHECK(v.policy_version == 3);
+  CHECK(v.policy_ref == "/ckpt/3"s);
+  // Closing: no update.
+  coord.send(codec::finish{"with"});
+  next_a<codec::task_close>(c1);
+  l.send(codec::policy{"pi", 4, "/ckpt/4"s, std::nullopt});
+  expect_quiet(l);
+  expect_quiet(c1);
+  // Broker-only.
+  refused(c1, codec::policy_update{"with", 1, "pi", 5, "/x"s, std::nullopt},
+          error_code::unknown_type);
+}

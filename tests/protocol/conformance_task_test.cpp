@@ -1767,3 +1767,47 @@ TEST_CASE_METHOD(fixture, "SPEC 12.8.4, 7.4: every TASK_EVENT is copied to the P
     CHECK_FALSE(contains(pub.body, secret));
   }
 }
+
+// §12.3.5 "| 4 | `retry_ms` | uint | optional | 0..3600000: with nil `data`, the NO_DATA's
+// `retry_ms` (§12.5.9); ignored with a batch |"; §12.5.9 "its `retry_ms` being the DATA_REPLY's
+// `retry_ms` when present and otherwise the broker's no-data-retry setting (§1.4)"
+TEST_CASE("SPEC 12.5.9: NO_DATA carries the DATA_REPLY's retry_ms, else the setting", "[spec]") {
+  auto cfg = test_config();
+  cfg.no_data_retry_ms = 33;
+  broker_with b(cfg);
+  raw_peer coord(b.ctx, b.router), l(b.ctx, b.router);
+  join(coord, "coord", role::coordinator);
+  join(l, "l", role::learner);
+  start_task(coord, l, task_of("t", role::learner));
+  const auto ask = [&](std::uint64_t req) {
+    l.send(codec::get_data{"t", 1, req, "b", 1, 0});
+    next_event(coord, "t", "data_request");
+  };
+  ask(1);
+  codec::data_reply hinted{"t", 1, codec::nil_blob};
+  hinted.retry_ms = 750;
+  coord.send(hinted);
+  auto n = next_a<codec::no_data>(l);
+  CHECK(n.request_id == 1);
+  CHECK(n.retry_ms == 750);
+  ask(2);
+  coord.send(codec::data_reply{"t", 2, codec::nil_blob});
+  CHECK(next_a<codec::no_data>(l).retry_ms == 33);
+  ask(3);
+  codec::data_reply zero{"t", 3, codec::nil_blob};
+  zero.retry_ms = 0;
+  coord.send(zero);
+  CHECK(next_a<codec::no_data>(l).retry_ms == 0);
+  ask(4);
+  codec::data_reply batch{"t", 4, "\x91\x01"s};
+  batch.retry_ms = 500;  // ignored: there is data
+  coord.send(batch);
+  CHECK(next_a<codec::learn>(l).data == "\x91\x01"s);
+  ask(5);
+  codec::data_reply too_long{"t", 5, codec::nil_blob};
+  too_long.retry_ms = 3'600'001;
+  refused(coord, too_long, error_code::bad_field);
+  too_long.retry_ms = 3'600'000;
+  coord.send(too_long);
+  CHECK(next_a<codec::no_data>(l).retry_ms == 3'600'000);
+}

@@ -591,3 +591,35 @@ TEST_CASE("check_user_map gives the decoder's verdict on one user map", "[unit][
   CHECK(code(codec::check_user_map(std::string("\x81\xa1x\xd4\x01\x00", 6))) ==
         error_code::bad_body);  // an ext value
 }
+
+// §12.2.5: a task's `kind` is collector or learner. The decoder refuses coordinator with 402
+// wherever a kind travels (SUBMIT, CAPACITY, TASK_START, and the task and capacity events),
+// as messages.json says, instead of reading it as a role.
+TEST_CASE("a kind of coordinator is refused with 402", "[unit][codec]") {
+  const auto refused = [](const codec::message& m) {
+    const auto bytes = codec::encode_body(m);
+    const auto back = codec::decode_body(static_cast<std::uint8_t>(codec::type_of(m)), bytes);
+    REQUIRE_FALSE(back);
+    CHECK(back.error().code == error_code::bad_field);
+    CHECK_THAT(back.error().reason, Catch::Contains("'kind'") && Catch::Contains("coordinator"));
+  };
+  codec::submit s{"t", role::coordinator};
+  refused(s);
+  codec::capacity c{role::coordinator, codec::capacity_change::snapshot, "", 0};
+  refused(c);
+  codec::task_start start{"t", 1, role::coordinator};
+  refused(start);
+  s.kind = role::learner;
+  CHECK(round_trip(s).kind == role::learner);
+
+  for (const std::string topic : {"task.coord.started", "capacity.collector"}) {
+    codec::event e{topic, 1, 0, 0};
+    if (topic[0] == 't')
+      e.body = codec::task_status{"t", role::coordinator, 1, "w", ""};
+    else
+      e.body = codec::capacity_status{role::coordinator, codec::capacity_change::increase, "w", 1};
+    const auto back = codec::decode_event(topic, codec::encode_event(e));
+    REQUIRE_FALSE(back);
+    CHECK(back.error().code == error_code::bad_field);
+  }
+}

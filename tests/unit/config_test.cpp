@@ -5,13 +5,14 @@
 #include <stdexcept>
 
 #include "broker/config.hpp"
+#include "broker/settings.hpp"
 
 using namespace rlbus;
 
 TEST_CASE("the default configuration is valid and names the documented endpoints",
           "[unit][config]") {
   broker::config cfg;
-  CHECK_NOTHROW(cfg.validate());
+  CHECK_NOTHROW(broker::validate(cfg));
   CHECK(cfg.router_endpoint == "tcp://127.0.0.1:7235");
   CHECK(cfg.events_endpoint == "tcp://127.0.0.1:7236");
 }
@@ -19,74 +20,74 @@ TEST_CASE("the default configuration is valid and names the documented endpoints
 TEST_CASE("out-of-range settings are refused with the setting's name", "[unit][config]") {
   broker::config cfg;
   cfg.liveness = 0;
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("liveness"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("liveness"));
   cfg = {};
   cfg.heartbeat_min_ms = 5000;
   cfg.heartbeat_max_ms = 1000;
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("heartbeat"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("heartbeat"));
   cfg = {};
   cfg.router_endpoint.clear();
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("router"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("router"));
   cfg = {};
   cfg.max_message = 10;
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("max-message"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("max-message"));
   cfg = {};
   cfg.stream_window = 0;
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("stream-window"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("stream-window"));
   cfg = {};
   cfg.stream_ring = 100;
   cfg.stream_window = 51;  // the held events of a full window must fit the ring twice
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("stream-window"));
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("1..50"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("stream-window"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("1..50"));
   cfg.stream_window = 50;
-  CHECK_NOTHROW(cfg.validate());
+  CHECK_NOTHROW(broker::validate(cfg));
 }
 
 TEST_CASE("session settings have upper bounds as well", "[unit][config]") {
   broker::config cfg;
   cfg.status_interval_ms = 9;
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("status-interval"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("status-interval"));
   cfg.status_interval_ms = 86'400'001;
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("status-interval"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("status-interval"));
   cfg = {};
   cfg.max_faults = 0;
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("max-faults"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("max-faults"));
   cfg.max_faults = 1'000'001;
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("max-faults"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("max-faults"));
   cfg.max_faults = 1'000'000;
-  CHECK_NOTHROW(cfg.validate());
+  CHECK_NOTHROW(broker::validate(cfg));
   cfg = {};
   cfg.max_peers = 0;
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("max-peers"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("max-peers"));
   cfg.max_peers = 10'000'001;
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("max-peers"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("max-peers"));
   cfg = {};
   cfg.shutdown_linger_ms = 86'400'001;
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("shutdown-linger"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("shutdown-linger"));
   cfg.shutdown_linger_ms = 0;
-  CHECK_NOTHROW(cfg.validate());
+  CHECK_NOTHROW(broker::validate(cfg));
 }
 
 TEST_CASE("quarantine settings are bounded, and 0 turns quarantine off", "[unit][config]") {
   broker::config cfg;
   cfg.quarantine_after = 0;
-  CHECK_NOTHROW(cfg.validate());
+  CHECK_NOTHROW(broker::validate(cfg));
   cfg.quarantine_after = 1001;
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("quarantine-after"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("quarantine-after"));
   cfg = {};
   cfg.quarantine_ms = 0;
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("quarantine"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("quarantine"));
   cfg.quarantine_ms = 86'400'001;
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("quarantine"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("quarantine"));
 }
 
 TEST_CASE("the coordinator grace is bounded, and 0 turns it off", "[unit][config]") {
   broker::config cfg;
   CHECK(cfg.coordinator_grace_ms > 0);  // a restarted coordinator can adopt by default
   cfg.coordinator_grace_ms = 0;
-  CHECK_NOTHROW(cfg.validate());
+  CHECK_NOTHROW(broker::validate(cfg));
   cfg.coordinator_grace_ms = 86'400'001;
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("coordinator-grace"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("coordinator-grace"));
 }
 
 TEST_CASE("port 0 means any free port", "[unit][config]") {
@@ -100,23 +101,23 @@ TEST_CASE("the drain and the task defaults are checked, each by its name", "[uni
   broker::config cfg;
   CHECK(cfg.drain_ms == 10'000);  // a stop waits for running tasks unless told otherwise
   cfg.drain_ms = 0;
-  CHECK_NOTHROW(cfg.validate());  // 0: stop at once
+  CHECK_NOTHROW(broker::validate(cfg));  // 0: stop at once
   cfg.drain_ms = 86'400'001;
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("drain"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("drain"));
   cfg = {};
   cfg.step_timeout_ms = 0;
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("tasks.step-timeout"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("tasks.step-timeout"));
   cfg = {};
   cfg.close_timeout_ms = 86'400'001;
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("tasks.close-timeout"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("tasks.close-timeout"));
   cfg = {};
   cfg.stream_ring_bytes = 100;
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("stream-ring-bytes"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("stream-ring-bytes"));
   cfg = {};
   cfg.max_attempts = 1001;
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("tasks.max-attempts"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("tasks.max-attempts"));
   cfg = {};
   CHECK(cfg.queue_timeout_ms == 0);  // queued tasks wait as long as it takes
   cfg.queue_timeout_ms = 86'400'001;
-  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("queue-timeout-ms"));
+  CHECK_THROWS_WITH(broker::validate(cfg), Catch::Contains("queue-timeout-ms"));
 }

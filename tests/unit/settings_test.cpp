@@ -5,10 +5,13 @@
 #include <catch2/catch.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
+
+#include <fmt/format.h>
 
 #include "broker/settings.hpp"
 
@@ -175,4 +178,43 @@ TEST_CASE("the reference page lists every setting with its flag, variable and de
     CHECK_THAT(page, Catch::Contains("`" + s.env() + "`"));
     CHECK_THAT(page, Catch::Contains(std::string(s.help)));
   }
+}
+
+// SPEC §16.5 names the settings `set` may change at run time; the table's `live` settings are
+// what the broker and rlbus-ctl go by. The two lists are the same.
+TEST_CASE("the live settings are the ones SPEC 16.5 names", "[unit][settings]") {
+  const char* dir = std::getenv("RLBUS_PROTOCOL_DIR");
+  REQUIRE(dir != nullptr);
+  std::ifstream in(std::string(dir) + "/SPEC.md");
+  REQUIRE(in.good());
+  std::string spec;  // its words, one space apart (the text wraps anywhere)
+  for (std::string word; in >> word;) spec += word + " ";
+  const std::string lead = "Keys that may change at run time: ";
+  const auto at = spec.find(lead);
+  REQUIRE(at != std::string::npos);
+  const auto end = spec.find(". ", at);
+  REQUIRE(end != std::string::npos);
+  const auto list = spec.substr(at + lead.size(), end - at - lead.size());
+  std::set<std::string> named;
+  for (auto open = list.find('`'); open != std::string::npos; open = list.find('`', open + 1)) {
+    const auto close = list.find('`', open + 1);
+    REQUIRE(close != std::string::npos);
+    named.insert(list.substr(open + 1, close - open - 1));
+    open = close;
+  }
+  INFO("SPEC §16.5: " << list);
+  const auto keys = broker::live_setting_keys();
+  CHECK(named == std::set<std::string>(keys.begin(), keys.end()));
+  CHECK(named.size() == keys.size());
+  // Each of them is a setting the table knows by that key, and the page marks it.
+  const auto page = broker::reference_markdown();
+  for (const auto& k : keys) {
+    const auto* s = broker::find_setting(k);
+    REQUIRE(s != nullptr);
+    CHECK(s->live);
+    const auto row = page.find(fmt::format("| `{}` |", k));
+    REQUIRE(row != std::string::npos);
+    CHECK(page.substr(row, page.find('\n', row) - row).find("| live |") != std::string::npos);
+  }
+  CHECK(page.find("| live |") != std::string::npos);
 }

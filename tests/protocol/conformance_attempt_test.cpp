@@ -1,7 +1,8 @@
-// Conformance of the optional additions to protocol v1: TASK_ALIVE (§12.3.19), the result
-// of TASK_FAILED (§12.3.18) and the queue timeout (§12.7.6). Each test is
-// named after the clause it checks and quotes it ("..." marks a cut); every wait has a
-// deadline, and the only sleeps pace a sender.
+// Conformance, the life and end of an attempt and of a task's wait for one: TASK_ALIVE
+// moving an attempt's deadlines (§12.3.19), the worker's account of a failure in TASK_FAILED's
+// result reaching the coordinator (§12.3.18), and the queue timeout that fails a task no
+// worker takes (§12.7.6). Each test is named after the clause it checks and quotes it ("..."
+// marks a cut); every wait has a deadline, and the only sleeps pace a sender.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -319,87 +320,4 @@ TEST_CASE("SPEC 12.7.6: the broker's --queue-timeout-ms applies when SUBMIT name
         reason_body("no worker took the task within queue_timeout_ms=150", 0));
   join(w, "w", role::collector);
   CHECK(next_a<codec::task_start>(w).task_id == "own");  // still queued
-}
-
-// §12.3.5 "| 4 | `retry_ms` | uint | optional | 0..3600000: with nil `data`, the NO_DATA's
-// `retry_ms` (§12.5.9); ignored with a batch |"; §12.5.9 "its `retry_ms` being the DATA_REPLY's
-// `retry_ms` when present and otherwise the broker's no-data-retry setting (§1.4)"
-TEST_CASE("SPEC 12.5.9: NO_DATA carries the DATA_REPLY's retry_ms, else the setting", "[spec]") {
-  auto cfg = test_config();
-  cfg.no_data_retry_ms = 33;
-  broker_with b(cfg);
-  raw_peer coord(b.ctx, b.router), l(b.ctx, b.router);
-  join(coord, "coord", role::coordinator);
-  join(l, "l", role::learner);
-  start_task(coord, l, task_of("t", role::learner));
-  const auto ask = [&](std::uint64_t req) {
-    l.send(codec::get_data{"t", 1, req, "b", 1, 0});
-    next_event(coord, "t", "data_request");
-  };
-  ask(1);
-  codec::data_reply hinted{"t", 1, codec::nil_blob};
-  hinted.retry_ms = 750;
-  coord.send(hinted);
-  auto n = next_a<codec::no_data>(l);
-  CHECK(n.request_id == 1);
-  CHECK(n.retry_ms == 750);
-  ask(2);
-  coord.send(codec::data_reply{"t", 2, codec::nil_blob});
-  CHECK(next_a<codec::no_data>(l).retry_ms == 33);
-  ask(3);
-  codec::data_reply zero{"t", 3, codec::nil_blob};
-  zero.retry_ms = 0;
-  coord.send(zero);
-  CHECK(next_a<codec::no_data>(l).retry_ms == 0);
-  ask(4);
-  codec::data_reply batch{"t", 4, "\x91\x01"s};
-  batch.retry_ms = 500;  // ignored: there is data
-  coord.send(batch);
-  CHECK(next_a<codec::learn>(l).data == "\x91\x01"s);
-  ask(5);
-  codec::data_reply too_long{"t", 5, codec::nil_blob};
-  too_long.retry_ms = 3'600'001;
-  refused(coord, too_long, error_code::bad_field);
-  too_long.retry_ms = 3'600'000;
-  coord.send(too_long);
-  CHECK(next_a<codec::no_data>(l).retry_ms == 3'600'000);
-}
-
-// §13.4.6 "After accepting a POLICY, the broker SHALL send POLICY_UPDATE with the version it now
-// holds to the holder of every attempt in starting or running whose task's SUBMIT named that
-// `policy_id` ... Queued and closing tasks get none"; POLICY_UPDATE is broker-only (§3.5.2).
-TEST_CASE_METHOD(fixture, "SPEC 13.4.6: a new policy version reaches the attempts that run it",
-                 "[spec]") {
-  raw_peer coord(ctx, router), c1(ctx, router), c2(ctx, router), l(ctx, router);
-  join(coord, "coord", role::coordinator);
-  join(c1, "c1", role::collector);
-  join(c2, "c2", role::collector);
-  join(l, "l", role::learner);
-  auto with = task_of("with");
-  with.policy_id = "pi";
-  start_task(coord, c1, with);
-  start_task(coord, c2, task_of("without"));
-  l.send(codec::policy{"pi", 2, std::nullopt, "\x00\x01\xff"s});
-  const auto u = next_a<codec::policy_update>(c1);
-  CHECK(u.task_id == "with");
-  CHECK(u.attempt == 1);
-  CHECK(u.policy_id == "pi");
-  CHECK(u.policy_version == 2);
-  CHECK_FALSE(u.policy_ref);
-  CHECK(u.policy_params == "\x00\x01\xff"s);
-  expect_quiet(c2);  // its task names no policy
-  expect_quiet(coord);
-  l.send(codec::policy{"pi", 3, "/ckpt/3"s, std::nullopt});
-  const auto v = next_a<codec::policy_update>(c1);
-  CHECK(v.policy_version == 3);
-  CHECK(v.policy_ref == "/ckpt/3"s);
-  // Closing: no update.
-  coord.send(codec::finish{"with"});
-  next_a<codec::task_close>(c1);
-  l.send(codec::policy{"pi", 4, "/ckpt/4"s, std::nullopt});
-  expect_quiet(l);
-  expect_quiet(c1);
-  // Broker-only.
-  refused(c1, codec::policy_update{"with", 1, "pi", 5, "/x"s, std::nullopt},
-          error_code::unknown_type);
 }
