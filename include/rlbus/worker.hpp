@@ -122,7 +122,7 @@ class task_handle {
   /// none it asks again after the wait each NO_DATA names (the coordinator's backoff: 10 ms
   /// doubling to 1 s with the reference coordinator), at most 2 s and never past `timeout`.
   /// nullopt when the task stops or `timeout` passes.
-  std::optional<std::string> get_data(std::string buffer_id, std::uint32_t batch_size,
+  std::optional<std::string> get_data(const std::string& buffer_id, std::uint32_t batch_size,
                                       std::uint64_t cur_learner_iter,
                                       std::chrono::milliseconds timeout);
   bool emit_learn_info(std::string buffer_id, std::string info_msgpack);

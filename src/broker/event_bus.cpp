@@ -46,7 +46,7 @@ void event_bus::read_subscriptions() {
   // Subscription messages: 1 (subscribe) or 0 (unsubscribe), then the prefix.
   zmq::message_t m;
   while (util::try_recv(pub_, m)) {
-    if (m.size() == 0) continue;
+    if (m.empty()) continue;
     const auto* b = static_cast<const char*>(m.data());
     std::string prefix(b + 1, m.size() - 1);
     const auto it = std::find(prefixes_.begin(), prefixes_.end(), prefix);

@@ -19,7 +19,7 @@ struct http_endpoint::impl {
 };
 
 http_endpoint::http_endpoint(const std::string& address, std::uint32_t port,
-                             std::function<stats()> snapshot)
+                             const std::function<stats()>& snapshot)
     : impl_(std::make_unique<impl>()) {
   auto& h = impl_->http;
   h.new_task_queue = [] { return new httplib::ThreadPool(2); };  // a scraper and a probe

@@ -17,7 +17,8 @@ class http_endpoint {
  public:
   /// Listens on `address`:`port` (0: any free port) and serves `snapshot()`; throws
   /// std::runtime_error naming the address when it cannot listen.
-  http_endpoint(const std::string& address, std::uint32_t port, std::function<stats()> snapshot);
+  http_endpoint(const std::string& address, std::uint32_t port,
+                const std::function<stats()>& snapshot);
   ~http_endpoint();
   http_endpoint(const http_endpoint&) = delete;
   http_endpoint& operator=(const http_endpoint&) = delete;

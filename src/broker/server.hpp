@@ -52,7 +52,7 @@ class server : private task_sink {
   /// Validates `cfg`, binds both endpoints. Throws std::invalid_argument for a bad config
   /// and zmq::error_t when an endpoint cannot be bound.
   server(zmq::context_t& ctx, config cfg);
-  ~server();
+  ~server() override;
   server(const server&) = delete;
   server& operator=(const server&) = delete;
 

@@ -129,7 +129,7 @@ std::vector<setting> make_table() {
       {"policies", "policy-max-bytes",
        "largest inline params of one policy version (a reference "
        "has no such bound)",
-       &c::policy_max_bytes, 0, 1024 * 1024, any, "bytes"},
+       &c::policy_max_bytes, 0, std::uint64_t{1024} * 1024, any, "bytes"},
       // ---- security and limits ----
       {"security", "curve-key",
        "the broker's CURVE key pair (a .key file from keygen): both "

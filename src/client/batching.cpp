@@ -11,7 +11,7 @@ namespace rlbus::client::detail {
 namespace {
 // A DATA_BATCH holds at most this many bytes of items (§12.12.5); an item's keys and headers
 // are counted at item_overhead.
-constexpr std::size_t max_batch_bytes = 64 * 1024;
+constexpr std::size_t max_batch_bytes = std::size_t{64} * 1024;
 constexpr std::size_t item_overhead = 48;
 }  // namespace
 

@@ -203,7 +203,8 @@ bool task_handle::publish_policy_ref(std::string policy_id, std::uint64_t versio
          owner_.post(codec::policy{std::move(policy_id), version, std::move(ref), std::nullopt});
 }
 
-std::optional<std::string> task_handle::get_data(std::string buffer_id, std::uint32_t batch_size,
+std::optional<std::string> task_handle::get_data(const std::string& buffer_id,
+                                                 std::uint32_t batch_size,
                                                  std::uint64_t cur_learner_iter,
                                                  std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;

@@ -20,6 +20,7 @@ std::uint64_t read_be(std::string_view buf, std::size_t pos, std::size_t n) {
 
 std::int64_t read_signed(std::string_view buf, std::size_t pos, std::size_t n) {
   const auto u = read_be(buf, pos, n);
+  if (n == 0 || n >= 8) return static_cast<std::int64_t>(u);
   const auto shift = 64U - 8U * static_cast<unsigned>(n);
   return static_cast<std::int64_t>(u << shift) >> shift;  // sign-extend n bytes
 }

@@ -23,9 +23,6 @@ blob encode_resources(const rlbus::resources& res);
 
 namespace detail {
 
-void pack_resources(msgpack::packer<msgpack::sbuffer>& pk, msgpack::sbuffer& out,
-                    const rlbus::resources& res);
-
 template <class V>
 constexpr bool present(const V& /*v*/) {
   return true;

@@ -48,7 +48,7 @@ std::string key_field(const toml::table& t, std::string_view name, const std::st
   const auto* v = t.get_as<std::string>(name);
   if (v == nullptr)
     throw std::runtime_error(fmt::format("{}: no {} (a string of 40 Z85 characters)", path, name));
-  const std::string key = v->get();
+  std::string key = v->get();
   if (!valid_curve_key(key))
     throw std::runtime_error(
         fmt::format("{}: {} is not a CURVE key (40 Z85 characters, got {} characters)", path, name,

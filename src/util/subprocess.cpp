@@ -42,6 +42,7 @@ std::vector<std::string> command(const std::string& path, const std::vector<std:
 
 subprocess::subprocess(std::vector<std::string> argv, const spawn_options& o) {
   std::vector<char*> args;
+  args.reserve(argv.size() + 1);
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
   const std::string failed =

@@ -20,7 +20,7 @@
 
 namespace rlbus::util {
 
-inline constexpr std::size_t zero_copy_from = 64 * 1024;
+inline constexpr std::size_t zero_copy_from = std::size_t{64} * 1024;
 
 /// Sends `body` as the last frame on `s` (which must take it: the frames before it were
 /// queued). `body` is empty afterwards when it was handed over.
