@@ -18,7 +18,8 @@ inline constexpr std::uint8_t protocol_version = 1;
 inline constexpr std::size_t header_size = 4;
 
 /// Message type ids (SPEC.md §3.5, §12). Ranges: 0x01-0x0F session, 0x10-0x3F tasks,
-/// 0x40-0x4F stream flow control and replay, 0x50-0x5F operations, 0x60 events.
+/// 0x40-0x4F stream flow control and replay, 0x50-0x5F operations, 0x60 events, 0x70-0x7F the
+/// topic bus.
 enum class msg_type : std::uint8_t {
   hello = 0x01,
   welcome = 0x02,
@@ -63,6 +64,15 @@ enum class msg_type : std::uint8_t {
   ops = 0x50,         // operator -> broker: a question or an order (§16)
   ops_reply = 0x51,   // broker -> operator: its answer
   event = 0x60,
+  // the topic bus (§17): node <-> broker
+  subscribe = 0x70,
+  unsubscribe = 0x71,
+  subscribed = 0x72,
+  publish = 0x73,         // with a payload frame
+  publish_credit = 0x74,
+  deliver = 0x75,         // with a payload frame
+  bus_ack = 0x76,
+  bus_gap = 0x77,
 };
 
 /// Name of a known type ("HELLO", ...), or nullopt for an unassigned id.
@@ -93,6 +103,8 @@ enum class error_code : std::uint16_t {
   unauthorized = 431,      // HELLO (or OPS) the peer's key may not make; DISCONNECT: revoked
   no_such_peer = 432,      // OPS names a worker without a session (§16.3.1)
   evicted = 433,           // DISCONNECT: an operator ended the session (§16.5)
+  too_many_subscriptions = 440,  // SUBSCRIBED: past bus-max-subscriptions (§17.8)
+  bad_fragment = 441,            // PUBLISH that breaks the fragment rules (§17.5)
   stale_policy = 426,      // POLICY with a version not above the one the broker holds
   policy_limit = 427,      // POLICY over the broker's size or policy-count limit
   busy = 503,              // broker full (max peers) or shutting down
