@@ -11,9 +11,10 @@
 namespace rlbus {
 
 /// What a peer is to the broker. The wire spelling is the lower-case name (SPEC.md §4.1).
-enum class role { collector, learner, coordinator };
+/// `bus`: a node of the topic bus (SPEC.md §17), which takes no tasks.
+enum class role { collector, learner, coordinator, bus };
 
-/// The wire spelling of a role ("collector", "learner", "coordinator").
+/// The wire spelling of a role ("collector", "learner", "coordinator", "bus").
 std::string_view to_string(role r) noexcept;
 
 /// Parses a wire spelling; nullopt for anything else (case-sensitive).

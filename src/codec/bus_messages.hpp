@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "codec/task_messages.hpp"
 
@@ -20,9 +21,18 @@ namespace rule {
 struct topic {
   bool empty_ok = false;
 };
-// An optional bool that means false when absent and is written only when true.
+// An optional field with a default: absent means false (a bool) or 0 (a uint, whose range
+// rule comes before the flag), and it is written only when it holds something else. A
+// present false or 0 is read as the default (not canonical, but valid).
 struct flag {};
 }  // namespace rule
+
+/// True when `t` is a valid topic (1..256 bytes of 0x21-0x7E; 0 bytes too with `empty_ok`).
+bool valid_topic(std::string_view t, rule::topic r = {}) noexcept;
+
+#define RLBUS_BUS_MESSAGE(name_, id_)             \
+  static constexpr msg_type type = msg_type::id_; \
+  bool operator==(const name_&) const = default;
 
 /// SUBSCRIBE (node -> broker): match `topic` exactly, or as a prefix; `echo` lets the node's
 /// own publications match; `last` asks for the retained values it matches (§17.7).
@@ -32,7 +42,7 @@ struct subscribe {
   bool prefix = false;
   bool echo = false;
   bool last = false;
-  RLBUS_TASK_MESSAGE(subscribe, subscribe)
+  RLBUS_BUS_MESSAGE(subscribe, subscribe)
   template <class S, class F>
   static void fields(S& s, F&& f) {
     f("req", s.req, rule::range{1, ~std::uint64_t{0}});
@@ -48,7 +58,7 @@ struct unsubscribe {
   std::uint64_t req = 1;
   std::string topic;
   bool prefix = false;
-  RLBUS_TASK_MESSAGE(unsubscribe, unsubscribe)
+  RLBUS_BUS_MESSAGE(unsubscribe, unsubscribe)
   template <class S, class F>
   static void fields(S& s, F&& f) {
     f("req", s.req, rule::range{1, ~std::uint64_t{0}});
@@ -65,7 +75,7 @@ struct subscribed {
   std::uint16_t code = 0;
   std::string reason;
   std::uint64_t subscriptions = 0;
-  RLBUS_TASK_MESSAGE(subscribed, subscribed)
+  RLBUS_BUS_MESSAGE(subscribed, subscribed)
   template <class S, class F>
   static void fields(S& s, F&& f) {
     f("req", s.req, rule::range{1, ~std::uint64_t{0}});
@@ -84,12 +94,12 @@ struct publish {
   std::uint32_t part = 0;
   bool more = false;
   bool retain = false;
-  RLBUS_TASK_MESSAGE(publish, publish)
+  RLBUS_BUS_MESSAGE(publish, publish)
   template <class S, class F>
   static void fields(S& s, F&& f) {
     f("seq", s.seq, rule::range{1, ~std::uint64_t{0}});
     f("topic", s.topic, rule::topic{});
-    f("part", s.part, rule::u32, rule::flag{});  // optional, 0 when absent, written when not 0
+    f("part", s.part, rule::u32, rule::flag{});  // optional: 0 when absent, written when not 0
     f("more", s.more, rule::flag{});
     f("retain", s.retain, rule::flag{});
   }
@@ -100,7 +110,7 @@ struct publish {
 struct publish_credit {
   std::uint64_t acked = 0;
   std::uint64_t limit = 0;
-  RLBUS_TASK_MESSAGE(publish_credit, publish_credit)
+  RLBUS_BUS_MESSAGE(publish_credit, publish_credit)
   template <class S, class F>
   static void fields(S& s, F&& f) {
     f("acked", s.acked, rule::u64);
@@ -118,7 +128,7 @@ struct deliver {
   bool more = false;
   bool retained = false;
   bool abandoned = false;
-  RLBUS_TASK_MESSAGE(deliver, deliver)
+  RLBUS_BUS_MESSAGE(deliver, deliver)
   template <class S, class F>
   static void fields(S& s, F&& f) {
     f("seq", s.seq, rule::range{1, ~std::uint64_t{0}});
@@ -134,7 +144,7 @@ struct deliver {
 /// BUS_ACK (node -> broker): every delivery up to `seq` is taken (cumulative).
 struct bus_ack {
   std::uint64_t seq = 0;
-  RLBUS_TASK_MESSAGE(bus_ack, bus_ack)
+  RLBUS_BUS_MESSAGE(bus_ack, bus_ack)
   template <class S, class F>
   static void fields(S& s, F&& f) {
     f("seq", s.seq, rule::u64);
@@ -145,12 +155,14 @@ struct bus_ack {
 struct bus_gap {
   std::uint64_t first = 1;
   std::uint64_t last = 1;
-  RLBUS_TASK_MESSAGE(bus_gap, bus_gap)
+  RLBUS_BUS_MESSAGE(bus_gap, bus_gap)
   template <class S, class F>
   static void fields(S& s, F&& f) {
     f("first", s.first, rule::range{1, ~std::uint64_t{0}});
     f("last", s.last, rule::range{1, ~std::uint64_t{0}});
   }
 };
+
+#undef RLBUS_BUS_MESSAGE
 
 }  // namespace rlbus::codec

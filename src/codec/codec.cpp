@@ -225,6 +225,22 @@ std::optional<std::string_view> type_name(std::uint8_t id) noexcept {
       return "OPS";
     case msg_type::ops_reply:
       return "OPS_REPLY";
+    case msg_type::subscribe:
+      return "SUBSCRIBE";
+    case msg_type::unsubscribe:
+      return "UNSUBSCRIBE";
+    case msg_type::subscribed:
+      return "SUBSCRIBED";
+    case msg_type::publish:
+      return "PUBLISH";
+    case msg_type::publish_credit:
+      return "PUBLISH_CREDIT";
+    case msg_type::deliver:
+      return "DELIVER";
+    case msg_type::bus_ack:
+      return "BUS_ACK";
+    case msg_type::bus_gap:
+      return "BUS_GAP";
     case msg_type::event:
       return "EVENT";
   }
@@ -283,6 +299,10 @@ std::string_view code_name(std::uint16_t code) noexcept {
       return "NO_SUCH_PEER";
     case error_code::evicted:
       return "EVICTED";
+    case error_code::too_many_subscriptions:
+      return "TOO_MANY_SUBSCRIPTIONS";
+    case error_code::bad_fragment:
+      return "BAD_FRAGMENT";
     case error_code::busy:
       return "BUSY";
   }
@@ -301,6 +321,8 @@ std::string_view to_string(role r) noexcept {
       return "learner";
     case role::coordinator:
       return "coordinator";
+    case role::bus:
+      return "bus";
   }
   return "unknown";
 }
@@ -309,6 +331,7 @@ std::optional<role> parse_role(std::string_view text) noexcept {
   if (text == "collector") return role::collector;
   if (text == "learner") return role::learner;
   if (text == "coordinator") return role::coordinator;
+  if (text == "bus") return role::bus;
   return std::nullopt;
 }
 

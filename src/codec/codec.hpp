@@ -79,6 +79,11 @@ std::string encode_event(const event& e);
 bool is_task_type(std::uint8_t type) noexcept;
 /// True for OPS and OPS_REPLY (SPEC §16).
 bool is_ops_type(std::uint8_t type) noexcept;
+/// True for the type ids of the topic bus (SPEC §17: SUBSCRIBE 0x70 to BUS_GAP 0x77).
+bool is_bus_type(std::uint8_t type) noexcept;
+/// True for the messages that travel with a third frame, the payload (SPEC §17.1.1):
+/// PUBLISH and DELIVER.
+bool has_payload_frame(std::uint8_t type) noexcept;
 
 /// Why `value` cannot travel as a user map field of a message (task_info, meta, info,
 /// result): nullopt when it is one complete msgpack map within `limits` at the depth of a

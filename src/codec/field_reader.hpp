@@ -119,17 +119,19 @@ class field_reader {
     if (auto r = parse_role(text)) {
       out = *r;
     } else {
-      fail(key, fmt::format("unknown role '{}' (collector, learner or coordinator)", text));
+      fail(key, fmt::format("unknown role '{}' (collector, learner, coordinator or bus)", text));
     }
   }
 
-  /// A task's kind of worker (§12.2.5): collector or learner; coordinator is refused.
+  /// A task's kind of worker (§12.2.5): collector or learner; coordinator and bus are
+  /// refused.
   void kind(std::string_view key, rlbus::role& out) {
     word(
         key, out,
-        [](std::string_view text) {
+        [](std::string_view text) -> std::optional<rlbus::role> {
           const auto r = parse_role(text);
-          return r == rlbus::role::coordinator ? std::nullopt : r;
+          if (r == rlbus::role::collector || r == rlbus::role::learner) return r;
+          return std::nullopt;
         },
         "collector or learner");
   }

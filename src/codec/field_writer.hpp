@@ -14,6 +14,7 @@
 
 #include <msgpack.hpp>
 
+#include "codec/bus_messages.hpp"
 #include "codec/task_messages.hpp"
 
 namespace rlbus::codec {
@@ -32,12 +33,18 @@ constexpr bool present(const std::optional<V>& v) {
   return v.has_value();
 }
 
-/// Counts the fields of a value that travel (the optional ones only when set).
+/// Counts the fields of a value that travel (the optional ones only when set, flags only
+/// when not false or 0).
 struct field_counter {
   std::uint32_t n = 0;
   template <class V, class... Rule>
   void operator()(std::string_view /*key*/, const V& v, Rule... /*rule*/) {
     n += present(v) ? 1 : 0;
+  }
+  void operator()(std::string_view /*key*/, const bool& v, rule::flag /*f*/) { n += v ? 1 : 0; }
+  template <class U>
+  void operator()(std::string_view /*key*/, const U& v, rule::range /*r*/, rule::flag /*f*/) {
+    n += v != 0 ? 1 : 0;
   }
 };
 
@@ -60,6 +67,15 @@ struct field_writer {
     pk.pack(k).pack(to_string(v));
   }
   void operator()(std::string_view k, const bool& v) { pk.pack(k).pack(v); }
+  void operator()(std::string_view k, const bool& v, rule::flag /*f*/) {
+    if (v) pk.pack(k).pack(true);
+  }
+  template <class U>
+  requires std::is_integral_v<U>
+  void operator()(std::string_view k, const U& v, rule::range /*r*/, rule::flag /*f*/) {
+    if (v != 0) pk.pack(k).pack(static_cast<std::uint64_t>(v));
+  }
+  void operator()(std::string_view k, std::string_view v, rule::topic /*r*/) { pk.pack(k).pack(v); }
   template <class... Rule>
   void operator()(std::string_view k, const capacity_change& v, Rule... /*r*/) {
     pk.pack(k).pack(to_string(v));

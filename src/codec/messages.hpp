@@ -7,6 +7,7 @@
 #include <string>
 #include <variant>
 
+#include "codec/bus_messages.hpp"
 #include "codec/protocol.hpp"
 #include "codec/task_messages.hpp"
 #include "codec/vocabulary.hpp"
@@ -102,7 +103,9 @@ using message =
                  task_alive,                            // keep-alive of an attempt
                  leaving,                               // the worker will go away (§12.3.20)
                  policy_update,                         // a newer policy version (§13.4.7)
-                 ops, ops_reply>;                       // operations (§16)
+                 ops, ops_reply,                        // operations (§16)
+                 subscribe, unsubscribe, subscribed,    // the topic bus (§17)
+                 publish, publish_credit, deliver, bus_ack, bus_gap>;
 
 /// The type id each message struct travels under.
 constexpr msg_type type_of(const hello&) noexcept {
@@ -129,7 +132,8 @@ msg_type type_of(const message& m) noexcept;
 
 // ---- events (PUB) --------------------------------------------------------------------
 
-/// Topics of v1 events (SPEC §7). Peers of role coordinator use the "coordinator." prefix.
+/// Topics of v1 events (SPEC §7). Peers of role coordinator use the "coordinator." prefix,
+/// nodes of the topic bus the "bus." one (§17.9).
 namespace topic {
 inline constexpr std::string_view worker_joined = "worker.joined";
 inline constexpr std::string_view worker_left = "worker.left";
@@ -137,6 +141,9 @@ inline constexpr std::string_view worker_lost = "worker.lost";
 inline constexpr std::string_view coordinator_joined = "coordinator.joined";
 inline constexpr std::string_view coordinator_left = "coordinator.left";
 inline constexpr std::string_view coordinator_lost = "coordinator.lost";
+inline constexpr std::string_view bus_joined = "bus.joined";
+inline constexpr std::string_view bus_left = "bus.left";
+inline constexpr std::string_view bus_lost = "bus.lost";
 inline constexpr std::string_view worker_quarantined = "worker.quarantined";
 inline constexpr std::string_view broker_heartbeat = "broker.heartbeat";
 inline constexpr std::string_view broker_stopping = "broker.stopping";

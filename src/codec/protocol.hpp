@@ -68,9 +68,9 @@ enum class msg_type : std::uint8_t {
   subscribe = 0x70,
   unsubscribe = 0x71,
   subscribed = 0x72,
-  publish = 0x73,         // with a payload frame
+  publish = 0x73,  // with a payload frame
   publish_credit = 0x74,
-  deliver = 0x75,         // with a payload frame
+  deliver = 0x75,  // with a payload frame
   bus_ack = 0x76,
   bus_gap = 0x77,
 };
@@ -80,34 +80,34 @@ std::optional<std::string_view> type_name(std::uint8_t id) noexcept;
 
 /// Error codes carried by ERROR and DISCONNECT (SPEC.md §6).
 enum class error_code : std::uint16_t {
-  goodbye = 200,           // DISCONNECT only: an orderly leave, nothing went wrong
-  bad_frame = 400,         // wrong frame count or header signature
-  bad_body = 401,          // body is not one well-formed msgpack map within the limits
-  bad_field = 402,         // a field is missing, has the wrong type or is out of range
-  not_ready = 403,         // a message other than HELLO before WELCOME
-  unknown_type = 404,      // unassigned type id, or a type peers never send
-  version_mismatch = 405,  // header version is not one the broker speaks
-  duplicate_id = 409,      // HELLO names an id that a live session holds
-  expired = 410,           // DISCONNECT only: the peer was silent past its liveness window
-  too_many_faults = 429,   // DISCONNECT only: the peer sent too many bad messages
-  replaced = 430,          // DISCONNECT only: a newer connection resumed this session
-  unknown_task = 406,      // no live task of this id belongs to the sender
-  stale_attempt = 407,     // the attempt number is not the task's current one
-  wrong_state = 408,       // the task is not in a state where this message makes sense
-  duplicate_task = 411,    // SUBMIT with the id of a live task
-  queue_full = 412,        // SUBMIT past the broker's queue bound
-  bad_seq = 413,           // REPLAY or ACK names a seq past the head of the stream
-  no_credit = 414,         // DATA past the data credit the broker granted the attempt
-  bad_index = 415,         // DATA_LOST that skips DATA the broker never had, or past credit
-  too_many_tasks = 416,    // SUBMIT past the tasks one coordinator may hold
-  unauthorized = 431,      // HELLO (or OPS) the peer's key may not make; DISCONNECT: revoked
-  no_such_peer = 432,      // OPS names a worker without a session (§16.3.1)
-  evicted = 433,           // DISCONNECT: an operator ended the session (§16.5)
+  goodbye = 200,                 // DISCONNECT only: an orderly leave, nothing went wrong
+  bad_frame = 400,               // wrong frame count or header signature
+  bad_body = 401,                // body is not one well-formed msgpack map within the limits
+  bad_field = 402,               // a field is missing, has the wrong type or is out of range
+  not_ready = 403,               // a message other than HELLO before WELCOME
+  unknown_type = 404,            // unassigned type id, or a type peers never send
+  version_mismatch = 405,        // header version is not one the broker speaks
+  duplicate_id = 409,            // HELLO names an id that a live session holds
+  expired = 410,                 // DISCONNECT only: the peer was silent past its liveness window
+  too_many_faults = 429,         // DISCONNECT only: the peer sent too many bad messages
+  replaced = 430,                // DISCONNECT only: a newer connection resumed this session
+  unknown_task = 406,            // no live task of this id belongs to the sender
+  stale_attempt = 407,           // the attempt number is not the task's current one
+  wrong_state = 408,             // the task is not in a state where this message makes sense
+  duplicate_task = 411,          // SUBMIT with the id of a live task
+  queue_full = 412,              // SUBMIT past the broker's queue bound
+  bad_seq = 413,                 // REPLAY or ACK names a seq past the head of the stream
+  no_credit = 414,               // DATA past the data credit the broker granted the attempt
+  bad_index = 415,               // DATA_LOST that skips DATA the broker never had, or past credit
+  too_many_tasks = 416,          // SUBMIT past the tasks one coordinator may hold
+  unauthorized = 431,            // HELLO (or OPS) the peer's key may not make; DISCONNECT: revoked
+  no_such_peer = 432,            // OPS names a worker without a session (§16.3.1)
+  evicted = 433,                 // DISCONNECT: an operator ended the session (§16.5)
   too_many_subscriptions = 440,  // SUBSCRIBED: past bus-max-subscriptions (§17.8)
   bad_fragment = 441,            // PUBLISH that breaks the fragment rules (§17.5)
-  stale_policy = 426,      // POLICY with a version not above the one the broker holds
-  policy_limit = 427,      // POLICY over the broker's size or policy-count limit
-  busy = 503,              // broker full (max peers) or shutting down
+  stale_policy = 426,            // POLICY with a version not above the one the broker holds
+  policy_limit = 427,            // POLICY over the broker's size or policy-count limit
+  busy = 503,                    // broker full (max peers) or shutting down
 };
 
 /// Short upper-case name of a code ("BAD_FRAME"), "UNKNOWN" for anything else.

@@ -5,6 +5,8 @@
 #include "codec/field_writer.hpp"
 #include "codec/map_writer.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace rlbus::codec::detail {
@@ -34,6 +36,23 @@ struct reader {
     (*this)(k, v.emplace(), kind);
   }
   void operator()(std::string_view k, bool& v) { r.boolean(k, v); }
+  // Flags (§17.3): absent is false or 0; a present false or 0 reads as that.
+  void operator()(std::string_view k, bool& v, rule::flag /*f*/) {
+    v = false;
+    r.boolean(k, v, false);
+  }
+  template <class U>
+  void operator()(std::string_view k, U& v, rule::range g, rule::flag /*f*/) {
+    std::optional<U> got;
+    r.opt_uint(k, got, g.lo, g.hi);
+    v = got.value_or(U{0});
+  }
+  void operator()(std::string_view k, std::string& v, rule::topic t) {
+    if (!r.str(k, v, max_topic_length)) return;
+    if (v.empty() && !t.empty_ok) return r.fail(k, "empty (a topic is 1-256 characters)");
+    if (!valid_topic(v, rule::topic{true}))
+      r.fail(k, "a topic is printable ASCII (0x21-0x7E): no space, control or non-ASCII byte");
+  }
   void operator()(std::string_view k, capacity_change& v) {
     r.word(k, v, parse_capacity_change, "increase, decrease or snapshot");
   }
@@ -199,6 +218,22 @@ result<message> read_fields_message(std::uint8_t type, field_reader& r) {
       return read_as<ops>(r);
     case msg_type::ops_reply:
       return read_as<ops_reply>(r);
+    case msg_type::subscribe:
+      return read_as<subscribe>(r);
+    case msg_type::unsubscribe:
+      return read_as<unsubscribe>(r);
+    case msg_type::subscribed:
+      return read_as<subscribed>(r);
+    case msg_type::publish:
+      return read_as<publish>(r);
+    case msg_type::publish_credit:
+      return read_as<publish_credit>(r);
+    case msg_type::deliver:
+      return read_as<deliver>(r);
+    case msg_type::bus_ack:
+      return read_as<bus_ack>(r);
+    case msg_type::bus_gap:
+      return read_as<bus_gap>(r);
     default:
       break;
   }
@@ -386,6 +421,35 @@ std::vector<std::string_view> split_items(const item_array& items) {
 bool is_ops_type(std::uint8_t type) noexcept {
   return type == static_cast<std::uint8_t>(msg_type::ops) ||
          type == static_cast<std::uint8_t>(msg_type::ops_reply);
+}
+
+bool is_bus_type(std::uint8_t type) noexcept {
+  switch (static_cast<msg_type>(type)) {
+    case msg_type::subscribe:
+    case msg_type::unsubscribe:
+    case msg_type::subscribed:
+    case msg_type::publish:
+    case msg_type::publish_credit:
+    case msg_type::deliver:
+    case msg_type::bus_ack:
+    case msg_type::bus_gap:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool has_payload_frame(std::uint8_t type) noexcept {
+  return type == static_cast<std::uint8_t>(msg_type::publish) ||
+         type == static_cast<std::uint8_t>(msg_type::deliver);
+}
+
+bool valid_topic(std::string_view t, rule::topic r) noexcept {
+  if (t.size() > max_topic_length || (t.empty() && !r.empty_ok)) return false;
+  return std::all_of(t.begin(), t.end(), [](char c) {
+    const auto b = static_cast<unsigned char>(c);
+    return b >= 0x21 && b <= 0x7E;
+  });
 }
 
 bool is_task_type(std::uint8_t type) noexcept {

@@ -1,9 +1,9 @@
 // The message model (protocol/messages.json) against the C++ codec's own field tables: every
-// message's fields() (task_messages.hpp, messages.hpp), the event envelope and every event
-// body the codec writes, and every TASK_EVENT body the broker composes (event_bodies.hpp).
-// The tables are walked by a visitor that says what each field is in messages.json's words
-// (type, required, bounds), so a field changed in the C++ tables alone, or in messages.json
-// alone, fails here; the Python codec is driven by messages.json itself.
+// message's fields() (task_messages.hpp, bus_messages.hpp, messages.hpp), the event envelope and
+// every event body the codec writes, and every TASK_EVENT body the broker composes
+// (event_bodies.hpp). The tables are walked by a visitor that says what each field is in
+// messages.json's words (type, required, bounds), so a field changed in the C++ tables alone, or in
+// messages.json alone, fails here; the Python codec is driven by messages.json itself.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -69,6 +69,18 @@ struct describer {
     what(f, static_cast<const typename O::type*>(nullptr), r...);
     out.push_back(std::move(f));
   }
+  // A flag (§17.3): optional, with the default it reads as when absent.
+  void operator()(std::string_view name, const bool& /*v*/, rule::flag /*f*/) {
+    out.push_back(
+        {{"name", std::string(name)}, {"type", "bool"}, {"required", false}, {"default", false}});
+  }
+  template <class U>
+  requires std::is_integral_v<U>
+  void operator()(std::string_view name, const U& /*v*/, rule::range g, rule::flag /*f*/) {
+    json f = {{"name", std::string(name)}, {"required", false}, {"default", 0}};
+    what(f, static_cast<const U*>(nullptr), g);
+    out.push_back(std::move(f));
+  }
 
   template <class S>
   static constexpr bool is_text =
@@ -109,9 +121,17 @@ struct describer {
     f["type"] = "bin";
     if (b.max != ~std::size_t{0}) f["max_length"] = b.max;
   }
+  template <class S>
+  requires is_text<S>
+  static void what(json& f, const S* /*v*/, rule::topic t) {
+    f["type"] = "str";
+    f["min_length"] = t.empty_ok ? 0 : 1;
+    f["max_length"] = codec::max_topic_length;
+    f["pattern"] = t.empty_ok ? "^[\\x21-\\x7e]{0,256}$" : "^[\\x21-\\x7e]{1,256}$";
+  }
   static void what(json& f, const rlbus::role* /*v*/) {
     f["type"] = "str";
-    f["enum"] = {"collector", "learner", "coordinator"};
+    f["enum"] = {"collector", "learner", "coordinator", "bus"};
   }
   static void what(json& f, const rlbus::role* /*v*/, rule::kind /*r*/) {
     f["type"] = "str";
@@ -230,6 +250,10 @@ TEST_CASE("messages.json and the C++ field table of every message agree", "[prot
     REQUIRE(it != cpp.end());
     CHECK(it->second.first == m.at("id").get<int>());
     same_fields(name, it->second.second, m.at("fields"));
+    // The frames it travels in (§17.1.1), and whether it is one of the bus's (§17).
+    const auto id = static_cast<std::uint8_t>(m.at("id").get<int>());
+    CHECK(codec::has_payload_frame(id) == m.value("payload_frame", false));
+    CHECK(codec::is_bus_type(id) == (m.value("section", "").rfind("17.", 0) == 0));
   }
   std::set<std::string> in_cpp;
   for (const auto& [name, t] : cpp) in_cpp.insert(name);
