@@ -7,11 +7,11 @@ PUB/SUB is: a message goes nowhere while the subscription it needs is still trav
 the publisher, and queues that reach their high-water mark (1000 messages per hop) drop.
 
 Sockets are not thread-safe, so: the PUB is used under a lock (publish comes from any
-thread, and may come before listen(): the PUB is made on first use); the SUB belongs to the
-listener thread, and subscribe/unsubscribe only edit a set under that lock and wake the
-listener through an inproc pair, which applies the set to the SUB. ``unsubscribe`` takes
-fnmatch globs. ``stop()`` wakes ``recv`` (which returns None), then gives the PUB up to
-FLUSH_MS to send what is queued.
+thread, and may come before listen(): the PUB is made and connected in __init__); the SUB
+belongs to the listener thread, and subscribe/unsubscribe only edit a set under that lock
+and wake the listener through an inproc pair, which applies the set to the SUB.
+``unsubscribe`` takes fnmatch globs. ``stop()`` wakes ``recv`` (which returns None), then
+gives the PUB up to FLUSH_MS to send what is queued.
 """
 
 import fnmatch
@@ -94,7 +94,12 @@ class ZmqPubSubMQ(MQ):
         self._lock = threading.Lock()
         self._topics = set()  # what the node wants, edited under the lock by any thread
         self._applied = set()  # what the SUB has, listener thread only
-        self._pub = None
+        # Connected now (connecting does not block), so the forwarder has passed this PUB the
+        # current subscriptions by the time main publishes; a PUB drops what no subscription
+        # it knows of matches.
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.setsockopt(zmq.LINGER, FLUSH_MS)
+        self._pub.connect(self.publish_endpoint)
         self._sub = None
         self._wake_tx = None  # any thread, under the lock
         self._wake_rx = None  # listener thread
@@ -133,10 +138,6 @@ class ZmqPubSubMQ(MQ):
         with self._lock:
             if self._stopped:
                 return
-            if self._pub is None:
-                self._pub = self._ctx.socket(zmq.PUB)
-                self._pub.setsockopt(zmq.LINGER, FLUSH_MS)
-                self._pub.connect(self.publish_endpoint)
             self._pub.send_multipart([topic.encode() + b"\0", self._id, data])
 
     def subscribe(self, topic):

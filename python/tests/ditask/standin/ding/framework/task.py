@@ -106,11 +106,13 @@ class Task(metaclass=SingletonMetaclass):
                 pass
 
     def run(self, max_step=float("inf")):
+        """Steps until ``finish`` or ``max_step`` steps; ``ctx.total_step`` ends at the last
+        step's index."""
         step = 0
         while not self.finish:
             self.forward(self.ctx)
             step += 1
-            if step >= max_step:
+            if self.finish or step >= max_step:
                 break
             self.ctx = self.ctx.renew()
 
