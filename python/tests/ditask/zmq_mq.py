@@ -104,6 +104,7 @@ class ZmqPubSubMQ(MQ):
         self._wake_tx = None  # any thread, under the lock
         self._wake_rx = None  # listener thread
         self._stopped = False
+        self._listener = None  # the thread that listens (and closes the SUB)
         self._listener_done = threading.Event()
 
     def listen(self):
@@ -115,6 +116,7 @@ class ZmqPubSubMQ(MQ):
             self._wake_rx.bind(wake)
             self._wake_tx = self._ctx.socket(zmq.PAIR)
             self._wake_tx.connect(wake)
+            self._listener = threading.get_ident()
             self._sub = self._ctx.socket(zmq.SUB)
             self._sub.setsockopt(zmq.LINGER, 0)
             self._sub.connect(self.subscribe_endpoint)
@@ -181,12 +183,15 @@ class ZmqPubSubMQ(MQ):
                     wanted = topic in self._topics
                 if wanted:
                     return topic, frames[2]
+        self._close_listener_sockets()
+        return None
+
+    def _close_listener_sockets(self):
         with self._lock:
             for s in (self._sub, self._wake_rx, self._wake_tx):
                 s.close(linger=0)
             self._wake_tx = None
         self._listener_done.set()
-        return None
 
     def stop(self):
         with self._lock:
@@ -195,7 +200,9 @@ class ZmqPubSubMQ(MQ):
             self._stopped = True
             listening = self._sub is not None
             self._wake()
-        if listening and not self._listener_done.wait(1.0):
+        if listening and threading.get_ident() == self._listener:
+            self._close_listener_sockets()  # stopped from the listening thread itself
+        elif listening and not self._listener_done.wait(1.0):
             return  # the listener is stuck elsewhere; leave the context to the process exit
         with self._lock:
             if self._pub is not None:
