@@ -25,13 +25,17 @@ class RedisMQ(MQ):
         self.host = redis_host
         self.port = int(redis_port)
         self._id = uuid.uuid4().hex.encode()
+        # Imported here, not in listen(): an import in the listener thread gives the GIL away,
+        # and main's first subscribe would then find no PubSub yet (upstream imports redis at
+        # module level; this package imports this module in every worker, redis or not).
+        import redis  # python3-redis
+        self._redis = redis
         self._running = False
         self._client = None
         self._pubsub = None
 
     def listen(self):
-        import redis  # python3-redis; only needed once a node listens
-        self._client = redis.Redis(host=self.host, port=self.port, db=0)
+        self._client = self._redis.Redis(host=self.host, port=self.port, db=0)
         self._pubsub = self._client.pubsub()
         self._running = True
 

@@ -30,6 +30,8 @@ def mesh_main(side_dir):
     side.mark(f"times_{me}", times)
 
 
+@pytest.mark.mq_xfail("redis", reason="RedisMQ has no attach_to: every node expects fewer "
+                      "peers than it hears and the detection never matches")
 def test_mesh_barrier(mq, tmp_path):
     run(mq, N, mesh_main, str(tmp_path), startup_interval=0.1)
     side = Side(tmp_path)
@@ -47,7 +49,7 @@ def unmatched_main(side_dir):
     extra = 1 if me == 2 else 0  # node 2 waits for a peer that does not exist
     with task.start():
         try:
-            Barrier(N - 1 - me + extra, timeout=3)(task.ctx)
+            Barrier(N - 1 - me + extra, timeout=2)(task.ctx)
             side.mark(f"passed_{me}")
         except TimeoutError:
             side.mark(f"timeout_{me}")

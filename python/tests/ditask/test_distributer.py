@@ -47,6 +47,7 @@ def context_main(side_dir):
     side.mark(f"seen_{me}", seen)
 
 
+@pytest.mark.mq_xfail("redis", reason="Redis pub/sub reaches only current subscribers")
 @pytest.mark.mq_xfail("zmqpubsub", reason="no subscribe-before-publish: the collector's first "
                       "context can go out before the learner's subscription reached it")
 def test_context_exchanger(mq, tmp_path):
@@ -107,6 +108,7 @@ def model_main(side_dir):
         side.mark("predictions", predictions)
 
 
+@pytest.mark.mq_xfail("redis", reason="Redis pub/sub reaches only current subscribers")
 @pytest.mark.mq_xfail("zmqpubsub", reason="no subscribe-before-publish: with startup_interval 0 "
                       "the learner's models can all go out before the collector subscribed")
 def test_model_exchanger(mq, tmp_path):
