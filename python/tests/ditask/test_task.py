@@ -74,8 +74,9 @@ def early_stop_main(side_dir):
     side = Side(side_dir)
     me = node_id()
     with task.start():
+        assert {"distributed", f"node.{me}"} <= task.labels
         task.use(lambda ctx: time.sleep(0.1))
-        if me == 0:
+        if task.match_labels("node.0"):
             side.mark("started_0")
             task.run(max_step=100)
             side.mark("steps_0", task.ctx.total_step + 1)
