@@ -263,7 +263,7 @@ def _publisher(backend_cls, config, index, count, size, rate, go, done, sent_out
     _listen_in_thread(mq)  # as a node's listener thread does; nothing is received
     pad = b"\0" * max(0, size - HEADER.size)
     while not go.wait(0.02):
-        mq.publish("data", HEADER.pack(index, -1) + pad)
+        mq.publish("data", HEADER.pack(index, -1))  # probes stay small whatever the size
     t0 = time.monotonic()
     for seq in range(count):
         if rate:
@@ -405,7 +405,7 @@ def stream(backend, publishers, count, size, rate=None, slow_factor=None):
     def all_done():
         return all(d.is_set() for d in dones)
 
-    dog = Watchdog(mq, lambda: all_done() and time.monotonic() - state["last"] > 0.5, 0.5, 120)
+    dog = Watchdog(mq, lambda: all_done() and time.monotonic() - state["last"] > 0.5, 0.5, 60)
     delay = None
     try:
         while True:
