@@ -1,0 +1,533 @@
+#!/usr/bin/python3
+"""The message queues DI-engine's distributed mode can run over today, measured side by side
+on one machine, through the MQ interface its router drives (listen / publish / subscribe /
+recv / stop), each node a process of its own. Nothing here asserts a timing.
+
+Backends (one class each; another MQ is one more class in BACKENDS):
+
+  redis   the shape of DI-engine's RedisMQ (python/tests/ditask/redis_mq.py): one PUBLISH per
+          message, self-discard by node id, a PubSub polled with a 1 ms sleep; against a
+          redis-server this script starts on a free port (skipped if not installed)
+  bare    bare pyzmq PUB/SUB, direct: every node binds a PUB, its SUB connects to the others'
+  proxy   pyzmq PUB/SUB through an XSUB/XPUB forwarder (zmq.proxy) in its own process: the
+          tests' zmqpubsub MQ (python/tests/ditask/zmq_mq.py)
+
+Measurements, each a row (backend, metric, median, unit):
+
+  rtt_64B           round trip of a 64 B message to an echoing node: median and p99 over N
+  msgs_1to1         messages/s, one publisher to one subscriber (64 B), median of trials
+  msgs_4to1         the same from four publishers at once
+  MBps_1MiB         MB/s of 1 MiB payloads, one publisher (and MBps_64MiB unless --quick)
+  lost_slow_sub     messages lost when the subscriber handles them at a tenth of the rate the
+                    publisher sends them (16 KiB each), counted by sequence number; the
+                    subscriber drains at full speed once the publisher is done
+
+A rate counts from the moment the publishers start to the last message received; what is
+lost in a rate row is reported beside it. Publishers first send probes until the subscriber
+has heard each of them, so subscriptions are in place when timing starts.
+
+Usage: bench/bus_baselines.py [--quick] [--backends redis,bare,proxy] [--trials N] [--json PATH]
+"""
+
+import argparse
+import importlib.util
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DITASK = os.path.join(ROOT, "python", "tests", "ditask")
+sys.path[:0] = [os.path.join(DITASK, "standin"), DITASK]
+
+import zmq  # noqa: E402
+
+import redis_mq  # noqa: E402
+import zmq_mq  # noqa: E402
+from ding.framework.message_queue import MQ  # noqa: E402
+
+HEADER = struct.Struct("<iq")  # publisher index, sequence number (-1: a probe)
+MB = 1e6
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- backends --------------------------------------------------------------------------------------
+
+class Backend:
+    """What a measurement needs of an MQ: ``start()`` whatever serves it, ``nodes(n)`` the
+    configurations of n nodes (picklable: they travel to spawned processes), ``open(config)``
+    an MQ object for one node (called in that node's process), ``stop()``."""
+
+    name = "?"
+
+    @staticmethod
+    def unavailable():
+        """None, or why this backend cannot run here."""
+        return None
+
+    def start(self):
+        pass
+
+    def nodes(self, n):
+        raise NotImplementedError
+
+    @staticmethod
+    def open(config):
+        raise NotImplementedError
+
+    def stop(self):
+        pass
+
+
+class RedisBackend(Backend):
+    name = "redis"
+
+    @staticmethod
+    def unavailable():
+        if shutil.which("redis-server") is None:
+            return "redis-server is not installed (apt-get install redis-server)"
+        if importlib.util.find_spec("redis") is None:
+            return "python3-redis is not installed (apt-get install python3-redis)"
+        return None
+
+    def start(self):
+        import redis
+        self.port = _free_port()
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no"], stdout=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("redis-server did not answer")
+                time.sleep(0.02)
+        client.close()
+
+    def nodes(self, n):
+        return [{"redis_host": "127.0.0.1", "redis_port": self.port}] * n
+
+    @staticmethod
+    def open(config):
+        return redis_mq.RedisMQ(**config)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+class BareMQ(MQ):
+    """Direct PUB/SUB: this node's PUB binds, its SUB connects to every other node's PUB.
+    The bench subscribes from the listening thread only, so the SUB needs no hand-off."""
+
+    def __init__(self, bind, peers):
+        self._ctx = zmq.Context()
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.setsockopt(zmq.LINGER, 2000)
+        self._pub.bind(bind)
+        self._peers = peers
+        self._topics = []
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._listener = None
+        self._closed = threading.Event()
+
+    def listen(self):
+        self._listener = threading.get_ident()
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.LINGER, 0)
+        for t in self._topics:
+            self._sub.setsockopt(zmq.SUBSCRIBE, t.encode() + b"\0")
+        for p in self._peers:
+            self._sub.connect(p)
+
+    def subscribe(self, topic):
+        self._topics.append(topic)
+        if self._listener is not None:
+            self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode() + b"\0")
+
+    def unsubscribe(self, topic):
+        pass
+
+    def publish(self, topic, data):
+        with self._lock:
+            self._pub.send_multipart([topic.encode() + b"\0", data])
+
+    def recv(self):
+        while not self._stopped:
+            if self._sub.poll(100):
+                topic, data = self._sub.recv_multipart()
+                return topic[:-1].decode(), data
+        self._sub.close()
+        self._closed.set()
+        return None
+
+    def stop(self):
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._listener not in (None, threading.get_ident()):
+            self._closed.wait(1)  # the listener closes its SUB on its way out
+        elif self._listener is not None:
+            self._sub.close()
+        self._pub.close()  # with its linger
+        self._ctx.term()
+
+
+class BareBackend(Backend):
+    name = "bare"
+
+    def nodes(self, n):
+        addrs = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(n)]
+        return [{"bind": a, "peers": [b for b in addrs if b != a]} for a in addrs]
+
+    @staticmethod
+    def open(config):
+        return BareMQ(**config)
+
+
+def _forwarder_process(out):
+    f = zmq_mq.Forwarder().start()
+    out.put(f.env_value)
+    threading.Event().wait()  # until terminated
+
+
+class ProxyBackend(Backend):
+    name = "proxy"
+
+    def start(self):
+        ctx = multiprocessing.get_context("spawn")
+        out = ctx.Queue()
+        self.proc = ctx.Process(target=_forwarder_process, args=(out,), daemon=True)
+        self.proc.start()
+        self.forwarder = out.get(timeout=20)
+
+    def nodes(self, n):
+        return [{"forwarder": self.forwarder}] * n
+
+    @staticmethod
+    def open(config):
+        return zmq_mq.ZmqPubSubMQ(**config)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.join(10)
+
+
+BACKENDS = {b.name: b for b in (RedisBackend, BareBackend, ProxyBackend)}
+
+
+# -- node processes --------------------------------------------------------------------------------
+
+def _quiet():
+    logging.getLogger().setLevel(logging.CRITICAL)  # RedisMQ logs every failed poll
+
+
+def _echo(backend_cls, config, ready):
+    """Answers every ``ping`` with a ``pong`` of the same payload until an empty one."""
+    _quiet()
+    mq = backend_cls.open(config)
+    mq.listen()  # RedisMQ makes its PubSub here: subscriptions come after
+    mq.subscribe("ping")
+    ready.set()
+    while True:
+        msg = mq.recv()
+        if not msg or not msg[1]:
+            break
+        mq.publish("pong", msg[1])
+    mq.stop()
+
+
+def _publisher(backend_cls, config, index, count, size, rate, go, done, sent_out):
+    """Sends probes until ``go``, then ``count`` messages of ``size`` bytes (paced to ``rate``
+    per second if given), then reports how long sending took."""
+    _quiet()
+    mq = backend_cls.open(config)
+    _listen_in_thread(mq)  # as a node's listener thread does; nothing is received
+    pad = b"\0" * max(0, size - HEADER.size)
+    while not go.wait(0.02):
+        mq.publish("data", HEADER.pack(index, -1))  # probes stay small whatever the size
+    t0 = time.monotonic()
+    for seq in range(count):
+        if rate:
+            ahead = t0 + seq / rate - time.monotonic()
+            if ahead > 0:
+                time.sleep(ahead)
+        mq.publish("data", HEADER.pack(index, seq) + pad)
+    sent_out.put((index, time.monotonic() - t0))
+    done.set()
+    mq.stop()  # flushes what is queued (the MQs' stop keeps a linger)
+
+
+def _listen_in_thread(mq):
+    """listen() then recv() until stopped, in a thread of its own; returns once listening."""
+    ready = threading.Event()
+
+    def loop():
+        mq.listen()
+        ready.set()
+        while _recv_or_none(mq) is not None:
+            pass
+
+    threading.Thread(target=loop, name="mq_listener", daemon=True).start()
+    ready.wait(10)
+
+
+class Watchdog:
+    """Stops ``mq`` (ending a blocked recv) once ``idle()`` has held for ``grace`` seconds, or
+    at ``deadline`` seconds from now."""
+
+    def __init__(self, mq, idle, grace, deadline):
+        self._mq, self._idle, self._grace = mq, idle, grace
+        self._end = time.monotonic() + deadline
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        since = None
+        while not self._done.wait(0.05):
+            now = time.monotonic()
+            if self._idle():
+                since = since or now
+            else:
+                since = None
+            if now > self._end or (since and now - since > self._grace):
+                self._mq.stop()
+                return
+
+    def close(self):
+        self._done.set()
+        self._thread.join()
+
+
+def _recv_or_none(mq):
+    try:
+        return mq.recv()
+    except RuntimeError:  # RedisMQ once stopped
+        return None
+
+
+# -- measurements ------------------------------------------------------------------------------------
+
+def measure_rtt(backend, n):
+    ctx = multiprocessing.get_context("spawn")
+    me, peer = backend.nodes(2)
+    ready = ctx.Event()
+    echo = ctx.Process(target=_echo, args=(type(backend), peer, ready), daemon=True)
+    echo.start()
+    mq = backend.open(me)
+    try:
+        ready.wait(30)
+        mq.listen()
+        mq.subscribe("pong")
+        stop_warm = threading.Event()
+
+        def warm():
+            while not stop_warm.wait(0.02):
+                mq.publish("ping", HEADER.pack(0, -1) + b"\0" * (64 - HEADER.size))
+
+        warmer = threading.Thread(target=warm, daemon=True)
+        warmer.start()
+        progress = [0, time.monotonic()]
+        dog = Watchdog(mq, lambda: time.monotonic() - progress[1] > 2, 0, 60)
+        msg = _recv_or_none(mq)  # the first answer to a probe
+        stop_warm.set()
+        warmer.join()
+        times = []
+        for seq in range(n if msg else 0):
+            payload = HEADER.pack(0, seq) + b"\0" * (64 - HEADER.size)
+            t0 = time.perf_counter()
+            mq.publish("ping", payload)
+            while True:
+                msg = _recv_or_none(mq)
+                if msg is None or HEADER.unpack_from(msg[1])[1] == seq:
+                    break  # (answers to probes are skipped)
+            if msg is None:
+                break
+            times.append(time.perf_counter() - t0)
+            progress[1] = time.monotonic()
+        dog.close()
+        mq.publish("ping", b"")
+    finally:
+        mq.stop()
+        echo.join(5)
+        if echo.is_alive():
+            echo.kill()
+    if not times:
+        return [("rtt_64B_median", None, "us", {"lost": n}), ("rtt_64B_p99", None, "us", {})]
+    times.sort()
+    p99 = times[min(len(times) - 1, int(len(times) * 0.99))]
+    extra = {"round_trips": len(times), "lost": n - len(times)}
+    return [("rtt_64B_median", statistics.median(times) * 1e6, "us", extra),
+            ("rtt_64B_p99", p99 * 1e6, "us", extra)]
+
+
+def stream(backend, publishers, count, size, rate=None, slow_factor=None):
+    """``publishers`` processes each send ``count`` messages to this process. Returns
+    (messages received, seconds from go to the last one, distinct per publisher, slowest
+    publisher's sending time)."""
+    ctx = multiprocessing.get_context("spawn")
+    configs = backend.nodes(publishers + 1)
+    go = ctx.Event()
+    sent = ctx.Queue()
+    dones = [ctx.Event() for _ in range(publishers)]
+    procs = [ctx.Process(target=_publisher, daemon=True, args=(
+        type(backend), configs[i + 1], i, count, size, rate, go, dones[i], sent))
+        for i in range(publishers)]
+    mq = backend.open(configs[0])
+    for p in procs:
+        p.start()
+    mq.listen()
+    mq.subscribe("data")
+    heard = set()
+    seen = [set() for _ in range(publishers)]
+    received = 0
+    state = {"last": time.monotonic(), "t0": None}
+
+    def all_done():
+        return all(d.is_set() for d in dones)
+
+    dog = Watchdog(mq, lambda: all_done() and time.monotonic() - state["last"] > 0.5, 0.5, 60)
+    delay = None
+    try:
+        while True:
+            msg = _recv_or_none(mq)
+            if msg is None:
+                break
+            index, seq = HEADER.unpack_from(msg[1])
+            if seq < 0:
+                heard.add(index)
+                if len(heard) == publishers and state["t0"] is None:
+                    state["t0"] = time.monotonic()
+                    go.set()
+                continue
+            received += 1
+            seen[index].add(seq)
+            state["last"] = time.monotonic()
+            if received >= publishers * count:
+                break
+            if slow_factor and rate and not all_done():
+                delay = delay or slow_factor / rate
+                time.sleep(delay)
+    finally:
+        dog.close()
+        mq.stop()
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+    send_times = []
+    while not sent.empty():
+        send_times.append(sent.get()[1])
+    elapsed = (state["last"] - state["t0"]) if state["t0"] else float("nan")
+    return received, elapsed, [len(s) for s in seen], max(send_times, default=float("nan"))
+
+
+def measure_rates(backend, opts):
+    rows = []
+    cases = [("msgs_1to1", 1, opts.count, 64), ("msgs_4to1", 4, opts.count // 4, 64)]
+    for metric, pubs, count, size in cases:
+        rates, lost = [], []
+        for _ in range(opts.trials):
+            received, elapsed, distinct, _ = stream(backend, pubs, count, size)
+            rates.append(received / elapsed if received and elapsed > 0 else 0.0)
+            lost.append(pubs * count - sum(distinct))
+        rows.append((metric, statistics.median(rates), "msg/s",
+                     {"sent": pubs * count, "lost": lost, "trials": rates}))
+    sizes = [(1 << 20, opts.mib_count)] + ([] if opts.quick else [(64 << 20, 3)])
+    for size, count in sizes:
+        rates, lost = [], []
+        for _ in range(opts.trials):
+            received, elapsed, distinct, _ = stream(backend, 1, count, size)
+            rates.append(received * size / MB / elapsed if received and elapsed > 0 else 0.0)
+            lost.append(count - sum(distinct))
+        rows.append((f"MBps_{size >> 20}MiB", statistics.median(rates), "MB/s",
+                     {"sent": count, "lost": lost, "trials": rates}))
+    return rows
+
+
+def measure_slow(backend, opts):
+    count = int(opts.slow_rate * opts.slow_seconds)
+    lost, send_rate = [], []
+    for _ in range(opts.trials):
+        received, elapsed, distinct, send_time = stream(
+            backend, 1, count, opts.slow_size, rate=opts.slow_rate, slow_factor=10)
+        lost.append(count - sum(distinct))
+        send_rate.append(count / send_time if send_time > 0 else float("nan"))
+    return [("lost_slow_sub", statistics.median(lost), "msgs",
+             {"sent": count, "size": opts.slow_size, "publisher_rate": opts.slow_rate,
+              "achieved_send_rate": send_rate, "trials": lost})]
+
+
+def run_backend(backend, opts):
+    backend.start()
+    try:
+        rows = measure_rtt(backend, opts.round_trips)
+        rows += measure_rates(backend, opts)
+        rows += measure_slow(backend, opts)
+    finally:
+        backend.stop()
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small counts, one trial (< 30 s)")
+    ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument("--trials", type=int, default=None, help="trials per rate (3; quick 1)")
+    ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    ap.add_argument("--slow-size", type=int, default=16 << 10)
+    opts = ap.parse_args(argv)
+    opts.trials = opts.trials or (1 if opts.quick else 3)
+    opts.round_trips = 300 if opts.quick else 2000
+    opts.count = 4000 if opts.quick else 20000
+    opts.mib_count = 20 if opts.quick else 100
+    opts.slow_rate = 4000
+    opts.slow_seconds = 1.0 if opts.quick else 3.0
+    _quiet()
+    report = {"host": socket.gethostname(), "cpus": os.cpu_count(), "quick": opts.quick,
+              "rows": [], "skipped": {}}
+    print(f"{'backend':<8} {'metric':<16} {'median':>12}  unit    notes")
+    for name in opts.backends.split(","):
+        cls = BACKENDS[name]
+        why = cls.unavailable()
+        if why:
+            print(f"{name:<8} skipped: {why}")
+            report["skipped"][name] = why
+            continue
+        t0 = time.monotonic()
+        for metric, value, unit, extra in run_backend(cls(), opts):
+            shown = "-" if value is None else f"{value:12.1f}"
+            notes = ", ".join(f"{k}={v}" for k, v in extra.items()
+                              if k in ("lost", "sent", "achieved_send_rate")
+                              and not isinstance(v, float))
+            print(f"{name:<8} {metric:<16} {shown:>12}  {unit:<6}  {notes}")
+            report["rows"].append({"backend": name, "metric": metric, "median": value,
+                                   "unit": unit, **extra})
+        print(f"{name:<8} ({time.monotonic() - t0:.1f} s)")
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
