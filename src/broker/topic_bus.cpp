@@ -318,15 +318,21 @@ void topic_bus::flush(node& n) {
   for (;;) {
     const auto it = std::upper_bound(n.queue.begin(), n.queue.end(), n.cursor,
                                      [](std::uint64_t c, const entry& e) { return c < e.seq; });
+    // The window: deliveries sent and not acknowledged are those the queue holds up to the
+    // cursor. A gap takes no room in it.
+    const bool room = static_cast<std::size_t>(it - n.queue.begin()) < cfg_.bus_window;
     const auto next = it == n.queue.end() ? n.next_seq : it->seq;
-    if (next > n.cursor + 1) {  // dropped deliveries come first, as a gap
+    if (next > n.cursor + 1) {
+      // Dropped deliveries, as one gap, when the delivery after them may go too (so that
+      // drops meanwhile join it), or when nothing follows them.
+      if (it != n.queue.end() && !room) return;
       if (!sink_.send_bus(n.id, codec::bus_gap{n.cursor + 1, next - 1})) return;
       counts_.gaps++;
       n.cursor = next - 1;
       n.sent_max = std::max(n.sent_max, n.cursor);
       continue;
     }
-    if (it == n.queue.end() || it->seq > n.acked + cfg_.bus_window) return;
+    if (it == n.queue.end() || !room) return;
     const auto& pub = *it->pub;
     const codec::deliver d{it->seq,  pub.topic,    pub.from,     pub.part,
                            pub.more, it->retained, pub.abandoned};

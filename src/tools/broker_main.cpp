@@ -87,13 +87,10 @@ int keygen(const std::string& stem) {
 std::vector<std::pair<const rlbus::broker::setting*, CLI::Option*>> add_settings(
     CLI::App& app, rlbus::broker::config& cfg) {
   const rlbus::broker::config defaults;
-  const std::map<std::string_view, std::string> groups{{"", "Endpoints and sessions"},
-                                                       {"tasks", "Tasks"},
-                                                       {"durability", "Durability"},
-                                                       {"policies", "Policies"},
-                                                       {"security", "Security and limits"},
-                                                       {"metrics", "Metrics"},
-                                                       {"log", "Logging"}};
+  const std::map<std::string_view, std::string> groups{
+      {"", "Endpoints and sessions"}, {"tasks", "Tasks"},       {"bus", "The topic bus"},
+      {"durability", "Durability"},   {"policies", "Policies"}, {"security", "Security and limits"},
+      {"metrics", "Metrics"},         {"log", "Logging"}};
   std::vector<std::pair<const rlbus::broker::setting*, CLI::Option*>> out;
   for (const auto& s : rlbus::broker::settings()) {
     const auto help = fmt::format("{} (config file: {})", s.help, s.key());

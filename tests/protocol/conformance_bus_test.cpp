@@ -279,7 +279,7 @@ TEST_CASE("SPEC 17.4.2: a publisher whose subscriber lags gets no credit until i
   auto cfg = bus_config();
   cfg.bus_credit = 4;
   cfg.bus_window = 64;
-  cfg.bus_queue_bytes = 64 * 1024;
+  cfg.bus_queue_bytes = 128 * 1024;
   broker::server_thread b(cfg);
   zmq::context_t ctx;
   const auto router = b.get().router_endpoint();
@@ -287,15 +287,16 @@ TEST_CASE("SPEC 17.4.2: a publisher whose subscriber lags gets no credit until i
   join_node(p, "p");
   join_node(slow, "slow");
   subscribe_ok(slow, "t");
-  const std::string big(20 * 1024, 'x');  // two of these pass half of the queue's bound
+  const std::string big(20 * 1024, 'x');  // four of these pass half of the queue's bound
   std::uint64_t limit = 4, seq = 0;
   while (seq < limit) {
     p.send(pub(++seq, "t"), big);
     const auto c = next_a<codec::publish_credit>(p);
     limit = c.limit;
   }
-  CHECK(limit == 4);  // 2 x 20 KiB unread already: no more credit
-  p.send(pub(5, "t"), "past the credit");
+  // Topped up once (at seq 2, 40 KiB unread), then no more: at seq 4, 80 KiB are unread.
+  CHECK(limit == 6);
+  p.send(pub(7, "t"), "past the credit");
   next_error(p, error_code::no_credit, ref(type_publish));
   std::uint64_t got = 0;
   while (got < seq) got = next_delivery(slow).first.seq;

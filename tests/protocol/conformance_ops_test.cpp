@@ -54,7 +54,7 @@ TEST_CASE_METHOD(fixture, "SPEC 16.1, 16.5: status answers a connection without 
   const auto s = ask(ctl, op("status", 41));
   CHECK(s.at("uptime_ms").get<std::uint64_t>() < 60'000);
   CHECK(s.at("draining") == false);
-  CHECK(s.at("peers") == json({{"collector", 1}, {"learner", 0}, {"coordinator", 1}}));
+  CHECK(s.at("peers") == json({{"collector", 1}, {"learner", 0}, {"coordinator", 1}, {"bus", 0}}));
   CHECK(s.at("tasks") == json({{"queued", 1}, {"running", 1}}));
   CHECK(s.at("queue_depth") == 1);
   CHECK(s.at("counters").at("messages_in").get<std::uint64_t>() >= 4);
