@@ -4,6 +4,8 @@
 - :class:`Worker`: a collector or learner process taking tasks from the broker; its
   handlers get a :class:`Task`.
 - :class:`Coordinator`: submits tasks and receives their events in order, exactly once.
+- :class:`Bus`: publish and subscribe on the broker's topic bus, lossless and in order.
+- :func:`find_broker` / :class:`Broker`: the broker binary, and one started for a program.
 - :class:`CurveKeys` / :func:`curve_keys_from_files`: keys for a broker with CURVE on.
 - :mod:`rlbus.compat`: DI-engine's parallel-mode classes running over rlbus.
 
@@ -19,7 +21,8 @@ from ._types import Policy, SubmitResult, TaskFailure
 from .protocol import ProtocolError
 
 __all__ = ["protocol", "ProtocolError", "Policy", "SubmitResult", "TaskFailure",
-           "CurveKeys", "curve_keys_from_files", "Worker", "Task", "Coordinator"]
+           "CurveKeys", "curve_keys_from_files", "Worker", "Task", "Coordinator", "Bus",
+           "BusMessage", "BusError", "Broker", "find_broker"]
 
 
 def __getattr__(name: str) -> Any:
@@ -32,4 +35,10 @@ def __getattr__(name: str) -> Any:
     if name == "Coordinator":
         from .coordinator import Coordinator
         return Coordinator
+    if name in ("Bus", "BusMessage", "BusError"):
+        from . import bus
+        return getattr(bus, name)
+    if name in ("Broker", "find_broker"):
+        from . import _broker
+        return getattr(_broker, name)
     raise AttributeError(f"module 'rlbus' has no attribute {name!r}")

@@ -34,9 +34,9 @@ allowlist_entry read_entry(const toml::table& t, std::size_t n, const std::strin
   for (const auto& [k, v] : t) {
     const auto key = k.str();
     if (key != "name" && key != "public-key" && key != "public-key-file" && key != "roles" &&
-        key != "ids")
-      throw fail(
-          fmt::format("unknown setting '{}' (name, public-key, public-key-file, roles, ids)", key));
+        key != "ids" && key != "topics")
+      throw fail(fmt::format(
+          "unknown setting '{}' (name, public-key, public-key-file, roles, ids, topics)", key));
   }
   allowlist_entry e;
   const auto* inline_key = t.get_as<std::string>("public-key");
@@ -67,7 +67,8 @@ allowlist_entry read_entry(const toml::table& t, std::size_t n, const std::strin
   const auto* roles = t.get_as<toml::array>("roles");
   if (roles == nullptr || roles->empty())
     throw fail(
-        "roles must list at least one of collector, learner, coordinator, subscriber, operator");
+        "roles must list at least one of collector, learner, coordinator, bus, subscriber, "
+        "operator");
   for (const auto& r : *roles) {
     const auto* s = r.as_string();
     if (s == nullptr) throw fail("roles must be strings");
@@ -79,7 +80,8 @@ allowlist_entry read_entry(const toml::table& t, std::size_t n, const std::strin
       e.roles[static_cast<int>(*role)] = true;
     } else {
       throw fail(fmt::format(
-          "unknown role '{}' (collector, learner, coordinator, subscriber, operator)", s->get()));
+          "unknown role '{}' (collector, learner, coordinator, bus, subscriber, operator)",
+          s->get()));
     }
   }
   if (const auto* node = t.get("ids")) {
@@ -91,6 +93,19 @@ allowlist_entry read_entry(const toml::table& t, std::size_t n, const std::strin
       if (s == nullptr || s->get().empty() || s->get().size() > codec::max_id_length * 2)
         throw fail("ids must be non-empty strings (glob patterns: * ? [...])");
       e.ids.push_back(s->get());
+    }
+  }
+  if (const auto* node = t.get("topics")) {
+    const auto* topics = node->as_array();
+    if (topics == nullptr || topics->empty())
+      throw fail("topics must be a list of at least one topic prefix (leave it out for any topic)");
+    if (!e.allows(rlbus::role::bus)) throw fail("topics is for keys of role bus");
+    for (const auto& p : *topics) {
+      const auto* s = p.as_string();
+      if (s == nullptr || s->get().size() > codec::max_topic_length)
+        throw fail(fmt::format("topics must be strings of at most {} bytes (topic prefixes)",
+                               codec::max_topic_length));
+      e.topics.push_back(s->get());
     }
   }
   return e;

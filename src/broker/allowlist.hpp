@@ -4,8 +4,11 @@
 //   [[key]]
 //   name = "node7-collectors"            # for logs; defaults to the key's first 8 characters
 //   public-key = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"   # or public-key-file = "node7.pub"
-//   roles = ["collector", "learner"]     # collector, learner, coordinator, subscriber, operator
+//   roles = ["collector", "learner"]     # collector, learner, coordinator, bus, subscriber,
+//                                        # operator
 //   ids = ["node7-*"]                    # optional: glob patterns (* ? [...]); any id if absent
+//   topics = ["task.", "metrics."]       # role bus only, optional: the topic prefixes its
+//                                        # nodes may publish and subscribe to; any if absent
 //
 // "subscriber" lets the key receive events on the event socket; the other roles are HELLO
 // roles on the ROUTER. A relative public-key-file is read from the allowlist's folder.
@@ -17,17 +20,19 @@
 #include <unordered_map>
 #include <vector>
 
+#include "codec/bus_messages.hpp"
 #include "codec/vocabulary.hpp"
 
 namespace rlbus::broker {
 
 struct allowlist_entry {
   std::string name;
-  std::string public_key;                 // Z85
-  bool roles[3] = {false, false, false};  // indexed by rlbus::role
+  std::string public_key;                        // Z85
+  bool roles[4] = {false, false, false, false};  // indexed by rlbus::role
   bool subscriber = false;
-  bool operator_ = false;        // may send OPS (SPEC §16.2)
-  std::vector<std::string> ids;  // glob patterns; empty: any id
+  bool operator_ = false;           // may send OPS (SPEC §16.2)
+  std::vector<std::string> ids;     // glob patterns; empty: any id
+  std::vector<std::string> topics;  // topic prefixes a node may use (SPEC §17.8); empty: any
 
   [[nodiscard]] bool allows(rlbus::role r) const noexcept { return roles[static_cast<int>(r)]; }
   /// Whether this key may say HELLO as `r` with `id`.

@@ -105,6 +105,22 @@ struct config {
   /// restarted coordinator process takes them over (SPEC §12.5.8). 0: they end at once.
   std::uint32_t coordinator_grace_ms = 60'000;
 
+  // ---- the topic bus (SPEC §17) ----
+  /// Deliveries in flight to a node, not yet acknowledged.
+  std::size_t bus_window = 256;
+  /// PUBLISH a node may send ahead of what the broker has taken: the chunk it is topped up by.
+  std::size_t bus_credit = 64;
+  /// What one node's queue of deliveries holds: its publishers are held back at half of it,
+  /// and its oldest unsent deliveries dropped (a gap) past it.
+  std::size_t bus_queue_bytes = std::size_t{64} * 1024 * 1024;
+  /// The same for the payloads all queues hold together (a payload shared by several once).
+  std::size_t bus_memory = std::size_t{256} * 1024 * 1024;
+  /// Payload bytes kept as topics' last values; the oldest is forgotten past it.
+  std::size_t bus_retain_bytes = std::size_t{64} * 1024 * 1024;
+  /// Most subscriptions of one node, and most sessions of role bus at once.
+  std::size_t bus_max_subscriptions = 1024;
+  std::size_t bus_max_nodes = 10'000;
+
   // ---- durability (SPEC §14) ----
   /// The journal file: what the broker accepted, so that it starts again from there after a
   /// crash. Empty: no journal (everything is lost with the process).

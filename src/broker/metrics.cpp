@@ -79,6 +79,48 @@ void by_type(exposition& e, std::string_view name, std::string_view help,
     if (counts[t] != 0) e.sample(name, "type", type_label(t), counts[t]);
 }
 
+// The topic bus (SPEC §17), as of the last status tick. Topics and node ids are the peers'
+// to name: at most the busiest topics and the laggiest nodes the tick kept get a label.
+void bus_families(exposition& e, const stats& s) {
+  const auto& b = s.bus;
+  e.one("rlbus_bus_subscriptions", "gauge", "subscriptions the nodes of the bus hold",
+        b.subscriptions);
+  e.one("rlbus_bus_published_total", "counter", "publications (and fragments) the bus took",
+        b.published);
+  e.one("rlbus_bus_published_bytes_total", "counter", "payload bytes the bus took",
+        b.published_bytes);
+  e.one("rlbus_bus_delivered_total", "counter", "deliveries queued to nodes", b.delivered);
+  e.one("rlbus_bus_dropped_total", "counter",
+        "deliveries dropped by a bound (bus-queue-bytes, bus-memory), reported as gaps", b.dropped);
+  e.one("rlbus_bus_gaps_total", "counter", "BUS_GAP messages sent", b.gaps);
+  e.one("rlbus_bus_resent_total", "counter", "deliveries sent again after a resumption", b.resent);
+  e.one("rlbus_bus_duplicates_total", "counter", "PUBLISH copies dropped (already taken)",
+        b.duplicates);
+  e.one("rlbus_bus_abandoned_total", "counter",
+        "fragmented publications cut short by the end of their publisher's session", b.abandoned);
+  e.one("rlbus_bus_held_back", "gauge", "publishers waiting for credit now", b.held_back);
+  e.one("rlbus_bus_queued_bytes", "gauge", "payload bytes the bus's queues hold", b.queued_bytes);
+  e.one("rlbus_bus_retained", "gauge", "topics with a retained value", b.retained);
+  e.one("rlbus_bus_retained_bytes", "gauge", "bytes of retained values", b.retained_bytes);
+  e.one("rlbus_bus_retain_evicted_total", "counter",
+        "retained values forgotten past bus-retain-bytes", b.retain_evicted);
+  e.head("rlbus_bus_topic_messages_total", "counter", "publications by topic (the busiest)");
+  for (const auto& t : s.bus_topics)
+    e.sample("rlbus_bus_topic_messages_total", "topic", escaped(t.topic), t.messages);
+  e.head("rlbus_bus_topic_bytes_total", "counter", "payload bytes by topic (the busiest)");
+  for (const auto& t : s.bus_topics)
+    e.sample("rlbus_bus_topic_bytes_total", "topic", escaped(t.topic), t.bytes);
+  e.head("rlbus_bus_topic_subscribers", "gauge", "nodes a topic's publications go to now");
+  for (const auto& t : s.bus_topics)
+    e.sample("rlbus_bus_topic_subscribers", "topic", escaped(t.topic), t.subscribers);
+  e.head("rlbus_bus_node_lag", "gauge",
+         "deliveries a node has not acknowledged (the nodes that lag most)");
+  for (const auto& n : s.bus_lag) e.sample("rlbus_bus_node_lag", "node", escaped(n.id), n.queued);
+  e.head("rlbus_bus_node_lag_bytes", "gauge", "bytes a node has not acknowledged");
+  for (const auto& n : s.bus_lag)
+    e.sample("rlbus_bus_node_lag_bytes", "node", escaped(n.id), n.queued_bytes);
+}
+
 }  // namespace
 
 std::string prometheus_text(const stats& s) {
@@ -94,6 +136,7 @@ std::string prometheus_text(const stats& s) {
   e.sample("rlbus_peers", "role", "collector", s.collectors);
   e.sample("rlbus_peers", "role", "learner", s.learners);
   e.sample("rlbus_peers", "role", "coordinator", s.coordinators);
+  e.sample("rlbus_peers", "role", "bus", s.nodes);
   e.head("rlbus_tasks", "gauge", "live tasks, by state");
   e.sample("rlbus_tasks", "state", "queued", s.tasks_queued);
   e.sample("rlbus_tasks", "state", "running", s.tasks_running);
@@ -157,6 +200,7 @@ std::string prometheus_text(const stats& s) {
   e.sample("rlbus_connections_refused_total", "reason", "subscriber", s.refused_subscriber);
   e.one("rlbus_allowlist_errors_total", "counter", "allowlist reloads refused", s.allowlist_errors);
   e.one("rlbus_draining", "gauge", "1 while the broker drains before it stops", s.draining ? 1 : 0);
+  bus_families(e, s);
   return e.done();
 }
 
@@ -175,6 +219,9 @@ stats server::snapshot() const {
     const std::lock_guard lock(ticked_mu_);
     s.queued_by_shape = ticked_shapes_;
     s.policy_versions = ticked_policies_;
+    s.bus = ticked_bus_;
+    s.bus_topics = ticked_topics_;
+    s.bus_lag = ticked_lag_;
   }
   s.assignment_latency = tasks_.assignment_latency().counts();
   s.task_duration = tasks_.task_duration().counts();
@@ -198,8 +245,9 @@ stats server::snapshot() const {
   s.stale_messages = c.stale.load();
   s.collectors = c.collectors.load();
   s.learners = c.learners.load();
-  // Read apart from `peers`, the worker counts may pass it for a moment.
-  s.coordinators = s.peers - std::min(s.peers, s.collectors + s.learners);
+  s.nodes = c.nodes.load();
+  // Read apart from `peers`, the other counts may pass it for a moment.
+  s.coordinators = s.peers - std::min(s.peers, s.collectors + s.learners + s.nodes);
   s.draining = c.draining.load();
   s.stream_replays = c.replays.load();
   s.stream_resent = c.resent.load();
@@ -247,6 +295,7 @@ void server::store_counters() {
   c.stale.store(t.stale, std::memory_order_relaxed);
   c.collectors.store(live_workers_[0], std::memory_order_relaxed);
   c.learners.store(live_workers_[1], std::memory_order_relaxed);
+  c.nodes.store(live_nodes_, std::memory_order_relaxed);
   c.draining.store(draining_, std::memory_order_relaxed);
   c.replays.store(t.replays, std::memory_order_relaxed);
   c.resent.store(t.resent, std::memory_order_relaxed);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "broker/histogram.hpp"
+#include "broker/topic_bus.hpp"
 
 namespace rlbus::broker {
 
@@ -38,6 +39,7 @@ struct stats {
   std::uint64_t stale_messages = 0;  // worker messages of an attempt that had ended
   std::uint64_t collectors = 0;      // live collector sessions
   std::uint64_t learners = 0;        // live learner sessions
+  std::uint64_t nodes = 0;           // live sessions of role bus (SPEC §17)
   std::uint64_t coordinators = 0;    // live coordinator sessions (the rest of `peers`)
   bool draining = false;             // a stop was requested; waiting for running tasks
   std::uint64_t stream_replays = 0;  // REPLAYs served (SPEC §12.9)
@@ -85,6 +87,11 @@ struct stats {
   histogram_counts assignment_latency, task_duration;
   // as of the last status tick: queued tasks by requirements ("" none), policies' versions
   std::vector<std::pair<std::string, std::uint64_t>> queued_by_shape, policy_versions;
+  // the topic bus (SPEC §17), as of the last status tick: its counts, the busiest topics and
+  // the nodes that lag most (most bytes queued)
+  bus_counts bus;
+  std::vector<topic_stats> bus_topics;
+  std::vector<node_stats> bus_lag;
 };
 
 /// What the broker loop counts as it goes, in atomics any thread may read (see stats).
@@ -98,7 +105,7 @@ struct server_counters {
       journal_bytes{0}, journal_fsyncs{0}, journal_compactions{0}, connections{0}, admitted{0},
       refused_key{0}, refused_subscriber{0}, refused_address{0}, refused_connections{0},
       refused_unauthorized{0}, refused_role_limit{0}, refused_task_limit{0}, revoked{0},
-      allowlist_reloads{0}, allowlist_errors{0}, unanswered{0};
+      allowlist_reloads{0}, allowlist_errors{0}, unanswered{0}, nodes{0};
   std::atomic<bool> draining{false};
   std::array<std::atomic<std::uint64_t>, 256> received_by_type{}, sent_by_type{};
   std::array<std::atomic<std::uint64_t>, 200> errors_by_code{};

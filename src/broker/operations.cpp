@@ -216,13 +216,33 @@ codec::blob server::ops_status(util::time_point now) const {
       {"stream_ring_budget_drops", s.ring_drops}};
   codec::map_writer counters(static_cast<std::uint32_t>(std::size(counts)));
   for (const auto& [name, v] : counts) counters.uint(name, v);
-  return codec::map_writer(10)
+  const auto b = bus_.counts();  // live: this runs on the loop's thread
+  const std::pair<std::string_view, std::uint64_t> bus_counts[] = {
+      {"nodes", b.nodes},
+      {"subscriptions", b.subscriptions},
+      {"published", b.published},
+      {"published_bytes", b.published_bytes},
+      {"delivered", b.delivered},
+      {"dropped", b.dropped},
+      {"gaps", b.gaps},
+      {"resent", b.resent},
+      {"duplicates", b.duplicates},
+      {"abandoned", b.abandoned},
+      {"held_back", b.held_back},
+      {"queued_bytes", b.queued_bytes},
+      {"retained", b.retained},
+      {"retained_bytes", b.retained_bytes},
+      {"retain_evicted", b.retain_evicted}};
+  codec::map_writer bus(static_cast<std::uint32_t>(std::size(bus_counts)));
+  for (const auto& [name, v] : bus_counts) bus.uint(name, v);
+  return codec::map_writer(11)
       .uint("uptime_ms", ms_since(started_, now))
       .boolean("draining", s.draining)
-      .raw("peers", codec::map_writer(3)
+      .raw("peers", codec::map_writer(4)
                         .uint("collector", s.collectors)
                         .uint("learner", s.learners)
                         .uint("coordinator", s.coordinators)
+                        .uint("bus", s.nodes)
                         .done())
       .raw("tasks", codec::map_writer(2)
                         .uint("queued", s.tasks_queued)
@@ -234,6 +254,7 @@ codec::blob server::ops_status(util::time_point now) const {
       .uint("streams_total", all_streams.size())
       .array("changes", changes)
       .uint("changes_total", changes_total_)
+      .raw("bus", bus.done())
       .done();
 }
 

@@ -27,16 +27,19 @@ util::log_about about(std::string_view id, rlbus::role role) {
   return {.worker = id};
 }
 
-constexpr std::size_t max_frames = 3;    // routing id, header, body
+constexpr std::size_t max_frames = 4;    // routing id, header, body, a payload (SPEC §17.1.1)
 constexpr std::size_t max_batch = 1024;  // messages per poll wake-up before timers run
 constexpr std::size_t max_unintroduced_tracked = 65'536;
 constexpr std::uint32_t max_unintroduced_answers = 256;  // ERRORs to one sessionless connection
+constexpr std::size_t max_labelled = 64;  // bus topics and nodes the metrics name, each
 
 std::string_view view(const zmq::message_t& m) {
   return {m.data<char>(), m.size()};
 }
 
 std::string_view topic_for(rlbus::role r, std::string_view what) {
+  if (r == rlbus::role::bus)
+    return what == "joined" ? "bus.joined" : what == "left" ? "bus.left" : "bus.lost";
   const bool coord = r == rlbus::role::coordinator;
   if (what == "joined")
     return coord ? codec::topic::coordinator_joined : codec::topic::worker_joined;
@@ -66,7 +69,8 @@ server::server(zmq::context_t& ctx, config cfg)
           ctx, normalize_endpoint(cfg_.events_endpoint), epoch_,
           [this](zmq::socket_t& s) { return gate_.secure(s, zap_domain_events); },
           [this](zmq::socket_t& s, int handle) { gate_.release(s, handle); }),
-      tasks_(cfg_, *this) {
+      tasks_(cfg_, *this),
+      bus_(cfg_, *this) {
   if (!cfg_.journal_path.empty()) open_journal();  // before anyone can connect
   router_.set(zmq::sockopt::router_mandatory, 1);
   router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(cfg_.max_message));
@@ -174,6 +178,7 @@ void server::run() {
     if ((items[2].revents & ZMQ_POLLIN) != 0) events_.read_subscriptions();
     now = util::clock::now();
     if ((items[0].revents & ZMQ_POLLIN) != 0) drain_router(now);
+    bus_.end_of_turn();
     peers_.expire(now, [this](const peer& p) {
       const util::log_scope log(about(p.id, p.role));
       counters_.expired.fetch_add(1, std::memory_order_relaxed);
@@ -192,6 +197,7 @@ void server::run() {
       forget_coordinator_keys();
       meter_.prune();
       tasks_.pump_streams();
+      bus_.pump();
       publish_status(now);
     }
     store_counters();
@@ -227,13 +233,19 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
   peer* p = peers_.by_routing(routing_id);
   if (p != nullptr) p->last_seen = now;  // anything from a session's connection is a sign of life
   const util::log_scope log(p == nullptr ? util::log_about{} : about(p->id, p->role));
-  if (count != max_frames || overflow) {
+  // Two frames after the routing id, or three for a message with a payload (SPEC §17.1.1).
+  const auto header = count >= 2 ? codec::parse_header(view(frames[1])) : std::nullopt;
+  const bool with_payload = header && codec::has_payload_frame(header->type);
+  if (overflow || count != (with_payload ? 4U : 3U)) {
     return fault(routing_id, p, codec::error_code::bad_frame,
-                 fmt::format("expected 2 frames after the routing id (header, body), got {}",
-                             overflow ? "more than 2" : std::to_string(count - 1)),
+                 with_payload
+                     ? fmt::format("{} takes 3 frames after the routing id (header, body, "
+                                   "payload), got {}",
+                                   codec::type_name(header->type).value_or("?"), count - 1)
+                     : fmt::format("expected 2 frames after the routing id (header, body), got {}",
+                                   overflow ? "more than 3" : std::to_string(count - 1)),
                  std::nullopt);
   }
-  const auto header = codec::parse_header(view(frames[1]));
   if (header) counters_.received_by_type[header->type].fetch_add(1, std::memory_order_relaxed);
   if (!header) {
     return fault(routing_id, p, codec::error_code::bad_frame,
@@ -256,12 +268,23 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
     return fault(routing_id, p, codec::error_code::not_ready, "introduce yourself with HELLO first",
                  header->type);
   }
+  // A node of the bus sends no task message (SPEC §12.1.3): refused once its body is read.
+  const auto not_for_nodes = [&] {
+    fault(routing_id, p, codec::error_code::unknown_type,
+          fmt::format("{} is a task message: a node of the bus sends none",
+                      codec::type_name(header->type).value_or("?")),
+          header->type);
+  };
   if (type == codec::msg_type::data) {  // the hot path: read in place, never copied
     const auto d = codec::read_data(view(frames[2]), cfg_.limits);
     if (!d) return fault(routing_id, p, d.error().code, d.error().reason, header->type);
+    if (p->role == rlbus::role::bus) return not_for_nodes();
     counters_due_ = true;
     return task_result(routing_id, p, tasks_.on_data(p->id, p->role, d.value(), now), header->type);
   }
+  if (codec::is_bus_type(header->type))
+    return on_bus(routing_id, *p, header->type, view(frames[2]),
+                  with_payload ? &frames[3] : nullptr);
   auto decoded = codec::decode_body(header->type, view(frames[2]), cfg_.limits);
   if (!decoded) {
     const auto& err = decoded.error();
@@ -269,6 +292,7 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
   }
   auto& msg = decoded.value();
   if (codec::is_task_type(header->type)) {
+    if (p->role == rlbus::role::bus) return not_for_nodes();
     counters_due_ = true;
     return task_result(routing_id, p, tasks_.handle(p->id, p->role, std::move(msg), now),
                        header->type);
@@ -387,6 +411,8 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
     (void)send(routing_id, welcome_for(*live, true));
     publish(topic_for(live->role, "joined"),
             codec::peer_joined{live->id, live->role, live->serial, live->resources, true});
+    // What a node was sent on the old connection and has not acknowledged, again (§17.4.3).
+    if (live->role == rlbus::role::bus) return bus_.node_resumed(live->id);
     // Changes sent while the old connection was cut were lost: the counts again (§12.10.4).
     if (live->role == rlbus::role::coordinator) send_snapshot(*live);
     // After the WELCOME: a collector learns what the broker relayed of its task (§12.11).
@@ -400,9 +426,11 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
   }
   const auto role_limit = h.role == rlbus::role::coordinator ? cfg_.max_coordinators
                           : h.role == rlbus::role::learner   ? cfg_.max_learners
+                          : h.role == rlbus::role::bus       ? cfg_.bus_max_nodes
                                                              : cfg_.max_collectors;
-  const auto role_count =
-      h.role == rlbus::role::coordinator ? coordinators_.size() : live_workers_[slot(h.role)];
+  const auto role_count = h.role == rlbus::role::coordinator ? coordinators_.size()
+                          : h.role == rlbus::role::bus       ? live_nodes_
+                                                             : live_workers_[slot(h.role)];
   if (role_count >= role_limit) {
     counters_.refused_role_limit.fetch_add(1, std::memory_order_relaxed);
     return refuse_hello(
@@ -433,6 +461,11 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
   (void)send(routing_id, welcome_for(added, false, adopted));
   publish(topic_for(added.role, "joined"),
           codec::peer_joined{added.id, added.role, added.serial, added.resources, false});
+  if (added.role == rlbus::role::bus) {  // a node of the bus has no part in tasks
+    ++live_nodes_;
+    bus_.node_joined(added.id);
+    return;
+  }
   if (added.role == rlbus::role::coordinator) {
     coordinators_.insert(added.id);
     if (gate_.curve()) coordinator_keys_[added.id] = added.key;
@@ -603,6 +636,11 @@ void server::task_result(std::string_view routing_id, peer* p, std::optional<ref
 // Whatever the session held (a worker's task, a coordinator's tasks) is settled before the
 // session is forgotten. The caller erases the peer afterwards.
 void server::session_over(const peer& p, util::time_point now, bool orderly) {
+  if (p.role == rlbus::role::bus) {
+    --live_nodes_;
+    bus_.node_gone(p.id);
+    return;
+  }
   tasks_.peer_gone(p.id, p.role, now, orderly);
   if (p.role == rlbus::role::coordinator) {
     coordinators_.erase(p.id);
@@ -645,6 +683,48 @@ bool server::send_encoded(std::string_view peer_id, codec::msg_type type,
   return true;
 }
 
+bool server::send_delivery(std::string_view peer_id, const codec::deliver& d,
+                           const payload_ref& payload) {
+  const peer* p = peers_.by_id(peer_id);
+  if (p == nullptr) return false;
+  out_.clear();
+  codec::encode_body(codec::message{d}, out_);
+  const auto size = payload ? payload->size() : 0;
+  auto* account = send_head(p->routing_id, codec::msg_type::deliver, out_.size() + size);
+  if (account == nullptr) return false;
+  meter_.send_last(router_, *account, {out_.data(), out_.size()}, zmq::send_flags::sndmore);
+  if (size < util::zero_copy_from) {
+    meter_.send_last(router_, *account, payload ? payload->view() : std::string_view{});
+  } else {  // the publisher's frame itself: the message holds a reference until libzmq is done
+    meter_.send_last_shared(router_, *account, payload->view(), new payload_ref(payload),
+                            [](void* held) { delete static_cast<payload_ref*>(held); });
+  }
+  counters_.messages_out.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void server::on_bus(std::string_view routing_id, peer& p, std::uint8_t type, std::string_view body,
+                    zmq::message_t* payload) {
+  auto decoded = codec::decode_body(type, body, cfg_.limits);
+  if (!decoded) return fault(routing_id, &p, decoded.error().code, decoded.error().reason, type);
+  if (p.role != rlbus::role::bus)
+    return fault(routing_id, &p, codec::error_code::unknown_type,
+                 fmt::format("{} is a message of the topic bus: only a peer of role bus sends it",
+                             codec::type_name(type).value_or("?")),
+                 type);
+  // In CURVE mode a node's key may be bound to topic prefixes (SPEC §15.3).
+  topic_bus::topic_rights rights = nullptr;
+  if (gate_.curve())
+    if (const auto* e = gate_.entry(p.key); e != nullptr && !e->topics.empty()) rights = &e->topics;
+  std::optional<refusal> refused;
+  if (const auto* pub = std::get_if<codec::publish>(&decoded.value())) {
+    refused = bus_.on_publish(p.id, *pub, std::move(*payload), rights);
+  } else {
+    refused = bus_.handle(p.id, decoded.value(), rights);
+  }
+  if (refused) fault(routing_id, &p, refused->code, std::move(refused->reason), type);
+}
+
 void server::publish(std::string_view topic, decltype(codec::event::body) body) {
   events_.publish(topic, std::move(body));
   counters_.events.fetch_add(1, std::memory_order_relaxed);
@@ -658,9 +738,14 @@ void server::publish_status(util::time_point now) {
   next_status_ = now + std::chrono::milliseconds(cfg_.status_interval_ms);
   auto shapes = tasks_.queued_by_shape();
   auto policies = tasks_.policy_versions();
+  auto topics = bus_.topics(max_labelled);
+  auto lag = bus_.nodes(max_labelled);
   const std::lock_guard lock(ticked_mu_);
   ticked_shapes_ = std::move(shapes);
   ticked_policies_ = std::move(policies);
+  ticked_bus_ = bus_.counts();
+  ticked_topics_ = std::move(topics);
+  ticked_lag_ = std::move(lag);
 }
 
 // The first stop request: the broker says how long it will wait, closes its doors (HELLO of

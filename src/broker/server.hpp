@@ -42,12 +42,13 @@
 #include "broker/peer_table.hpp"
 #include "broker/task_manager.hpp"
 #include "broker/task_sink.hpp"
+#include "broker/topic_bus.hpp"
 #include "codec/messages.hpp"
 #include "util/wake_pipe.hpp"
 
 namespace rlbus::broker {
 
-class server : private task_sink {
+class server : private task_sink, private bus_sink {
  public:
   /// Validates `cfg`, binds both endpoints. Throws std::invalid_argument for a bad config
   /// and zmq::error_t when an endpoint cannot be bound.
@@ -81,6 +82,15 @@ class server : private task_sink {
   void publish(std::string_view topic, decltype(codec::event::body) body) override;
   bool wanted(std::string_view topic) override { return events_.wanted(topic); }
   [[nodiscard]] std::size_t queued_bytes() const override { return meter_.total(); }
+  // bus_sink: how the topic bus reaches its nodes.
+  bool send_bus(std::string_view peer_id, const codec::message& m) override {
+    return send_to(peer_id, m);
+  }
+  bool send_delivery(std::string_view peer_id, const codec::deliver& d,
+                     const payload_ref& payload) override;
+  /// A message of the topic bus (SPEC §17) from session `p`; `payload` is PUBLISH's frame.
+  void on_bus(std::string_view routing_id, peer& p, std::uint8_t type, std::string_view body,
+              zmq::message_t* payload);
   /// `orderly`: the peer said DISCONNECT itself (a coordinator's tasks end at once, §12.5.8).
   void session_over(const peer& p, util::time_point now, bool orderly = false);
   /// What the task manager, the gatekeeper and the journal count, into the atomics that
@@ -117,6 +127,9 @@ class server : private task_sink {
   // What the loop hands the metrics endpoint at each status tick (not in atomics: lists).
   mutable std::mutex ticked_mu_;
   std::vector<std::pair<std::string, std::uint64_t>> ticked_shapes_, ticked_policies_;
+  bus_counts ticked_bus_;
+  std::vector<topic_stats> ticked_topics_;
+  std::vector<node_stats> ticked_lag_;
   void end_session(const peer& p, codec::error_code code, std::string reason, bool lost);
   /// end_session (lost) and the session forgotten: for every caller but expiry, whose table
   /// erases the peer itself.
@@ -155,12 +168,14 @@ class server : private task_sink {
   peer_table peers_;
   std::unique_ptr<journal> journal_;  // outlives tasks_, which writes to it
   task_manager tasks_;
+  topic_bus bus_;
   server_counters counters_;
   util::time_point started_;
   util::time_point next_status_;
   msgpack::sbuffer out_;
   std::uint64_t last_serial_ = 0;
   std::uint64_t live_workers_[2] = {0, 0};  // collectors, learners (SPEC §12.10.1)
+  std::uint64_t live_nodes_ = 0;            // sessions of role bus (SPEC §17.9)
   std::set<std::string> coordinators_;      // ids of live coordinator sessions
   // The key each coordinator id last had a session with: tasks it left for adoption go only
   // to a session of the same key (§15.3). Dropped once nothing is left to adopt.

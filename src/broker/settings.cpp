@@ -105,6 +105,31 @@ std::vector<setting> make_table() {
        "(expired, not said DISCONNECT) are kept for a new process with its id to adopt (0 = "
        "cancel them at once)",
        &c::coordinator_grace_ms, 0, day_ms, any, "ms"},
+      // ---- the topic bus ----
+      {"bus", "window",
+       "most deliveries in flight to a node of the topic bus, not yet acknowledged", &c::bus_window,
+       1, 1'000'000, any, "", "bus-window"},
+      {"bus", "credit",
+       "PUBLISH a node may send ahead of what the broker has taken (it is topped up by this "
+       "much once it has used half)",
+       &c::bus_credit, 2, 1'000'000, any, "", "bus-credit"},
+      {"bus", "queue-bytes",
+       "bytes of deliveries one node's queue holds: its publishers get no credit past half of "
+       "it, and its oldest unsent deliveries are dropped (reported as a gap) past it",
+       &c::bus_queue_bytes, 4096, std::uint64_t{1} << 40U, any, "bytes", "bus-queue-bytes"},
+      {"bus", "memory",
+       "bytes of payloads all the bus's queues hold together (a payload several nodes get "
+       "counts once), with the same rules as queue-bytes",
+       &c::bus_memory, 4096, std::uint64_t{1} << 44U, any, "bytes", "bus-memory"},
+      {"bus", "retain-bytes",
+       "payload bytes kept as topics' last values for nodes that subscribe later (0 = none); "
+       "the oldest is forgotten past it",
+       &c::bus_retain_bytes, 0, std::uint64_t{1} << 40U, any, "bytes", "bus-retain-bytes"},
+      {"bus", "max-subscriptions",
+       "most subscriptions of one node; more are refused (440 TOO_MANY_SUBSCRIPTIONS)",
+       &c::bus_max_subscriptions, 1, ten_million, any, "", "bus-max-subscriptions"},
+      {"bus", "max-nodes", "most sessions of role bus at once; more HELLOs get BUSY",
+       &c::bus_max_nodes, 1, ten_million, any, "", "bus-max-nodes"},
       // ---- durability ----
       {"durability", "journal",
        "file where the broker records the tasks, policies and stream "

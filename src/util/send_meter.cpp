@@ -61,7 +61,8 @@ bool send_meter::admits(const account& a, std::size_t body, std::size_t elsewher
   return total() + elsewhere + n <= room;
 }
 
-void send_meter::send_last(zmq::socket_t& s, account& a, std::string_view body) {
+void send_meter::send_last(zmq::socket_t& s, account& a, std::string_view body,
+                           zmq::send_flags flags) {
   // One allocation: what the free function needs, then the bytes.
   void* block = std::malloc(sizeof(charged) + body.size());
   if (block == nullptr) throw std::bad_alloc();
@@ -77,11 +78,11 @@ void send_meter::send_last(zmq::socket_t& s, account& a, std::string_view body) 
         std::free(hint);
       },
       c);
-  s.send(m, zmq::send_flags::none);
+  s.send(m, flags);
 }
 
 void send_meter::send_last_shared(zmq::socket_t& s, account& a, std::string_view body, void* keep,
-                                  void (*drop)(void*)) {
+                                  void (*drop)(void*), zmq::send_flags flags) {
   auto* c = new charged{&a, body.size() + per_message, keep, drop};
   a.charge(c->bytes);
   zmq::message_t m(
@@ -93,7 +94,7 @@ void send_meter::send_last_shared(zmq::socket_t& s, account& a, std::string_view
         delete held;
       },
       c);
-  s.send(m, zmq::send_flags::none);
+  s.send(m, flags);
 }
 
 void send_meter::prune() {

@@ -63,11 +63,13 @@ class send_meter {
                             std::size_t elsewhere = 0) const noexcept;
   /// Sends `body` as the last frame of a message on `s`, charged to `a` until libzmq frees it.
   /// The frames before it must have been queued; `s` must take it (it is never refused).
-  void send_last(zmq::socket_t& s, account& a, std::string_view body);
+  /// With `flags` sndmore it is not the last: another frame follows (a payload frame).
+  void send_last(zmq::socket_t& s, account& a, std::string_view body,
+                 zmq::send_flags flags = zmq::send_flags::none);
   /// The same for a large body shared by several messages: `keep` is a heap object the message
   /// holds (deleted with `drop` once libzmq lets go of it) that keeps `body` alive.
   void send_last_shared(zmq::socket_t& s, account& a, std::string_view body, void* keep,
-                        void (*drop)(void*));
+                        void (*drop)(void*), zmq::send_flags flags = zmq::send_flags::none);
   /// Forgets the accounts of connections that hold nothing now (call it now and then; a
   /// connection that sends again gets a fresh one).
   void prune();

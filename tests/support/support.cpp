@@ -67,6 +67,11 @@ void raw_peer::send(const codec::message& m) {
   send_frames({std::string(h.data(), h.size()), codec::encode_body(m)});
 }
 
+void raw_peer::send(const codec::message& m, std::string_view payload) {
+  const auto h = codec::make_header(codec::type_of(m));
+  send_frames({std::string(h.data(), h.size()), codec::encode_body(m), std::string(payload)});
+}
+
 std::vector<zmq::message_t> recv_frames(zmq::socket_t& sock, std::chrono::milliseconds timeout) {
   std::vector<zmq::message_t> frames;
   zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
@@ -95,9 +100,11 @@ std::vector<zmq::message_t> raw_peer::recv_message(std::chrono::milliseconds tim
 std::optional<codec::message> raw_peer::recv(std::chrono::milliseconds timeout) {
   const auto frames = recv_message(timeout);
   if (frames.empty()) return std::nullopt;
-  REQUIRE(frames.size() == 2);
   const auto h = codec::parse_header(frames[0].to_string_view());
   REQUIRE(h);
+  // A message with a payload (SPEC §17.1.1) has three frames; the payload is kept aside.
+  REQUIRE(frames.size() == (codec::has_payload_frame(h->type) ? 3U : 2U));
+  payload_ = frames.size() == 3 ? frames[2].to_string() : std::string();
   REQUIRE(h->version == codec::protocol_version);
   auto m = codec::decode_body(h->type, frames[1].to_string_view());
   INFO((m ? std::string() : m.error().reason));

@@ -52,6 +52,10 @@ class raw_peer {
            const rlbus::curve_keys* keys = nullptr);
   void send_frames(const std::vector<std::string>& frames);
   void send(const codec::message& m);
+  /// A message with a payload frame (PUBLISH, SPEC §17.1.1).
+  void send(const codec::message& m, std::string_view payload);
+  /// The payload frame of the last message recv() returned ("" when it had none).
+  [[nodiscard]] const std::string& payload() const { return payload_; }
   /// Next message (any type) within `timeout`; fails the test if it is malformed.
   std::optional<codec::message> recv(std::chrono::milliseconds timeout = 3000ms);
   /// Next message of type T within `timeout`, skipping others (e.g. HEARTBEATs).
@@ -82,6 +86,7 @@ class raw_peer {
  private:
   zmq::socket_t sock_;
   bool keep_capacity_ = false;
+  std::string payload_;
 };
 
 /// Sets a socket's CURVE client keys (before it connects).

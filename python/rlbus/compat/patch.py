@@ -1,4 +1,7 @@
-"""patch_dingengine(): make an installed DI-engine use rlbus for its parallel mode.
+"""patch_dingengine(): make an installed DI-engine use rlbus, in both of its distributed modes.
+
+DI-engine's current framework (ding.framework, "ditask") gets the rlbus message queue as
+mq_type "rlbus" (rlbus.compat.ditask). For its legacy parallel mode:
 
 DI-engine binds the classes this layer replaces at import time: the comm collector and
 learner slaves subclass ding.interaction.Slave when their modules are imported, and
@@ -48,12 +51,18 @@ def _try_import(name):
 
 
 def patch_dingengine():
-    """Installs the rlbus Slave and CommCoordinator into an importable `ding`.
+    """Installs the rlbus MQ (mq_type "rlbus") into an importable `ding.framework`, and the
+    rlbus Slave and CommCoordinator into its legacy parallel mode.
 
-    Returns True when DI-engine's coordinator now builds the rlbus CommCoordinator, False
-    when there is no DI-engine (nothing is changed then). Idempotent."""
+    Returns True when either took (ditask can use mq_type "rlbus", or DI-engine's coordinator
+    now builds the rlbus CommCoordinator), False when there is no DI-engine (nothing is
+    changed then). Idempotent."""
     if _try_import("ding") is None:
         return False
+    from . import ditask
+    framework = ditask.install()
+    if _try_import("ding.worker") is None and _try_import("ding.interaction") is None:
+        return framework  # a DI-engine without the legacy parallel mode
     late = [m for m in _COMM_MODULES if m in sys.modules]
     if late:
         log.warning("patch_dingengine: %s already imported; classes there keep the HTTP "
@@ -75,7 +84,7 @@ def patch_dingengine():
             swapped = True
     if not swapped:
         log.warning("patch_dingengine: no CommCoordinator found to replace")
-    return swapped
+    return swapped or framework
 
 
 def unpatch_dingengine():

@@ -1,0 +1,123 @@
+"""Finding and starting an rlbus broker from Python: :func:`find_broker` and :class:`Broker`.
+
+A program on one machine that names no broker gets one of its own this way (the embedded
+broker of :mod:`rlbus.compat.ditask`); tests start theirs with it too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+from typing import Any, List, Optional, Sequence
+
+__all__ = ["find_broker", "Broker", "BROKER_ENV"]
+
+BROKER_ENV = "RLBUS_BROKER"
+_BUILD_ENV = "RLBUS_BUILD_DIR"
+_LISTENING = re.compile(r"^rlbus-broker listening router=(\S+) events=(\S+)")
+
+
+def _candidates() -> List[str]:
+    """Where the broker binary may be, in the order tried."""
+    out: List[str] = []
+    explicit = os.environ.get(BROKER_ENV)
+    if explicit:
+        out.append(explicit)
+    on_path = shutil.which("rlbus-broker")
+    if on_path:
+        out.append(on_path)
+    build = os.environ.get(_BUILD_ENV)
+    if build:
+        out.append(os.path.join(build, "src", "rlbus-broker"))
+    # a build tree beside this source checkout (python/rlbus/ -> ../../build)
+    here = os.path.dirname(os.path.abspath(__file__))
+    out.append(os.path.join(here, "..", "..", "build", "src", "rlbus-broker"))
+    return out
+
+
+def find_broker() -> str:
+    """The path of the rlbus-broker binary: $RLBUS_BROKER, then PATH, then
+    $RLBUS_BUILD_DIR/src, then a build tree beside this source checkout. FileNotFoundError
+    naming every place tried when none holds an executable."""
+    tried = _candidates()
+    for path in tried:
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return os.path.normpath(path)
+    raise FileNotFoundError(
+        "no rlbus-broker binary found; tried: " + ", ".join(os.path.normpath(p) for p in tried)
+        + f" (set ${BROKER_ENV} to the binary, or install the broker on PATH)")
+
+
+class Broker:
+    """A broker process of our own, on free loopback ports unless told otherwise.
+
+    ``with Broker() as b:`` starts it and waits until it listens (its start-up line names the
+    endpoints it bound: :attr:`router`, :attr:`events`); leaving the block stops it (SIGTERM,
+    then SIGKILL after ``stop_timeout`` seconds). ``args`` are extra broker flags."""
+
+    def __init__(self, args: Sequence[str] = (), *, router: str = "tcp://127.0.0.1:0",
+                 events: str = "tcp://127.0.0.1:0", binary: Optional[str] = None,
+                 start_timeout: float = 10.0, stop_timeout: float = 10.0) -> None:
+        self.binary = binary or find_broker()
+        self.args = list(args)
+        self.router = router
+        self.events = events
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self.lines: List[str] = []
+        self.proc: Optional[subprocess.Popen] = None
+        self._listening = threading.Event()
+
+    def start(self) -> "Broker":
+        if self.proc is not None and self.proc.poll() is None:
+            return self
+        extra = self.args if "--drain-ms" in self.args else ["--drain-ms", "0"] + self.args
+        cmd = [self.binary, "--router", self.router, "--events", self.events] + extra
+        self.lines = []
+        self._listening.clear()
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, text=True)
+        threading.Thread(target=self._read, args=(self.proc,), daemon=True,
+                         name="rlbus-broker-output").start()
+        deadline = time.monotonic() + self.start_timeout
+        while not self._listening.wait(0.05):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("rlbus-broker did not start: " + "".join(self.lines[-20:]))
+        return self
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if len(self.lines) < 10_000:
+                self.lines.append(line)
+            m = _LISTENING.match(line)
+            if m and not self._listening.is_set():
+                self.router, self.events = m.group(1), m.group(2)
+                self._listening.set()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        """Stops the broker; idempotent."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(self.stop_timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(self.stop_timeout)
+
+    def __enter__(self) -> "Broker":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -1,0 +1,250 @@
+"""DI-engine's current framework (``ding.framework``, "ditask") over the rlbus topic bus.
+
+:class:`RlbusMQ` has the interface ``ding.framework.Parallel`` drives a message queue through
+(``listen``, ``publish``, ``subscribe``, ``unsubscribe``, ``recv``, ``stop`` and the optional
+``attach_to``), on one :class:`rlbus.Bus` node per process. What it adds to DI-engine's own
+queues:
+
+- lossless and in order per publisher, with flow control instead of drops: a node that
+  falls behind slows its publishers down;
+- a node hears everything published from the moment ``listen()`` has returned, whatever it
+  subscribes to later (as DI-engine's nng queue does), and never its own messages;
+- ``publish`` may be called before ``listen()`` (it is sent once connected), from any thread,
+  and does not raise when peers are gone;
+- ``unsubscribe`` takes glob patterns (``task.*``); ``stop()`` flushes what was published
+  and makes a blocked ``recv`` return None at once.
+
+:func:`install` registers it as ``mq_type="rlbus"`` (``patch_dingengine()`` calls it). The
+broker is named by ``$RLBUS_ENDPOINT``, else by the runner's ``address`` and ``ports`` (the
+``ditask --address --ports`` flags); with neither, the runner starts a broker of its own on
+this machine for the run, and its workers find it through the environment.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import logging
+import os
+import socket
+import threading
+import uuid
+from typing import Any, Optional, Set, Tuple
+
+from ._util import ENDPOINT_ENV, curve_kwargs
+
+log = logging.getLogger("rlbus.compat.ditask")
+
+MQ_TYPE = "rlbus"
+_CARRIER = "redis"  # the runner's own mq_type whose argument parser carries ours (see install)
+_MARK_ENV = "RLBUS_DITASK_MQ"  # set while a runner of ours runs; children inherit it
+_CONNECT_TIMEOUT_S = 30.0
+_MAX_EARLY = 100_000  # publications kept before listen() connected
+
+
+def _node_id() -> str:
+    host = "".join(c if c.isalnum() or c in "._-" else "-" for c in socket.gethostname())[:48]
+    return f"ditask-{host or 'host'}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def endpoint_from(address: Any = None, ports: Any = None) -> Optional[str]:
+    """The broker's endpoint: $RLBUS_ENDPOINT, else ``tcp://<address>:<first port>`` when an
+    address is given; None when neither says."""
+    explicit = os.environ.get(ENDPOINT_ENV)
+    if explicit:
+        return explicit
+    if address:
+        port = ports[0] if isinstance(ports, (list, tuple)) and ports else ports
+        return f"tcp://{address}:{int(port) if port else 7235}"
+    return None
+
+
+class RlbusMQ:
+    """One ditask process's message queue: an rlbus bus node (see the module's doc)."""
+
+    def __init__(self, attach_to: Any = None, rlbus_endpoint: Optional[str] = None,
+                 address: Any = None, ports: Any = None, **kwargs: Any) -> None:
+        # DI-engine's parsers pass their own keys (protocol, topology, redis_host, ...):
+        # accepted and ignored, as its queues do.
+        self.endpoint = rlbus_endpoint or endpoint_from(address, ports) \
+            or "tcp://127.0.0.1:7235"
+        self.attach_to = list(attach_to or [])  # what Parallel counts peers by (Barrier)
+        self.id = _node_id()
+        self._bus: Any = None
+        self._lock = threading.Lock()
+        self._topics: Set[str] = set()
+        self._early: list = []
+        self._stopping = threading.Event()
+
+    def listen(self) -> None:
+        """Connects, and subscribes to every topic (filtered here) before it returns."""
+        from ..bus import Bus
+        bus = Bus(self.endpoint, self.id, **curve_kwargs())
+        if not bus.wait_ready(_CONNECT_TIMEOUT_S):
+            log.warning("rlbus MQ %s: no session with the broker at %s after %.0f s (%s); "
+                        "still trying", self.id, self.endpoint, _CONNECT_TIMEOUT_S,
+                        bus.last_error or bus.state)
+        try:
+            bus.subscribe("", prefix=True, timeout=_CONNECT_TIMEOUT_S)
+        except TimeoutError as exc:
+            log.warning("rlbus MQ %s: %s", self.id, exc)
+        with self._lock:
+            self._bus = bus
+            early, self._early = self._early, []
+        for topic, data in early:
+            self._publish(bus, topic, data)
+        if self._stopping.is_set():  # stopped while listen() was connecting
+            bus.close()
+
+    def publish(self, topic: str, data: bytes) -> None:
+        with self._lock:
+            bus = self._bus
+            if bus is None:
+                if self._stopping.is_set():
+                    return
+                if len(self._early) >= _MAX_EARLY:
+                    log.error("rlbus MQ %s: %d publications wait for listen(); dropping one on "
+                              "%r", self.id, len(self._early), topic)
+                    return
+                self._early.append((topic, bytes(data)))
+                return
+        self._publish(bus, topic, data)
+
+    def _publish(self, bus: Any, topic: str, data: bytes) -> None:
+        try:
+            bus.publish(topic, data, timeout=None)
+        except RuntimeError:
+            log.debug("rlbus MQ %s: publish on %r after stop", self.id, topic)
+
+    def subscribe(self, topic: str) -> None:
+        with self._lock:
+            self._topics.add(topic)
+
+    def unsubscribe(self, topic: str) -> None:
+        """Drops ``topic``, or every topic a glob pattern (``task.*``) matches."""
+        with self._lock:
+            self._topics = {t for t in self._topics
+                            if t != topic and not fnmatch.fnmatchcase(t, topic)}
+
+    def recv(self) -> Optional[Tuple[str, bytes]]:
+        """The next message on a subscribed topic; None once stopped."""
+        while not self._stopping.is_set():
+            bus = self._bus
+            if bus is None:  # pragma: no cover - Parallel calls listen() first
+                self._stopping.wait(0.05)
+                continue
+            msg = bus.recv(timeout=0.25)
+            if msg is None:
+                continue
+            with self._lock:
+                wanted = msg.topic in self._topics
+            if wanted:
+                return msg.topic, msg.payload
+        return None
+
+    def stop(self) -> None:
+        """Flushes what was published, leaves the bus; a blocked recv returns None."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        with self._lock:
+            bus, self._bus = self._bus, None
+        if bus is not None:
+            bus.close()
+
+    def __del__(self) -> None:  # pragma: no cover - as DI-engine's queues do
+        try:
+            self.stop()
+        except Exception:
+            pass
+
+
+class _Main:
+    """The user's ``main`` as the runner hands it to its workers. A spawned worker unpickles
+    it before it builds its queue, which imports this module there: with the marker in its
+    environment, the worker installs the rlbus MQ even if nothing else in it did."""
+
+    def __init__(self, main: Any) -> None:
+        self.main = main
+        functools.update_wrapper(self, main)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.main(*args, **kwargs)
+
+    def __reduce__(self) -> Any:
+        return (_Main, (self.main,))
+
+
+def _patched_runner(original: Any) -> Any:
+    """Parallel.runner that knows mq_type="rlbus". The runner picks its argument parser from a
+    table of its own, so an rlbus run goes through the parser of ``_CARRIER`` (which passes its
+    arguments on unchanged) and the marker in the environment makes ``_run`` build RlbusMQ.
+    With no broker named, the runner starts one for the run."""
+
+    @functools.wraps(original)
+    def runner(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("mq_type") != MQ_TYPE:
+            return original(*args, **kwargs)
+        kwargs["mq_type"] = _CARRIER
+        inner = original(*args, **kwargs)
+
+        @functools.wraps(inner)
+        def run(main: Any, *a: Any, **k: Any) -> Any:
+            from .._broker import Broker
+            marked = os.environ.get(_MARK_ENV)
+            os.environ[_MARK_ENV] = MQ_TYPE
+            embedded = None
+            try:
+                if endpoint_from(kwargs.get("address"), kwargs.get("ports")) is None:
+                    embedded = Broker().start()
+                    os.environ[ENDPOINT_ENV] = embedded.router
+                    log.info("rlbus: no broker named ($%s, address): started one for this run "
+                             "at %s", ENDPOINT_ENV, embedded.router)
+                return inner(_Main(main), *a, **k)
+            finally:
+                if embedded is not None:
+                    embedded.stop()
+                    os.environ.pop(ENDPOINT_ENV, None)
+                if marked is None:
+                    os.environ.pop(_MARK_ENV, None)
+                else:
+                    os.environ[_MARK_ENV] = marked
+        return run
+    runner.__rlbus__ = True  # type: ignore[attr-defined]
+    return runner
+
+
+def _patched_run(original: Any) -> Any:
+    @functools.wraps(original)
+    def _run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("mq_type") == _CARRIER and os.environ.get(_MARK_ENV) == MQ_TYPE:
+            kwargs["mq_type"] = MQ_TYPE
+        return original(self, *args, **kwargs)
+    _run.__rlbus__ = True  # type: ignore[attr-defined]
+    return _run
+
+
+def install() -> bool:
+    """Registers RlbusMQ as mq_type "rlbus" in an importable ``ding.framework`` and teaches
+    ``Parallel.runner`` the name. False (nothing changed) without ding.framework. Idempotent."""
+    try:
+        from ding.framework import message_queue as mq_module  # type: ignore
+        from ding.framework.parallel import Parallel  # type: ignore
+    except ImportError as exc:
+        log.debug("rlbus: no ding.framework to install the rlbus MQ into (%s)", exc)
+        return False
+    registry = getattr(mq_module, "MQ_REGISTRY", None)
+    if registry is None:
+        from ding.utils import MQ_REGISTRY as registry  # type: ignore
+    registry.register(MQ_TYPE, force_overwrite=True)(RlbusMQ)
+    runner = Parallel.__dict__.get("runner")
+    if runner is not None and not getattr(runner.__func__, "__rlbus__", False):
+        Parallel.runner = classmethod(_patched_runner(runner.__func__))
+    run = Parallel.__dict__.get("_run")
+    if run is not None and not getattr(run, "__rlbus__", False):
+        Parallel._run = _patched_run(run)
+    return True
+
+
+if os.environ.get(_MARK_ENV) == MQ_TYPE:  # a worker an rlbus runner spawned (see _Main)
+    install()
