@@ -9,7 +9,9 @@ The files go next to this script, or into the directory given as the only argume
 writes them elsewhere and compares them with the committed ones).
 
 "fields" is the meaning of the body as JSON. JSON has no bytes, so a msgpack bin value is
-written there as {"$bin_hex": "<its bytes in lower-case hex>"} (see to_json below).
+written there as {"$bin_hex": "<its bytes in lower-case hex>"} (see to_json below). The
+vectors of PUBLISH and DELIVER, which travel with a third frame, give its bytes in
+"payload_hex" (bus_vectors.py holds the topic bus's vectors).
 """
 import json
 import os
@@ -17,6 +19,8 @@ import struct
 import sys
 
 import msgpack
+
+import bus_vectors
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TYPES = {"HELLO": 0x01, "WELCOME": 0x02, "HEARTBEAT": 0x03, "DISCONNECT": 0x04,
@@ -36,7 +40,9 @@ TYPES = {"HELLO": 0x01, "WELCOME": 0x02, "HEARTBEAT": 0x03, "DISCONNECT": 0x04,
          # batched data (SPEC §12.12)
          "DATA_BATCH": 0x4B,
          # operations (SPEC §16)
-         "OPS": 0x50, "OPS_REPLY": 0x51}
+         "OPS": 0x50, "OPS_REPLY": 0x51,
+         # the topic bus (SPEC §17)
+         **bus_vectors.TYPES}
 
 
 def header(type_id, version=1, sig=b"RL"):
@@ -374,10 +380,10 @@ SENDERS = {"HELLO": "none", "OPS": "none", "DISCONNECT": "collector", "EVENT": "
            "GET_DATA": "learner", "LEARN_INFO": "learner", "POLICY": "learner"}
 
 
-def invalid(name, body_hex, code, note, type_name="HELLO"):
+def invalid(name, body_hex, code, note, type_name="HELLO", sender=None):
     return {"name": name, "type": type_name, "note": note, "header_hex": header(TYPES[type_name]),
             "body_hex": body_hex, "error_code": code,
-            "sender": SENDERS.get(type_name, "collector")}
+            "sender": sender or SENDERS.get(type_name, "collector")}
 
 
 GOOD = {"role": "collector", "id": "c0", "heartbeat_ms": 1000, "resources": {}}
@@ -744,6 +750,15 @@ EVENTS = [
            "size": 40},
           "the broker now holds version 7; the parameters themselves are not published"),
 ]
+
+
+# the topic bus (SPEC §17)
+_bus = bus_vectors.build(
+    valid, lambda name, t, body, code, note, sender: invalid(name, body, code, note, t, sender),
+    event, envelope, pack)
+VALID += _bus[0]
+INVALID += _bus[1]
+EVENTS += _bus[2]
 
 
 def write(out_dir, name, items):

@@ -9,7 +9,8 @@ stream) belongs to a *handler*, an object whose optional methods the I/O thread 
 - ``on_ready(welcome)`` after each WELCOME that makes the session ready; ``welcome["resumed"]``
   is false when the broker began a new session (state tied to the old one is gone);
 - ``on_message(msg)`` for every other message from the broker, except HEARTBEAT and
-  DISCONNECT, including ERRORs that are not about HELLO;
+  DISCONNECT, including ERRORs that are not about HELLO; a DELIVER comes with its payload
+  frame as ``msg.payload``;
 - ``on_state(state, detail)`` on every change of :attr:`Core.state`;
 - ``on_close()`` once, while closing, before DISCONNECT is sent;
 - ``on_idle()`` after each turn of the loop (posted calls, at most a burst of messages,
@@ -186,10 +187,11 @@ class Core:
     def ready(self) -> bool:
         return self._session.ready
 
-    def send(self, name: str, fields: Mapping[str, Any]) -> bool:
+    def send(self, name: str, fields: Mapping[str, Any], payload: Any = None) -> bool:
         """I/O thread only: sends one message now if the session is ready; False (nothing
-        queued) when it is not, or when the socket's queue is full."""
-        return self._session.send(name, fields)
+        queued) when it is not, or when the socket's queue is full. ``payload``: the third
+        frame of a message that has one (PUBLISH), bytes-like."""
+        return self._session.send(name, fields, payload)
 
     def call_later(self, delay_s: float, fn: Callable[[], None]) -> Timer:
         """I/O thread only: runs ``fn`` on the I/O thread ``delay_s`` seconds from now."""

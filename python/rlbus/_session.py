@@ -40,7 +40,8 @@ REFUSED = "refused"
 STOPPED = "stopped"
 STATES = (CONNECTING, READY, RECONNECTING, REFUSED, STOPPED)
 
-ROLES = ("collector", "learner", "coordinator")
+# What HELLO's role may be, as messages.json says (collector, learner, coordinator, bus).
+ROLES = tuple(P.MESSAGES["HELLO"].by_name["role"].rules["enum"])
 
 # Error codes of SPEC §6 the session acts on.
 _GOODBYE = 200
@@ -189,12 +190,13 @@ class Session:
         self._ctx = ctx
         self._open()
 
-    def send(self, name: str, fields: Mapping[str, Any]) -> bool:
+    def send(self, name: str, fields: Mapping[str, Any], payload: Any = None) -> bool:
         """Sends one message now if the session is ready; False (nothing queued) when it is
-        not, or when the socket's queue is full."""
+        not, or when the socket's queue is full. ``payload`` is the third frame of PUBLISH
+        (bytes-like; b"" when None); any other message takes none (ProtocolError)."""
         if not self.ready:
             return False
-        return self._send(name, fields)
+        return self._send(name, fields, payload)
 
     def next_wake(self, now: float) -> float:
         """When :meth:`on_timers` has something to do next (monotonic seconds)."""
@@ -241,7 +243,7 @@ class Session:
             while sock.get(zmq.RCVMORE):  # the rest of a message has arrived with its first frame
                 frames.append(sock.recv(zmq.NOBLOCK))
             try:
-                msg = P.decode(frames)
+                msg = P.decode(frames)  # a DELIVER's payload frame too, as msg.payload
             except Exception as e:  # nothing the broker sends may stop this thread
                 log.warning("%s %s: ignored a broker message that does not decode: %s",
                             self.role, self.id, e)
@@ -264,16 +266,22 @@ class Session:
         self.state = state
         self._on_state(state, detail)
 
-    def _send(self, name: str, fields: Mapping[str, Any]) -> bool:
+    def _send(self, name: str, fields: Mapping[str, Any], payload: Any = None) -> bool:
         assert self._sock is not None
-        head, body = P.encode(name, fields)
+        frames = P.encode(name, fields, payload)
+        head, body = frames[0], frames[1]
         sock = self._sock
         try:
             # frame by frame: pyzmq's send_multipart costs more than the send itself for
-            # small messages. Once the first frame is queued the second always is (ZeroMQ
-            # queues a message's frames together); large bodies are handed over uncopied.
+            # small messages. Once the first frame is queued the others always are (ZeroMQ
+            # queues a message's frames together); large frames are handed over uncopied.
             sock.send(head, _NOBLOCK_MORE)
-            sock.send(body, zmq.NOBLOCK, copy=len(body) < _COPY_BELOW)
+            if len(frames) == 2:
+                sock.send(body, zmq.NOBLOCK, copy=len(body) < _COPY_BELOW)
+            else:  # a payload frame after the body (PUBLISH, SPEC §17.1.1)
+                sock.send(body, _NOBLOCK_MORE, copy=len(body) < _COPY_BELOW)
+                data = frames[2]
+                sock.send(data, zmq.NOBLOCK, copy=memoryview(data).nbytes < _COPY_BELOW)
             return True
         except zmq.Again:
             log.warning("%s %s: send queue full, %s not sent", self.role, self.id, name)

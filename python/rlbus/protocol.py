@@ -12,6 +12,11 @@ Where the file is found, first match wins:
 2. ``../../protocol/messages.json`` relative to this file (a source checkout);
 3. ``messages.json`` inside this package (copied in by ``setup.py`` at build time).
 
+PUBLISH and DELIVER (``"payload_frame": true``, SPEC §17.1.1) travel as three frames,
+``[header][body][payload]``: :func:`encode` gives them the payload frame and :func:`decode`
+reads it into :attr:`Message.payload`. An optional field with a ``default`` (the bus's flags
+and ``part``) is left out of the body when it holds its default, and reads as it when absent.
+
 Bodies are decoded under the limits of SPEC §5.1 at every nesting level; opaque user data
 (``"verbatim": true`` fields: task_info, meta, info, result, data, body) is kept as the exact
 bytes received (:class:`Raw`), so it can be forwarded byte for byte, and decoded on demand.
@@ -119,7 +124,7 @@ class FieldSpec:
     """One field of a message or event body, as messages.json declares it."""
 
     __slots__ = ("name", "type", "required", "verbatim", "always_encoded", "key", "check",
-                 "rules", "is_resources", "is_bin", "is_items")
+                 "rules", "is_resources", "is_bin", "is_items", "default")
 
     def __init__(self, d: Mapping[str, Any]) -> None:
         self.name: str = str(d["name"])
@@ -133,7 +138,14 @@ class FieldSpec:
         self.is_resources = self.type == "map<str,number>"
         self.is_bin = self.type == "bin"
         self.is_items = self.type == "data-items"
+        # the value an absent optional field stands for (_MISSING: none), never written
+        self.default: Any = d.get("default", _MISSING)
         self.check: _Check = _make_check(self.name, self.type, d)
+
+    def is_default(self, v: Any) -> bool:
+        """True when ``v`` is this field's default (of its very type: 0 is not False)."""
+        d = self.default
+        return d is not _MISSING and type(v) is type(d) and v == d
 
     def as_dict(self) -> Dict[str, Any]:
         """The declaration as messages.json has it."""
@@ -168,6 +180,10 @@ def _make_check(name: str, typ: str, d: Mapping[str, Any]) -> _Check:
         max_len = int(d.get("max_length", _MAX_STR))
         enum: Optional[FrozenSet[str]] = frozenset(d["enum"]) if "enum" in d else None
         pattern = re.compile(d["pattern"]) if "pattern" in d else None
+        if pattern is not None and "\\x21-\\x7e" in pattern.pattern:
+            allowed = "printable ASCII other than space (0x21-0x7E)"  # a topic (§17.2.1)
+        else:
+            allowed = "A-Z a-z 0-9 . _ : @ / -"
 
         def check_str(v: Any) -> Optional[str]:
             if type(v) is not str:
@@ -183,7 +199,7 @@ def _make_check(name: str, typ: str, d: Mapping[str, Any]) -> _Check:
                 return f"{name} must be {min_len}..{max_len} bytes"
             if pattern is not None:
                 if pattern.fullmatch(v) is None:
-                    return f"{name} has characters outside A-Z a-z 0-9 . _ : @ / -"
+                    return f"{name} has characters outside {allowed}"
                 if len(passed) >= _PASSED_MAX:
                     passed.clear()
                 passed.add(v)
@@ -277,6 +293,7 @@ class MessageSpec:
         self.id: int = int(d["id"])
         self.direction: str = str(d.get("direction", ""))
         self.transport: str = str(d.get("transport", "router"))
+        self.payload_frame: bool = bool(d.get("payload_frame", False))  # a third frame
         self.fields: Tuple[FieldSpec, ...] = tuple(FieldSpec(f) for f in d.get("fields", []))
         self.by_name: Dict[str, FieldSpec] = {f.name: f for f in self.fields}
         self.together: Optional[List[Any]] = d.get("together")
@@ -338,14 +355,17 @@ def type_id(name: str) -> int:
 
 class Message:
     """A decoded ROUTER message: its spec name, type id and fields (absent optional fields
-    are left out; verbatim fields are :class:`Raw`)."""
+    are left out; verbatim fields are :class:`Raw`). ``payload`` is the bytes of the third
+    frame of a message that has one (PUBLISH, DELIVER), None for every other."""
 
-    __slots__ = ("name", "type_id", "fields")
+    __slots__ = ("name", "type_id", "fields", "payload")
 
-    def __init__(self, name: str, type_id: int, fields: Dict[str, Any]) -> None:
+    def __init__(self, name: str, type_id: int, fields: Dict[str, Any],
+                 payload: Optional[bytes] = None) -> None:
         self.name = name
         self.type_id = type_id
         self.fields = fields
+        self.payload = payload
 
     def __getitem__(self, key: str) -> Any:
         return self.fields[key]
@@ -460,12 +480,23 @@ def decode_body(type_id_: int, body: bytes) -> Message:
 
 
 def decode(frames: Sequence[bytes]) -> Message:
-    """Decodes ``[header, body]`` as a ROUTER message (SPEC §3.1-§3.6 order of checks,
-    except session state and direction, which are the broker's)."""
-    if len(frames) != 2:
-        raise ProtocolError(400, f"a message is 2 frames, not {len(frames)}")
+    """Decodes ``[header, body]``, or ``[header, body, payload]`` for a message with a payload
+    frame (PUBLISH, DELIVER), as a ROUTER message (SPEC §3.1-§3.6 order of checks, except
+    session state and direction, which are the broker's). Any other count of frames is a
+    ProtocolError 400, as is a payload frame on a message without one (§17.1.1)."""
+    n = len(frames)
+    if n != 2 and n != 3:
+        raise ProtocolError(400, f"a message is 2 frames (3 with a payload), not {n}")
     tid = parse_header(bytes(frames[0]))
-    return decode_body(tid, frames[1])
+    spec = BY_ID.get(tid)
+    wants = 3 if spec is not None and spec.payload_frame else 2
+    if n != wants:
+        what = spec.name if spec is not None else f"type 0x{tid:02x}"
+        raise ProtocolError(400, f"{what} is {wants} frames, not {n}")
+    msg = decode_body(tid, frames[1])
+    if n == 3:
+        msg.payload = bytes(frames[2])
+    return msg
 
 
 def _encode_value(f: FieldSpec, v: Any, packer: msgpack.Packer) -> bytes:
@@ -571,6 +602,8 @@ def encode_body(name: str, fields: Mapping[str, Any], check: bool = True) -> byt
             if not (f.is_resources and f.always_encoded):
                 continue
             v = {}
+        elif f.default is not _MISSING and f.is_default(v):
+            continue  # a flag at its default is left out (§5.5)
         ordered[f.name] = v
         if plain and (isinstance(v, Raw) or f.is_resources or (f.is_bin and type(v) is not bytes)):
             plain = False
@@ -585,13 +618,28 @@ def encode_body(name: str, fields: Mapping[str, Any], check: bool = True) -> byt
     return b"".join(parts)
 
 
-def encode(name: str, fields: Optional[Mapping[str, Any]] = None,
-           check: bool = True) -> Tuple[bytes, bytes]:
-    """``(header, body)`` frames of message ``name``."""
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+
+
+def encode(name: str, fields: Optional[Mapping[str, Any]] = None, payload: Any = None,
+           check: bool = True) -> Tuple[Any, ...]:
+    """``(header, body)`` frames of message ``name``; ``(header, body, payload)`` for a
+    message with a payload frame (PUBLISH, DELIVER), the payload (bytes-like, handed on as
+    given; b"" when None) raw, not msgpack. A payload for any other message is a
+    ProtocolError 400: it has no such frame (SPEC §17.1.1)."""
     spec = MESSAGES.get(name)
     if spec is None:
         raise ProtocolError(404, f"no message named {name}")
-    return spec.header, encode_body(name, fields or {}, check)
+    body = encode_body(name, fields or {}, check)
+    if spec.payload_frame:
+        if payload is None:
+            payload = b""
+        elif not isinstance(payload, _BYTES_LIKE):
+            raise TypeError(f"{name}: the payload is bytes, not {type(payload).__name__}")
+        return spec.header, body, payload
+    if payload is not None:
+        raise ProtocolError(400, f"{name} has no payload frame (only PUBLISH and DELIVER do)")
+    return spec.header, body
 
 
 # ---- events ---------------------------------------------------------------------------

@@ -5,10 +5,11 @@ valid bodies (optional fields in and out, fields shuffled, non-canonical number,
 map forms), every range at its edges and one past them, every required field dropped, every
 field of the wrong kind, unknown fields, strings, arrays, maps, bins and nesting at and over
 the SPEC §5.1 limits, rule violations (fields that travel together), and malformed bodies and
-headers; plus event bodies for every topic. Each case goes through both codecs: the C++ one
-is `rlbus-codec-dump` (built from tests/peer), which prints its verdict per line. Both must
-accept or refuse alike, refuse with the same SPEC §6 code, and re-encode an accepted message
-to the same canonical bytes.
+headers, and frame counts (the payload frame of PUBLISH and DELIVER, SPEC §17.1.1, which
+every case of theirs carries); plus event bodies for every topic. Each case goes through both
+codecs: the C++ one is `rlbus-codec-dump` (built from tests/peer), which prints its verdict
+per line. Both must accept or refuse alike, refuse with the same SPEC §6 code, and re-encode
+an accepted message to the same canonical bytes (and payload).
 """
 
 from __future__ import annotations
@@ -488,7 +489,16 @@ UNKNOWN_KEY = m_str("zz_not_a_field")
 
 # ---- the cases ----------------------------------------------------------------------------
 
-Case = Tuple[str, str, bytes, bytes]  # (group, label, header, body)
+# (group, label, header, body, payload): payload is the third frame, None for two frames
+Case = Tuple[str, str, bytes, bytes, Optional[bytes]]
+SAMPLE_PAYLOAD = b"\x00\x01payload\xfe\xff"
+
+
+def payload_for(head: bytes) -> Optional[bytes]:
+    """The payload frame a case with this header carries: one for PUBLISH and DELIVER (whose
+    messages have three frames), none for any other header."""
+    spec = P.BY_ID.get(head[3]) if len(head) == 4 else None
+    return SAMPLE_PAYLOAD if spec is not None and spec.payload_frame else None
 
 
 def message_cases(m: Msg, rng: random.Random) -> List[Case]:
@@ -497,7 +507,7 @@ def message_cases(m: Msg, rng: random.Random) -> List[Case]:
     out: List[Case] = []
 
     def add(label: str, body: bytes, head: bytes = h) -> None:
-        out.append((g, label, head, body))
+        out.append((g, label, head, body, payload_for(head)))
 
     # Valid bodies, shuffled and non-canonical forms among them.
     for i in range(40):
@@ -642,10 +652,22 @@ def framing_cases(rng: random.Random) -> List[Case]:
     out: List[Case] = []
     for t in range(256):
         head = bytes([0x52, 0x4C, 1, t])
-        out.append(("framing", f"type-{t:#04x}/empty-map", head, b"\x80"))
-        out.append(("framing", f"type-{t:#04x}/hello-body", head, hello_body))
-        out.append(("framing", f"type-{t:#04x}/bad-body", head, b"\xc1"))
-        out.append(("framing", f"type-{t:#04x}/version-2", bytes([0x52, 0x4C, 2, t]), b"\x80"))
+        p = payload_for(head)
+        out.append(("framing", f"type-{t:#04x}/empty-map", head, b"\x80", p))
+        out.append(("framing", f"type-{t:#04x}/hello-body", head, hello_body, p))
+        out.append(("framing", f"type-{t:#04x}/bad-body", head, b"\xc1", p))
+        out.append(("framing", f"type-{t:#04x}/version-2", bytes([0x52, 0x4C, 2, t]), b"\x80", p))
+        # the other frame count: a payload frame where none belongs, or none where one does
+        other = None if p is not None else b"x"
+        out.append(("framing", f"type-{t:#04x}/frames-{3 if p is None else 2}", head,
+                    hello_body, other))
+        if p is not None:
+            out.append(("framing", f"type-{t:#04x}/empty-payload", head, hello_body, b""))
+    for m in SPEC_MSGS:  # a valid body in the wrong number of frames: refused with 400
+        if any(f.required for f in m.fields) or m.name == "HEARTBEAT":
+            good = m.body(m.baseline(rng, optional=1.0))
+            wrong = None if payload_for(m.head()) is not None else SAMPLE_PAYLOAD
+            out.append(("framing", f"{m.name}/valid-body-wrong-frames", m.head(), good, wrong))
     return out
 
 
@@ -655,8 +677,9 @@ def vector_cases() -> List[Case]:
         path = os.path.join(os.path.dirname(P.messages_json_path()), "vectors", fname)
         with open(path, encoding="utf-8") as f:
             for v in json.load(f)["vectors"]:
+                payload = bytes.fromhex(v["payload_hex"]) if "payload_hex" in v else None
                 out.append(("vectors", f"{fname}:{v['name']}", bytes.fromhex(v["header_hex"]),
-                            bytes.fromhex(v["body_hex"])))
+                            bytes.fromhex(v["body_hex"]), payload))
     return out
 
 
@@ -710,16 +733,16 @@ def event_cases(rng: random.Random) -> List[EventCase]:
 Verdict = Tuple[Any, ...]
 
 
-def py_message(head: bytes, body: bytes) -> Verdict:
+def py_message(head: bytes, body: bytes, payload: Optional[bytes] = None) -> Verdict:
     try:
-        tid = P.parse_header(head)
-        msg = P.decode_body(tid, body)
+        msg = P.decode([head, body] if payload is None else [head, body, payload])
     except P.ProtocolError as e:
         return ("refused", e.code)
     except Exception as e:  # the codec must answer every input with a verdict
         return ("crashed in decode", repr(e)[:200])
     try:
-        return ("accepted", tid, P.encode_body(msg.name, msg.fields).hex())
+        frames = P.encode(msg.name, msg.fields, msg.payload)
+        return ("accepted", msg.type_id) + tuple(f.hex() for f in frames[1:])
     except Exception as e:
         return ("crashed in re-encode", repr(e)[:200])
 
@@ -749,8 +772,11 @@ def cpp_verdicts(lines: List[str]) -> List[Verdict]:
     for text in out:
         j = json.loads(text)
         if j["ok"]:
-            verdicts.append(("accepted", j["type"], j["body"]) if "type" in j
-                            else ("accepted", j["body"]))
+            if "type" not in j:
+                verdicts.append(("accepted", j["body"]))
+            else:
+                verdicts.append(("accepted", j["type"], j["body"]) +
+                                ((j["payload"],) if "payload" in j else ()))
         else:
             verdicts.append(("refused", j["code"]))
     return verdicts
@@ -769,14 +795,16 @@ class Results:
         for m in SPEC_MSGS:
             self.messages += message_cases(m, rng)
         self.events: List[EventCase] = event_cases(rng)
-        lines = [f"{hexline(h)} {hexline(b)}" for _, _, h, b in self.messages]
+        lines = [f"{hexline(h)} {hexline(b)}" + ("" if p is None else f" {hexline(p)}")
+                 for _, _, h, b, p in self.messages]
         lines += [f"event {hexline(t.encode())} {hexline(b)}" for _, _, t, b in self.events]
         cpp = cpp_verdicts(lines)
-        self.rows: List[Tuple[str, str, bytes, bytes, Verdict, Verdict]] = []
-        for (g, label, h, b), c in zip(self.messages, cpp):
-            self.rows.append((g, label, h, b, py_message(h, b), c))
+        # (group, label, header, body, python, c++, payload)
+        self.rows: List[Tuple[str, str, bytes, bytes, Verdict, Verdict, Optional[bytes]]] = []
+        for (g, label, h, b, p), c in zip(self.messages, cpp):
+            self.rows.append((g, label, h, b, py_message(h, b, p), c, p))
         for (g, label, t, b), c in zip(self.events, cpp[len(self.messages):]):
-            self.rows.append((g, label, t.encode(), b, py_event(t, b), c))
+            self.rows.append((g, label, t.encode(), b, py_event(t, b), c, None))
 
     def groups(self) -> List[str]:
         return sorted({r[0] for r in self.rows})
@@ -804,10 +832,12 @@ def results() -> Results:
     return Results()
 
 
-def describe(row: Tuple[str, str, bytes, bytes, Verdict, Verdict]) -> str:
-    g, label, h, b, py, cpp = row
+def describe(row: Tuple[str, str, bytes, bytes, Verdict, Verdict, Optional[bytes]]) -> str:
+    g, label, h, b, py, cpp, p = row
     body = b.hex() if len(b) <= 96 else b[:96].hex() + f"... ({len(b)} bytes)"
-    return f"{g} {label}: header {h.hex()} body {body}\n    python {py}\n    c++    {cpp}"
+    payload = "" if p is None else f" payload {p.hex()}"
+    return (f"{g} {label}: header {h.hex()} body {body}{payload}\n    python {py}\n"
+            f"    c++    {cpp}")
 
 
 def disagreements(res: Results, group: str) -> List[str]:
@@ -817,7 +847,7 @@ def disagreements(res: Results, group: str) -> List[str]:
 
 GROUPS = (["vectors", "framing"] + [m.name for m in SPEC_MSGS] +
           ["event:worker", "event:coordinator", "event:broker", "event:task", "event:capacity",
-           "event:policy", "event:other"])
+           "event:policy", "event:bus", "event:other"])
 
 
 def test_case_count_and_coverage(results: Results) -> None:
@@ -842,7 +872,8 @@ def test_python_encodings_are_canonical_to_cpp(results: Results) -> None:
     re-encoded to the very same bytes (both agree on what canonical is)."""
     rows = [r for r in results.rows if "/" not in r[1] and r[1].startswith("py-encoded#")]
     assert len(rows) >= 15 * len(SPEC_MSGS)
-    bad = [describe(r) for r in rows if r[5] != ("accepted", r[2][3], r[3].hex())]
+    bad = [describe(r) for r in rows
+           if r[5] != ("accepted", r[2][3], r[3].hex()) + (() if r[6] is None else (r[6].hex(),))]
     assert not bad, f"{len(bad)} bodies:\n" + "\n".join(bad[:20])
 
 

@@ -21,6 +21,9 @@ def test_every_message_and_field_matches_messages_json() -> None:
         assert spec.id == m["id"] and P.BY_ID[m["id"]] is spec
         assert [f.as_dict() for f in spec.fields] == m.get("fields", [])
         assert spec.header == bytes([0x52, 0x4C, DOC["version"], m["id"]])
+        assert spec.payload_frame == m.get("payload_frame", False)
+    # the bus's two messages of three frames (SPEC §17.1.1), and no other
+    assert sorted(n for n, s in P.MESSAGES.items() if s.payload_frame) == ["DELIVER", "PUBLISH"]
 
 
 def test_limits_are_those_of_messages_json() -> None:

@@ -1,5 +1,6 @@
 """The codec against protocol/vectors: every golden vector decodes to its listed meaning and
-re-encodes byte for byte; every invalid vector is refused with its code."""
+re-encodes byte for byte; every invalid vector is refused with its code. A vector of PUBLISH
+or DELIVER travels in three frames, its payload frame in ``payload_hex`` (SPEC §17.1.1)."""
 
 from __future__ import annotations
 
@@ -38,23 +39,45 @@ def meaning(v: Any) -> Any:
     return v.value() if isinstance(v, P.Raw) else v
 
 
+def frames_of(vec: Dict[str, Any]) -> List[bytes]:
+    """The frames a vector travels in: header, body and, when it has one, its payload."""
+    out = [bytes.fromhex(vec["header_hex"]), bytes.fromhex(vec["body_hex"])]
+    if "payload_hex" in vec:
+        out.append(bytes.fromhex(vec["payload_hex"]))
+    return out
+
+
+def payload_of(vec: Dict[str, Any]) -> Any:
+    return bytes.fromhex(vec["payload_hex"]) if "payload_hex" in vec else None
+
+
+@pytest.mark.parametrize("vec", VALID + INVALID, ids=[v["name"] for v in VALID + INVALID])
+def test_payload_hex_is_given_exactly_for_payload_frame_messages(vec: Dict[str, Any]) -> None:
+    spec = P.BY_ID[bytes.fromhex(vec["header_hex"])[3]]
+    assert ("payload_hex" in vec) == spec.payload_frame
+
+
 @pytest.mark.parametrize("vec", VALID, ids=[v["name"] for v in VALID])
 def test_valid_vector_round_trip(vec: Dict[str, Any]) -> None:
-    head, body = bytes.fromhex(vec["header_hex"]), bytes.fromhex(vec["body_hex"])
-    m = P.decode([head, body])
+    frames = tuple(frames_of(vec))
+    m = P.decode(frames)
     assert m.name == vec["type"]
     assert {k: meaning(x) for k, x in m.fields.items()} == from_json(vec["fields"])
+    assert m.payload == payload_of(vec)
     # byte for byte from the decoded message (verbatim fields as the bytes received) ...
-    assert P.encode(m.name, m.fields) == (head, body)
+    assert P.encode(m.name, m.fields, m.payload) == frames
     # ... and from the plain meaning (the vectors are canonical)
-    assert P.encode(vec["type"], from_json(vec["fields"])) == (head, body)
+    assert P.encode(vec["type"], from_json(vec["fields"]), payload_of(vec)) == frames
+    if len(frames) == 3:  # the payload frame is part of the message: without it, 400
+        with pytest.raises(P.ProtocolError) as err:
+            P.decode(frames[:2])
+        assert err.value.code == 400
 
 
 @pytest.mark.parametrize("vec", INVALID, ids=[v["name"] for v in INVALID])
 def test_invalid_vector_refused(vec: Dict[str, Any]) -> None:
-    head, body = bytes.fromhex(vec["header_hex"]), bytes.fromhex(vec["body_hex"])
     with pytest.raises(P.ProtocolError) as err:
-        P.decode([head, body])
+        P.decode(frames_of(vec))
     assert err.value.code == vec["error_code"], err.value.reason
 
 
@@ -70,12 +93,12 @@ def test_event_vector_round_trip(vec: Dict[str, Any]) -> None:
 @pytest.mark.parametrize("vec", VALID, ids=[v["name"] for v in VALID])
 def test_encoded_once_writes_the_vector(vec: Dict[str, Any]) -> None:
     """A message encoded once ahead of sending (P.Encoded) travels as the same bytes."""
-    head, body = bytes.fromhex(vec["header_hex"]), bytes.fromhex(vec["body_hex"])
+    body = bytes.fromhex(vec["body_hex"])
     fields = from_json(vec["fields"])
     P.check_body(vec["type"], fields)
     e = P.Encoded(vec["type"], fields)
     assert e.body == body and dict(e) == fields
-    assert P.encode(vec["type"], e) == (head, body)
+    assert P.encode(vec["type"], e, payload_of(vec)) == tuple(frames_of(vec))
 
 
 def test_encoded_and_check_body_refuse_what_encode_refuses() -> None:

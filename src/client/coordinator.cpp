@@ -305,7 +305,7 @@ struct coordinator::impl {
   // of difference from the count known here, so a lost report or a reconnection with its
   // snapshot still leaves the user's own tally right. The count steps with each call.
   void on_capacity(const codec::capacity& c) {
-    if (c.kind == role::coordinator) return;
+    if (c.kind != role::collector && c.kind != role::learner) return;  // not a worker kind
     const bool collector = c.kind == role::collector;
     const auto step = [&](bool up) {
       {
@@ -388,7 +388,7 @@ std::string coordinator::last_error() const {
 
 std::optional<submit_result> coordinator::submit(const task_spec& t,
                                                  std::chrono::milliseconds timeout) {
-  if (t.kind == role::coordinator)
+  if (t.kind != role::collector && t.kind != role::learner)
     throw std::invalid_argument("a task's kind is collector or learner");
   {
     std::lock_guard lock(impl_->io.mu());

@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -149,6 +150,17 @@ TEST_CASE("a refused submit says why", "[coordinator]") {
   CHECK_FALSE(dup->accepted);
   CHECK(dup->code == 411);
   CHECK_THAT(dup->reason, Catch::Contains("same"));
+}
+
+TEST_CASE("a task's kind is a worker's: coordinator and bus are refused at once", "[coordinator]") {
+  broker::server_thread b(test_config());
+  coordinator_options co;
+  co.endpoint = b.get().router_endpoint();
+  coordinator coord(co, {});
+  REQUIRE(coord.wait_for(connection_state::ready, 5s));
+  CHECK_THROWS_AS(coord.submit(spec("c", role::coordinator)), std::invalid_argument);
+  CHECK_THROWS_AS(coord.submit(spec("n", role::bus)), std::invalid_argument);
+  CHECK(coord.submit(spec("l", role::learner))->accepted);
 }
 
 TEST_CASE("an attempt that fails is reported and the task re-run", "[coordinator]") {

@@ -2,11 +2,13 @@
 // one JSON object per line on stdout. The Python test suite feeds it the same bytes it
 // gives the Python codec and checks that both codecs agree.
 //
-// Input lines (hex is case-insensitive; an empty body is written as "-"):
-//   <header_hex> <body_hex>              a ROUTER message
-//   event <topic_hex> <body_hex>         a PUB event body published under a topic
+// Input lines (hex is case-insensitive; an empty body or payload is written as "-"):
+//   <header_hex> <body_hex>                a ROUTER message of two frames
+//   <header_hex> <body_hex> <payload_hex>  one of three: a payload frame after the body
+//   event <topic_hex> <body_hex>           a PUB event body published under a topic
 // Output, one line per input line:
 //   {"ok":true,"type":<id>,"body":"<canonical re-encoding, hex>"}
+//   {"ok":true,"type":<id>,"body":"...","payload":"<hex>"}   (a message of three frames)
 //   {"ok":false,"code":<SPEC §6 code>,"reason":"..."}
 // A line that is not in the format above gets {"ok":false,"code":0,"reason":"bad input ..."}.
 #include <cstdint>
@@ -65,15 +67,23 @@ json refused(const codec::decode_error& e) {
   return refused(static_cast<std::uint16_t>(e.code), e.reason);
 }
 
-// A ROUTER message: header checks as the broker makes them (SPEC §3.2, §3.3), then the body.
-json message_verdict(std::string_view header, std::string_view body) {
+// A ROUTER message: header checks as the broker makes them (SPEC §3.2, §3.3), the frame
+// count its type asks for (a payload frame for PUBLISH and DELIVER only, §17.1.1), then the
+// body.
+json message_verdict(std::string_view header, std::string_view body,
+                     const std::optional<std::string>& payload) {
   const auto h = codec::parse_header(header);
   if (!h) return refused(400, "header frame must be 4 bytes starting 'RL'");
   if (h->version != codec::protocol_version)
     return refused(405, "protocol version " + std::to_string(h->version) + " is not 1");
+  if (codec::has_payload_frame(h->type) != payload.has_value())
+    return refused(400, payload ? "a payload frame on a message that has none"
+                                : "a message of this type has a payload frame");
   auto r = codec::decode_body(h->type, body);
   if (!r) return refused(r.error());
-  return json{{"ok", true}, {"type", h->type}, {"body", to_hex(codec::encode_body(r.value()))}};
+  json out{{"ok", true}, {"type", h->type}, {"body", to_hex(codec::encode_body(r.value()))}};
+  if (payload) out["payload"] = to_hex(*payload);
+  return out;
 }
 
 json event_verdict(std::string_view topic, std::string_view body) {
@@ -95,8 +105,11 @@ json verdict(const std::string& line) {
   }
   const auto header = from_hex(a);
   const auto body = from_hex(b.empty() ? "-" : b);
-  if (!header || !body || !c.empty()) return refused(0, "bad input: message line");
-  return message_verdict(*header, *body);
+  std::optional<std::string> payload;
+  if (!c.empty()) payload = from_hex(c);
+  if (!header || !body || (!c.empty() && !payload) || !extra.empty())
+    return refused(0, "bad input: message line");
+  return message_verdict(*header, *body, payload);
 }
 
 }  // namespace
@@ -107,7 +120,9 @@ int main(int argc, char** argv) {
     std::cout << "usage: rlbus-codec-dump < lines\n"
                  "Reads one message per line from stdin and prints the C++ codec's verdict\n"
                  "on it as one JSON object per line.\n"
-                 "  <header_hex> <body_hex>        a ROUTER message ('-' for an empty body)\n"
+                 "  <header_hex> <body_hex> [<payload_hex>]\n"
+                 "                                 a ROUTER message ('-' for an empty body\n"
+                 "                                 or payload), a payload frame after it\n"
                  "  event <topic_hex> <body_hex>   an event body under a topic\n"
                  "Prints {\"ok\":true,\"type\":N,\"body\":\"<canonical hex>\"} or\n"
                  "{\"ok\":false,\"code\":N,\"reason\":\"...\"}.\n";
