@@ -400,8 +400,10 @@ class Session:
                 self._close_socket()
                 self._set_state(REFUSED, detail)  # our fields are wrong: retrying cannot help
             elif msg["code"] == _NOT_READY and self.state == READY:
-                self.token = 0  # the broker no longer knows us (it restarted)
-                self._retry_later("broker lost our session: " + detail)
+                # This connection is not our session's: the socket reconnected by itself (a
+                # cut link) or the broker restarted. HELLO again with the token: the session
+                # resumes if the broker holds it, else a new one begins (SPEC §8.4).
+                self._retry_later("broker does not know this connection: " + detail)
             else:
                 self._on_state(self.state, detail)  # nothing changes but last_error
                 self._deliver(msg)

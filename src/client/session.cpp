@@ -229,9 +229,11 @@ void session::handle(codec::message&& m, util::time_point now) {
       close_socket();
       set_state(connection_state::refused, detail);  // our version or fields are wrong
     } else if (e->code == code(codec::error_code::not_ready) && state_ == connection_state::ready) {
-      // The broker no longer knows us (it restarted): introduce ourselves again.
-      token_ = 0;
-      retry_later(now, "broker lost our session: " + detail);
+      // This connection is not our session's: the socket reconnected by itself (a cut link)
+      // and the broker sees a new connection, or the broker restarted. Introduce ourselves
+      // again with the token: the session resumes if the broker still holds it, and a token it
+      // does not know begins a new one (SPEC §8.4).
+      retry_later(now, "broker does not know this connection: " + detail);
     } else {
       set_state(state_, detail);
     }

@@ -41,6 +41,9 @@ _MARK_ENV = "RLBUS_DITASK_MQ"  # set while a runner of ours runs; children inher
 _CONNECT_TIMEOUT_S = 30.0
 _MAX_EARLY = 100_000  # publications kept before listen() connected
 
+# The broker the last runner started for itself (None if it named one): for tests and tools.
+last_embedded: Any = None
+
 
 def _node_id() -> str:
     host = "".join(c if c.isalnum() or c in "._-" else "-" for c in socket.gethostname())[:48]
@@ -196,7 +199,8 @@ def _patched_runner(original: Any) -> Any:
             embedded = None
             try:
                 if endpoint_from(kwargs.get("address"), kwargs.get("ports")) is None:
-                    embedded = Broker().start()
+                    global last_embedded
+                    embedded = last_embedded = Broker().start()
                     os.environ[ENDPOINT_ENV] = embedded.router
                     log.info("rlbus: no broker named ($%s, address): started one for this run "
                              "at %s", ENDPOINT_ENV, embedded.router)
@@ -214,11 +218,26 @@ def _patched_runner(original: Any) -> Any:
     return runner
 
 
+def nng_attach_to(local_id: int, topology: Any, attach_to: Any) -> list:
+    """What DI-engine's nng parser would give a worker as ``attach_to``: the workers before it
+    in a mesh, the first one in a star, none when alone, then the caller's own. The broker
+    connects everyone, so only its length matters (Parallel counts a Barrier's peers by it);
+    the runner's own workers stand in as ``rlbus:worker<k>``."""
+    own = list(attach_to or [])
+    if topology == "mesh":
+        return [f"rlbus:worker{k}" for k in range(local_id)] + own
+    if topology == "star" and local_id > 0:
+        return ["rlbus:worker0"] + own
+    return own
+
+
 def _patched_run(original: Any) -> Any:
     @functools.wraps(original)
     def _run(self: Any, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("mq_type") == _CARRIER and os.environ.get(_MARK_ENV) == MQ_TYPE:
             kwargs["mq_type"] = MQ_TYPE
+            kwargs["attach_to"] = nng_attach_to(kwargs.get("local_id", 0),
+                                                kwargs.get("topology"), kwargs.get("attach_to"))
         return original(self, *args, **kwargs)
     _run.__rlbus__ = True  # type: ignore[attr-defined]
     return _run

@@ -22,7 +22,7 @@ import pytest
 from . import zmq_mq
 from .helpers import wait_until
 
-DEFAULT_MQ_TYPES = "zmqpubsub"
+DEFAULT_MQ_TYPES = "rlbus,zmqpubsub"
 MQ_TYPES = [t.strip() for t in os.environ.get("DITASK_MQ_TYPES", DEFAULT_MQ_TYPES).split(",")
             if t.strip()]
 
@@ -75,7 +75,17 @@ def _redis(monkeypatch):
         proc.wait(10)
 
 
-SETUPS = {"zmqpubsub": _zmqpubsub, "redis": _redis}
+@contextlib.contextmanager
+def _rlbus(monkeypatch):
+    """One broker for the test's runners (some tests start several, which must meet), named to
+    them by $RLBUS_ENDPOINT; test_embedded_broker covers a runner that names none."""
+    from rlbus import Broker
+    with Broker() as broker:
+        monkeypatch.setenv("RLBUS_ENDPOINT", broker.router)
+        yield {}
+
+
+SETUPS = {"rlbus": _rlbus, "zmqpubsub": _zmqpubsub, "redis": _redis}
 
 
 @pytest.fixture(params=MQ_TYPES)
