@@ -157,3 +157,37 @@ def test_key_files_are_checked_before_anything_connects(tmp_path, keys: Dict[str
         rlbus.CurveKeys("short", k.secret_key, k.server_key)
     with pytest.raises(ValueError, match="curve"):
         rlbus.Worker("tcp://127.0.0.1:1", role="collector", id="x", run=run, curve="keys")
+
+
+def test_bus_nodes_need_the_bus_role_and_keep_to_their_topic_prefixes(tmp_path) -> None:
+    """SPEC §15.3, §17.8: a key's `topics` bound what its nodes publish and subscribe to."""
+    keys = {s: keygen(tmp_path, s) for s in ("broker", "ditask", "coll")}
+    allow = allowlist(tmp_path, [
+        entry(keys["ditask"], '"bus"') + 'topics = ["task.", "model_exchanger"]\n',
+        entry(keys["coll"], '"collector"')])
+    broker = Broker(["--curve-key", keys["broker"] + ".key", "--allowlist", allow])
+    curve = {s: rlbus.curve_keys_from_files(keys[s] + ".key", keys["broker"] + ".pub")
+             for s in ("ditask", "coll")}
+    try:
+        a = rlbus.Bus(broker.router, "node-a", curve=curve["ditask"])
+        b = rlbus.Bus(broker.router, "node-b", curve=curve["ditask"])
+        stranger = rlbus.Bus(broker.router, "node-c", curve=curve["coll"])
+        try:
+            assert a.wait_ready(DEADLINE) and b.wait_ready(DEADLINE), a.last_error
+            b.subscribe("task.", prefix=True)
+            with pytest.raises(rlbus.BusError) as e:
+                b.subscribe("", prefix=True)  # every topic: more than the key may
+            assert e.value.code == 431
+            a.publish("secrets", b"refused")       # ERROR 431, delivered to nobody
+            a.publish("task.finish", b"allowed")
+            got = b.recv(timeout=DEADLINE)
+            assert got is not None and got.payload == b"allowed"
+            assert wait_until(lambda: a.errors == 1, DEADLINE)
+            # a key without the role bus gets no session as a node
+            assert wait_until(lambda: stranger.state == "refused" or "431" in stranger.last_error,
+                              DEADLINE), stranger.state
+        finally:
+            for n in (a, b, stranger):
+                n.close(2)
+    finally:
+        broker.stop()

@@ -72,7 +72,7 @@ std::variant<codec::blob, refusal> server::ops_answer(const codec::ops& op, util
   if (op.verb == "workers") {
     std::vector<const peer*> workers;
     peers_.for_each([&](const peer& q) {
-      if (q.role == rlbus::role::coordinator) return;
+      if (q.role == rlbus::role::coordinator || q.role == rlbus::role::bus) return;
       if (op.kind && to_string(q.role) != *op.kind) return;
       workers.push_back(&q);
     });
@@ -122,7 +122,7 @@ std::variant<codec::blob, refusal> server::ops_answer(const codec::ops& op, util
     if (!op.worker) return missing(op.verb, "worker");
     const auto& id = *op.worker;
     const peer* q = peers_.by_id(id);
-    if (q == nullptr || q->role == rlbus::role::coordinator)
+    if (q == nullptr || q->role == rlbus::role::coordinator || q->role == rlbus::role::bus)
       return refusal{codec::error_code::no_such_peer,
                      fmt::format("no worker '{}' has a session", id)};
     if (op.verb == "evict") {
@@ -139,6 +139,7 @@ std::variant<codec::blob, refusal> server::ops_answer(const codec::ops& op, util
     const auto w = tasks_.worker_state(id).value_or(task_manager::worker_view{});
     return codec::map_writer(2).str("worker", id).str("task", w.task).done();
   }
+  if (op.verb == "topics") return ops_topics(limit, offset);
   // set (the decoder allows no other verb)
   if (!op.key) return missing(op.verb, "key");
   if (!op.value) return missing(op.verb, "value");
@@ -167,6 +168,39 @@ std::variant<codec::blob, refusal> server::ops_answer(const codec::ops& op, util
   ++changes_total_;
   if (changes_.size() > ops_changes_kept) changes_.pop_front();
   return codec::map_writer(3).str("key", *op.key).str("value", *op.value).str("was", was).done();
+}
+
+// The topic bus (SPEC §17): the busiest topics first, and the nodes that lag most first, one
+// page of each.
+codec::blob server::ops_topics(std::size_t limit, std::size_t offset) const {
+  const auto topics = bus_.topics(offset + limit);
+  const auto nodes = bus_.nodes(offset + limit);
+  const auto counts = bus_.counts();
+  std::vector<codec::blob> t_items, n_items;
+  for (std::size_t i = offset; i < topics.size(); ++i)
+    t_items.push_back(codec::map_writer(4)
+                          .str("topic", topics[i].topic)
+                          .uint("messages", topics[i].messages)
+                          .uint("bytes", topics[i].bytes)
+                          .uint("subscribers", topics[i].subscribers)
+                          .done());
+  for (std::size_t i = offset; i < nodes.size(); ++i)
+    n_items.push_back(codec::map_writer(8)
+                          .str("id", nodes[i].id)
+                          .uint("subscriptions", nodes[i].subscriptions)
+                          .uint("queued", nodes[i].queued)
+                          .uint("queued_bytes", nodes[i].queued_bytes)
+                          .uint("acked", nodes[i].acked)
+                          .uint("next_seq", nodes[i].next_seq)
+                          .uint("published", nodes[i].published)
+                          .boolean("held_back", nodes[i].held_back)
+                          .done());
+  return codec::map_writer(4)
+      .array("topics", t_items)
+      .uint("topics_total", bus_.topics_tracked())
+      .array("nodes", n_items)
+      .uint("nodes_total", counts.nodes)
+      .done();
 }
 
 codec::blob server::ops_status(util::time_point now) const {

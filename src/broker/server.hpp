@@ -117,6 +117,7 @@ class server : private task_sink, private bus_sink {
   void on_ops(std::string_view routing_id, peer* p, zmq::message_t& body, util::time_point now);
   std::variant<codec::blob, refusal> ops_answer(const codec::ops& op, util::time_point now);
   [[nodiscard]] codec::blob ops_status(util::time_point now) const;
+  [[nodiscard]] codec::blob ops_topics(std::size_t limit, std::size_t offset) const;
   struct change {  // a setting an operator changed (§16.5)
     std::string key, value, was;
     util::time_point at;

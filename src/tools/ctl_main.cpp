@@ -201,8 +201,30 @@ void print_tasks(const json& r) {
     std::printf("(%zu of %s shown: --limit)\n", rows.size(), r.at("total").dump().c_str());
 }
 
+void print_topics(const json& r) {
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& t : r.at("topics"))
+    rows.push_back({text_of(t.at("topic")), t.at("messages").dump(), t.at("bytes").dump(),
+                    t.at("subscribers").dump()});
+  table({"TOPIC", "MESSAGES", "BYTES", "SUBSCRIBERS"}, rows);
+  if (r.at("topics_total").get<std::size_t>() > rows.size())
+    std::printf("(%zu of %s topics shown: --limit)\n", rows.size(),
+                r.at("topics_total").dump().c_str());
+  std::puts("");
+  rows.clear();
+  for (const auto& n : r.at("nodes"))
+    rows.push_back({text_of(n.at("id")), n.at("subscriptions").dump(), n.at("queued").dump(),
+                    n.at("queued_bytes").dump(), n.at("published").dump(),
+                    n.at("held_back").get<bool>() ? "held back" : "-"});
+  table({"NODE", "SUBSCRIPTIONS", "LAG", "LAG BYTES", "PUBLISHED", "CREDIT"}, rows);
+  if (r.at("nodes_total").get<std::size_t>() > rows.size())
+    std::printf("(%zu of %s nodes shown, the laggiest first: --limit)\n", rows.size(),
+                r.at("nodes_total").dump().c_str());
+}
+
 void print_human(const std::string& verb, const json& r) {
   if (verb == "status") return print_status(r);
+  if (verb == "topics") return print_topics(r);
   if (verb == "workers") return print_workers(r);
   if (verb == "tasks") return print_tasks(r);
   const auto task = r.value("task", std::string());
@@ -254,6 +276,8 @@ int main(int argc, char** argv) {
   app.add_subcommand("status", "uptime, peers by role, tasks, streams, counters");
   auto* workers = app.add_subcommand("workers", "every worker session, with its task");
   auto* tasks = app.add_subcommand("tasks", "live tasks, queued first, in queue order");
+  auto* topics = app.add_subcommand(
+      "topics", "the topic bus: the busiest topics, and its nodes, the laggiest first");
   auto* watch = app.add_subcommand("watch", "status and workers, refreshed in place");
   auto* drain = app.add_subcommand("drain", "give WORKER no new task (its task runs on)");
   auto* undrain = app.add_subcommand("undrain", "let a drained WORKER get tasks again");
@@ -271,6 +295,8 @@ int main(int argc, char** argv) {
     c->add_option("--limit", limit, "most entries (1..10000; default 1000)")
         ->check(CLI::Range(1U, 10'000U));
   }
+  topics->add_option("--limit", limit, "most topics and nodes shown (1..1000; default 1000)")
+      ->check(CLI::Range(1U, 1000U));
   tasks->add_option("--state", state, "queued, starting, running or closing")
       ->check(CLI::IsMember({"queued", "starting", "running", "closing"}));
   tasks->add_option("--coordinator", coordinator, "only this coordinator's tasks");

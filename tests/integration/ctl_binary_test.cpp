@@ -233,3 +233,34 @@ TEST_CASE("rlbus-ctl set lists the settings that may change at run time", "[bina
   for (const auto& s : broker::settings())
     if (!s.live) CHECK_THAT(out, !Catch::Contains(" " + s.key() + ","));
 }
+
+TEST_CASE("rlbus-ctl topics shows the bus's topics and the nodes that lag", "[binary][ctl]") {
+  running_broker b;
+  zmq::context_t ctx;
+  raw_peer pub(ctx, b.router), slow(ctx, b.router);
+  pub.introduce("learner-node", role::bus, 30'000);
+  slow.introduce("collector-node", role::bus, 30'000);
+  slow.send(codec::subscribe{1, "model_exchanger", false, false, false});
+  REQUIRE(slow.recv_a<codec::subscribed>());
+  for (std::uint64_t i = 1; i <= 3; ++i) pub.send(codec::publish{i, "model_exchanger"}, "w");
+  pub.send(codec::publish{4, "task.finish"}, "");
+  // Nothing is acknowledged: the subscriber lags by three deliveries.
+  REQUIRE(wait_until([&] {
+    const auto r = ctl_json(b, {"topics"});
+    return r.at("nodes").size() == 2 && r.at("nodes")[0].at("queued") == 3;
+  }));
+  const auto r = ctl_json(b, {"topics"});
+  CHECK(r.at("topics")[0].at("topic") == "model_exchanger");  // the busiest first
+  CHECK(r.at("topics")[0].at("messages") == 3);
+  CHECK(r.at("topics")[0].at("subscribers") == 1);
+  CHECK(r.at("topics_total") == 2);
+  CHECK(r.at("nodes")[0].at("id") == "collector-node");  // the laggiest first
+  CHECK(r.at("nodes")[1].at("published") == 4);
+  const auto [code, table] = ctl(b, {"topics", "--limit", "1"});
+  CHECK(code == 0);
+  CHECK_THAT(table, Catch::Contains("TOPIC") && Catch::Contains("model_exchanger") &&
+                        Catch::Contains("collector-node") && Catch::Contains("(1 of 2 topics"));
+  const auto status = ctl_json(b, {"status"});
+  CHECK(status.at("peers").at("bus") == 2);
+  CHECK(status.at("bus").at("published") == 4);
+}

@@ -166,3 +166,37 @@ TEST_CASE("the broker binary's /metrics counts what it serves", "[binary][metric
   REQUIRE(code);
   CHECK(*code == 0);
 }
+
+TEST_CASE("/metrics counts the topic bus by topic and the nodes that lag", "[binary][metrics]") {
+  const auto port = free_port();
+  child broker(binary_from_env("RLBUS_BROKER_BIN"),
+               {"--router", "tcp://127.0.0.1:0", "--events", "tcp://127.0.0.1:0", "--metrics-port",
+                std::to_string(port), "--status-interval", "100"});
+  const auto line = broker.wait_for_line("rlbus-broker listening", 10s);
+  INFO(broker.output());
+  REQUIRE(line);
+  const auto from = line->find("router=") + 7;
+  const auto router = line->substr(from, line->find(' ', from) - from);
+  zmq::context_t ctx;
+  raw_peer pub(ctx, router), sub(ctx, router);
+  pub.introduce("pub", role::bus, 30'000);
+  sub.introduce("sub", role::bus, 30'000);
+  sub.send(codec::subscribe{1, "model", false, false, false});
+  REQUIRE(sub.recv_a<codec::subscribed>());
+  pub.send(codec::publish{1, "model"}, std::string(1000, 'w'));
+  pub.send(codec::publish{2, "model"}, std::string(1000, 'w'));
+  httplib::Client client("http://127.0.0.1:" + std::to_string(port));
+  std::map<std::string, double> samples;
+  REQUIRE(wait_until([&] {  // as of the status tick after the publications
+    const auto r = client.Get("/metrics");
+    if (!r || r->status != 200) return false;
+    samples = parse_exposition(r->body);
+    return samples["rlbus_bus_published_total"] == 2;
+  }));
+  CHECK(samples.at("rlbus_peers{role=\"bus\"}") == 2);
+  CHECK(samples.at("rlbus_bus_published_bytes_total") == 2000);
+  CHECK(samples.at("rlbus_bus_topic_messages_total{topic=\"model\"}") == 2);
+  CHECK(samples.at("rlbus_bus_topic_subscribers{topic=\"model\"}") == 1);
+  CHECK(samples.at("rlbus_bus_node_lag{node=\"sub\"}") == 2);  // nothing acknowledged
+  CHECK(samples.at("rlbus_bus_dropped_total") == 0);
+}
