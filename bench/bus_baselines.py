@@ -11,6 +11,13 @@ Backends (one class each; another MQ is one more class in BACKENDS):
   bare    bare pyzmq PUB/SUB, direct: every node binds a PUB, its SUB connects to the others'
   proxy   pyzmq PUB/SUB through an XSUB/XPUB forwarder (zmq.proxy) in its own process: the
           tests' zmqpubsub MQ (python/tests/ditask/zmq_mq.py)
+  rlbus   rlbus.Bus (python/rlbus/bus.py) through an rlbus-broker this script starts on free
+          loopback ports (rlbus.Broker; $RLBUS_BROKER names the binary): every node a Bus,
+          subscribe() a subscription at the broker, publish() with no timeout (held back by
+          the broker's credit, never dropped). Skipped if no broker binary is found
+  ditask  rlbus.compat.ditask.RlbusMQ, what DI-engine's Parallel would drive (one Bus per
+          node, subscribed to every topic, filtered by the subscribe() calls); round trip
+          and msgs_1to1 only, against a broker of its own
 
 Measurements, each a row (backend, metric, median, unit):
 
@@ -26,7 +33,12 @@ A rate counts from the moment the publishers start to the last message received;
 lost in a rate row is reported beside it. Publishers first send probes until the subscriber
 has heard each of them, so subscriptions are in place when timing starts.
 
-Usage: bench/bus_baselines.py [--quick] [--backends redis,bare,proxy] [--trials N] [--json PATH]
+After the rows, a summary puts each metric's medians side by side, with the rlbus and ditask
+rows' ratios to the redis shape (and to the proxy for MB/s), and the targets rlbus is held to
+beside what was measured (printed, never asserted).
+
+Usage: bench/bus_baselines.py [--quick] [--backends redis,bare,proxy,rlbus,ditask]
+                              [--trials N] [--json PATH]
 """
 
 import argparse
@@ -43,10 +55,11 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DITASK = os.path.join(ROOT, "python", "tests", "ditask")
-sys.path[:0] = [os.path.join(DITASK, "standin"), DITASK]
+sys.path[:0] = [os.path.join(DITASK, "standin"), DITASK, os.path.join(ROOT, "python")]
 
 import zmq  # noqa: E402
 
@@ -72,11 +85,19 @@ class Backend:
     an MQ object for one node (called in that node's process), ``stop()``."""
 
     name = "?"
+    metrics = None  # the metrics it is measured on (prefixes of the row names); None: all
 
     @staticmethod
     def unavailable():
         """None, or why this backend cannot run here."""
         return None
+
+    def describe(self):
+        """None, or a line on how it was set up (printed with its rows)."""
+        return None
+
+    def wants(self, metric):
+        return self.metrics is None or any(metric.startswith(m) for m in self.metrics)
 
     def start(self):
         pass
@@ -231,7 +252,97 @@ class ProxyBackend(Backend):
         self.proc.join(10)
 
 
-BACKENDS = {b.name: b for b in (RedisBackend, BareBackend, ProxyBackend)}
+class BusMQ(MQ):
+    """The MQ interface over one :class:`rlbus.bus.Bus` node, as thin as it goes: listen()
+    waits for the session, subscribe() is a subscription at the broker (in force when it
+    returns), publish() waits for credit as long as it takes, stop() flushes and closes (a
+    blocked recv returns None). ``lost`` afterwards: what the broker reported dropped."""
+
+    def __init__(self, endpoint, id):
+        from rlbus.bus import Bus
+        self._bus = Bus(endpoint, id)
+        self.lost = 0
+
+    def listen(self):
+        if not self._bus.wait_ready(30):
+            raise RuntimeError(f"no session with the broker: {self._bus.last_error}")
+
+    def subscribe(self, topic):
+        self._bus.subscribe(topic)
+
+    def unsubscribe(self, topic):
+        self._bus.unsubscribe(topic)
+
+    def publish(self, topic, data):
+        try:
+            self._bus.publish(topic, data, timeout=None)
+        except RuntimeError:  # stopped meanwhile
+            pass
+
+    def recv(self):
+        msg = self._bus.recv()
+        return None if msg is None else (msg.topic, msg.payload)
+
+    def stop(self):
+        self._bus.close(timeout=30)
+        self.lost = self._bus.lost
+
+
+class RlbusBackend(Backend):
+    """A broker of the bench's own on free loopback ports; every node a Bus."""
+
+    name = "rlbus"
+    # Broker flags beyond what rlbus.Broker passes (--drain-ms 0), printed with the rows
+    # (--rlbus-broker-args to change them). With the defaults (64 MiB bus-queue-bytes, 256 MiB
+    # bus-memory) a 64 MiB payload loses deliveries: a publisher's credit is 64 PUBLISH of up
+    # to max-message (1 MiB) each, 64 MiB in flight against a 64 MiB queue, and the broker drops
+    # what passes it (reported as gaps). A queue four times as large holds it.
+    broker_args = ("--bus-queue-bytes", str(256 << 20), "--bus-memory", str(512 << 20))
+
+    @staticmethod
+    def unavailable():
+        try:
+            from rlbus._broker import find_broker
+            find_broker()
+        except (ImportError, FileNotFoundError) as exc:
+            return f"no rlbus broker: {exc}"
+        return None
+
+    def start(self):
+        from rlbus._broker import Broker
+        self.broker = Broker(list(self.broker_args)).start()
+
+    def describe(self):
+        return (f"broker {os.path.basename(self.broker.binary)} "
+                f"{' '.join(self.broker_args) or '(bus settings: the defaults)'}")
+
+    def nodes(self, n):
+        tag = uuid.uuid4().hex[:8]
+        return [{"endpoint": self.broker.router, "id": f"bench-{tag}-{i}"} for i in range(n)]
+
+    @staticmethod
+    def open(config):
+        return BusMQ(**config)
+
+    def stop(self):
+        self.broker.stop()
+
+
+class DitaskBackend(RlbusBackend):
+    name = "ditask"
+    metrics = ("rtt_64B", "msgs_1to1")
+
+    def nodes(self, n):
+        return [{"rlbus_endpoint": self.broker.router}] * n
+
+    @staticmethod
+    def open(config):
+        from rlbus.compat.ditask import RlbusMQ
+        return RlbusMQ(**config)
+
+
+BACKENDS = {b.name: b for b in (RedisBackend, BareBackend, ProxyBackend, RlbusBackend,
+                                DitaskBackend)}
 
 
 # -- node processes --------------------------------------------------------------------------------
@@ -383,7 +494,7 @@ def measure_rtt(backend, n):
 def stream(backend, publishers, count, size, rate=None, slow_factor=None):
     """``publishers`` processes each send ``count`` messages to this process. Returns
     (messages received, seconds from go to the last one, distinct per publisher, slowest
-    publisher's sending time)."""
+    publisher's sending time, what the receiving MQ says it lost or None if it cannot)."""
     ctx = multiprocessing.get_context("spawn")
     configs = backend.nodes(publishers + 1)
     go = ctx.Event()
@@ -438,49 +549,71 @@ def stream(backend, publishers, count, size, rate=None, slow_factor=None):
     while not sent.empty():
         send_times.append(sent.get()[1])
     elapsed = (state["last"] - state["t0"]) if state["t0"] else float("nan")
-    return received, elapsed, [len(s) for s in seen], max(send_times, default=float("nan"))
+    return (received, elapsed, [len(s) for s in seen], max(send_times, default=float("nan")),
+            getattr(mq, "lost", None))
 
 
 def measure_rates(backend, opts):
     rows = []
     cases = [("msgs_1to1", 1, opts.count, 64), ("msgs_4to1", 4, opts.count // 4, 64)]
     for metric, pubs, count, size in cases:
-        rates, lost = [], []
+        if not backend.wants(metric):
+            continue
+        rates, lost, reported = [], [], []
         for _ in range(opts.trials):
-            received, elapsed, distinct, _ = stream(backend, pubs, count, size)
+            received, elapsed, distinct, _, said = stream(backend, pubs, count, size)
             rates.append(received / elapsed if received and elapsed > 0 else 0.0)
             lost.append(pubs * count - sum(distinct))
+            reported.append(said)
         rows.append((metric, statistics.median(rates), "msg/s",
-                     {"sent": pubs * count, "lost": lost, "trials": rates}))
+                     _extra({"sent": pubs * count, "lost": lost, "trials": rates}, reported)))
     sizes = [(1 << 20, opts.mib_count)] + ([] if opts.quick else [(64 << 20, 3)])
     for size, count in sizes:
-        rates, lost = [], []
+        metric = f"MBps_{size >> 20}MiB"
+        if not backend.wants(metric):
+            continue
+        rates, lost, reported = [], [], []
         for _ in range(opts.trials):
-            received, elapsed, distinct, _ = stream(backend, 1, count, size)
+            received, elapsed, distinct, _, said = stream(backend, 1, count, size)
             rates.append(received * size / MB / elapsed if received and elapsed > 0 else 0.0)
             lost.append(count - sum(distinct))
-        rows.append((f"MBps_{size >> 20}MiB", statistics.median(rates), "MB/s",
-                     {"sent": count, "lost": lost, "trials": rates}))
+            reported.append(said)
+        rows.append((metric, statistics.median(rates), "MB/s",
+                     _extra({"sent": count, "lost": lost, "trials": rates}, reported)))
     return rows
 
 
+def _extra(extra, reported):
+    """``reported``: per trial, the receiver's own count of what it lost (None: not known)."""
+    if any(r is not None for r in reported):
+        extra["reported_lost"] = reported
+    return extra
+
+
 def measure_slow(backend, opts):
+    if not backend.wants("lost_slow_sub"):
+        return []
     count = int(opts.slow_rate * opts.slow_seconds)
-    lost, send_rate = [], []
+    lost, send_rate, reported, took = [], [], [], []
     for _ in range(opts.trials):
-        received, elapsed, distinct, send_time = stream(
+        received, elapsed, distinct, send_time, said = stream(
             backend, 1, count, opts.slow_size, rate=opts.slow_rate, slow_factor=10)
         lost.append(count - sum(distinct))
-        send_rate.append(count / send_time if send_time > 0 else float("nan"))
-    return [("lost_slow_sub", statistics.median(lost), "msgs",
-             {"sent": count, "size": opts.slow_size, "publisher_rate": opts.slow_rate,
-              "achieved_send_rate": send_rate, "trials": lost})]
+        send_rate.append(round(count / send_time, 1) if send_time > 0 else float("nan"))
+        reported.append(said)
+        took.append(round(elapsed, 2))
+    return [("lost_slow_sub", statistics.median(lost), "msgs", _extra(
+        {"sent": count, "size": opts.slow_size, "publisher_rate": opts.slow_rate,
+         "achieved_send_rate": send_rate, "seconds": took, "trials": lost}, reported))]
 
 
 def run_backend(backend, opts):
     backend.start()
     try:
-        rows = measure_rtt(backend, opts.round_trips)
+        note = backend.describe()
+        if note:
+            print(f"{backend.name:<8} {note}", flush=True)
+        rows = measure_rtt(backend, opts.round_trips) if backend.wants("rtt_64B") else []
         rows += measure_rates(backend, opts)
         rows += measure_slow(backend, opts)
     finally:
@@ -488,20 +621,137 @@ def run_backend(backend, opts):
     return rows
 
 
+METRICS = ("rtt_64B_median", "rtt_64B_p99", "msgs_1to1", "msgs_4to1", "MBps_1MiB",
+           "MBps_64MiB", "lost_slow_sub")
+OURS = ("rlbus", "ditask")  # the backends whose ratios and targets the summary shows
+
+
+def _ratio(a, b):
+    if a is None or not b:
+        return None
+    return a / b
+
+
+def _fmt(v, width, digits=1):
+    if v is None:
+        return f"{'-':>{width}}"
+    if isinstance(v, float) and abs(v) < 10 and digits == 1:
+        return f"{v:{width}.2f}"
+    return f"{v:{width}.{digits}f}"
+
+
+def _lost_total(row):
+    lost = row.get("lost")
+    if isinstance(lost, list):
+        return sum(lost)
+    return lost if lost is not None else row.get("median")
+
+
+def summarize(rows):
+    """The medians side by side, the ratios of ours to the redis shape (and to the proxy for
+    MB/s), and the targets beside what was measured. Prints it; returns it for the JSON."""
+    table = {}
+    for r in rows:
+        table.setdefault(r["metric"], {})[r["backend"]] = r
+    names = [b for b in BACKENDS if any(b in by for by in table.values())]
+    ours = [b for b in OURS if b in names]
+    ratio_cols = [(b, "redis") for b in ours] + [(b, "proxy") for b in ours]
+    head = f"{'metric':<15} {'unit':<6}" + "".join(f"{b:>10}" for b in names) \
+        + "".join(f"{b + '/' + base:>13}" for b, base in ratio_cols)
+    print()
+    print("summary: medians; ratios to the redis shape, and to the proxy for MB/s (for us,")
+    print("below 1 is faster; for msg/s and MB/s, above 1 is more)")
+    print(head)
+    out = {"medians": {}, "ratios": {}, "targets": []}
+    for metric in METRICS:
+        by = table.get(metric)
+        if not by:
+            continue
+        unit = next(iter(by.values()))["unit"]
+        line = f"{metric:<15} {unit:<6}"
+        out["medians"][metric] = {b: by[b]["median"] for b in by}
+        for b in names:
+            line += _fmt(by[b]["median"], 10) if b in by else f"{'':>10}"
+        for b, base in ratio_cols:
+            want = (base == "redis" and not metric.startswith("lost")) \
+                or (base == "proxy" and metric.startswith("MBps"))
+            r = _ratio(by.get(b, {}).get("median"), by.get(base, {}).get("median")) \
+                if want else None
+            if r is not None:
+                out["ratios"].setdefault(metric, {})[f"{b}/{base}"] = r
+            line += _fmt(r, 13) if want and b in by and base in by else f"{'':>13}"
+        print(line)
+
+    def med(b, metric):
+        return table.get(metric, {}).get(b, {}).get("median")
+
+    print()
+    print("targets (reported, never asserted):")
+    checks = []
+    for b in ours:
+        rtt = med(b, "rtt_64B_median")
+        if rtt is not None:
+            checks.append((b, "round trip <= 200 us", f"{rtt:.1f} us", rtt <= 200))
+        r1, red = med(b, "msgs_1to1"), med("redis", "msgs_1to1")
+        if r1 is not None:
+            if red:
+                checks.append((b, "msgs_1to1 >= 10x redis",
+                               f"{r1:.0f} msg/s = {r1 / red:.2f}x redis ({red:.0f})",
+                               r1 >= 10 * red))
+            else:
+                checks.append((b, "msgs_1to1 >= 10x redis", f"{r1:.0f} msg/s (no redis row)",
+                               None))
+        slow = table.get("lost_slow_sub", {}).get(b)
+        if slow is not None:
+            red_lost = med("redis", "lost_slow_sub")
+            said = f"{slow['median']:.0f} lost" + (
+                f" (redis lost {red_lost:.0f})" if red_lost is not None else "")
+            checks.append((b, "0 lost with a slow subscriber", said, slow["median"] == 0))
+        mib, prox = med(b, "MBps_1MiB"), med("proxy", "MBps_1MiB")
+        if mib is not None:
+            if prox:
+                checks.append((b, "1 MiB MB/s >= 0.7x proxy",
+                               f"{mib:.1f} MB/s = {mib / prox:.2f}x proxy ({prox:.1f})",
+                               mib >= 0.7 * prox))
+            else:
+                checks.append((b, "1 MiB MB/s >= 0.7x proxy", f"{mib:.1f} MB/s (no proxy row)",
+                               None))
+        mine = [r for r in rows if r["backend"] == b]
+        if mine:
+            total = sum(_lost_total(r) or 0 for r in mine)
+            checks.append((b, "0 lost in every row",
+                           f"{total:.0f} lost over {len(mine)} rows", total == 0))
+    for b, target, got, met in checks:
+        verdict = "-" if met is None else ("met" if met else "MISSED")
+        print(f"  {b:<7} {target:<31} {got:<44} {verdict}")
+        out["targets"].append({"backend": b, "target": target, "measured": got, "met": met})
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small counts, one trial (< 30 s)")
+    ap.add_argument("--quick", action="store_true", help="small counts, one trial (< 40 s)")
     ap.add_argument("--backends", default=",".join(BACKENDS))
     ap.add_argument("--trials", type=int, default=None, help="trials per rate (3; quick 1)")
     ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     ap.add_argument("--slow-size", type=int, default=16 << 10)
+    ap.add_argument("--rlbus-broker-args", metavar="FLAGS", default=None,
+                    help="the rlbus and ditask backends' broker flags, one string ('' for "
+                         "the broker's defaults; default: "
+                         f"{' '.join(RlbusBackend.broker_args)})")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny counts, one trial, no 64 MiB row: checks the harness (seconds)")
     opts = ap.parse_args(argv)
-    opts.trials = opts.trials or (1 if opts.quick else 3)
-    opts.round_trips = 300 if opts.quick else 2000
-    opts.count = 4000 if opts.quick else 20000
-    opts.mib_count = 20 if opts.quick else 100
+    if opts.rlbus_broker_args is not None:
+        RlbusBackend.broker_args = tuple(opts.rlbus_broker_args.split())
+    short = opts.quick or opts.smoke
+    opts.quick = short
+    opts.trials = opts.trials or (1 if short else 3)
+    opts.round_trips = 30 if opts.smoke else 300 if short else 2000
+    opts.count = 400 if opts.smoke else 4000 if short else 20000
+    opts.mib_count = 4 if opts.smoke else 20 if short else 100
     opts.slow_rate = 4000
-    opts.slow_seconds = 1.0 if opts.quick else 3.0
+    opts.slow_seconds = 0.1 if opts.smoke else 1.0 if short else 3.0
     _quiet()
     report = {"host": socket.gethostname(), "cpus": os.cpu_count(), "quick": opts.quick,
               "rows": [], "skipped": {}}
@@ -517,12 +767,15 @@ def main(argv=None):
         for metric, value, unit, extra in run_backend(cls(), opts):
             shown = "-" if value is None else f"{value:12.1f}"
             notes = ", ".join(f"{k}={v}" for k, v in extra.items()
-                              if k in ("lost", "sent", "achieved_send_rate")
+                              if k in ("lost", "sent", "achieved_send_rate", "reported_lost",
+                                       "seconds")
                               and not isinstance(v, float))
-            print(f"{name:<8} {metric:<16} {shown:>12}  {unit:<6}  {notes}")
+            print(f"{name:<8} {metric:<16} {shown:>12}  {unit:<6}  {notes}", flush=True)
             report["rows"].append({"backend": name, "metric": metric, "median": value,
                                    "unit": unit, **extra})
-        print(f"{name:<8} ({time.monotonic() - t0:.1f} s)")
+        print(f"{name:<8} ({time.monotonic() - t0:.1f} s)", flush=True)
+    if report["rows"]:
+        report["summary"] = summarize(report["rows"])
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -464,7 +464,9 @@ class Bus:
             done = self._join(msg, seq)
             if done is not None:
                 self._inbox.append((seq, done))
-                self._cv.notify()
+                # all: a publish() waiting for room waits on this condition too, and a
+                # notify() that woke it alone would leave recv() asleep beside the message
+                self._cv.notify_all()
             elif not self._inbox:
                 self._consumed = seq  # absorbed into a partial, or dropped
             if not self._inbox and self._consumed - self._ack_sent >= _ACK_EVERY:

@@ -1,6 +1,8 @@
 """rlbus-bench's Python rows, run small: the harness starts every side (the Python SDK, the
 bare pyzmq loop through the proxy, the HTTP baseline), measures each row beside its
-baselines and reports nothing lost. It checks the harness, never a figure."""
+baselines and reports nothing lost. And bench/bus_baselines.py's rlbus backends, run for a
+second or so: every row is there, with its loss counted. It checks the harnesses, never a
+figure."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from conftest import BUILD_DIR, ROOT
 
 SCRIPT = os.path.join(ROOT, "bench", "python_bench.py")
 BENCH = os.path.join(BUILD_DIR, "bench", "rlbus-bench")
+BUS_SCRIPT = os.path.join(ROOT, "bench", "bus_baselines.py")
+BROKER = os.path.join(BUILD_DIR, "src", "rlbus-broker")
 
 
 def test_python_rows_are_measured_beside_their_baselines(tmp_path) -> None:
@@ -39,3 +43,29 @@ def test_python_rows_are_measured_beside_their_baselines(tmp_path) -> None:
         assert thr["params"]["items_per_trial"] > 0
     # the table names every row
     assert "throughput  2 coll." in r.stdout and "latency" in r.stdout
+
+
+def test_bus_baselines_rlbus_rows_are_printed(tmp_path) -> None:
+    if not os.access(BROKER, os.X_OK):
+        pytest.skip(f"rlbus-broker not built: {BROKER}")
+    out = tmp_path / "bus.json"
+    env = dict(os.environ, RLBUS_BROKER=BROKER)
+    r = subprocess.run([sys.executable, BUS_SCRIPT, "--smoke", "--backends", "rlbus,ditask",
+                        "--json", str(out)], capture_output=True, text=True, timeout=120,
+                       env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(out.read_text())
+    rows = {(row["backend"], row["metric"]): row for row in report["rows"]}
+    rlbus = {"rtt_64B_median", "rtt_64B_p99", "msgs_1to1", "msgs_4to1", "MBps_1MiB",
+             "lost_slow_sub"}
+    assert {m for b, m in rows if b == "rlbus"} == rlbus
+    assert {m for b, m in rows if b == "ditask"} == {"rtt_64B_median", "rtt_64B_p99",
+                                                     "msgs_1to1"}
+    for (backend, metric), row in rows.items():
+        assert row["median"] is not None, (backend, metric)
+        assert "lost" in row or metric == "lost_slow_sub", (backend, metric)
+        assert f"{backend:<8} {metric:<16}" in r.stdout
+    # the summary and the targets name our rows
+    assert "summary:" in r.stdout and "targets (reported, never asserted):" in r.stdout
+    assert {t["backend"] for t in report["summary"]["targets"]} == {"rlbus", "ditask"}
+    assert "rlbus    broker rlbus-broker" in r.stdout
