@@ -11,7 +11,8 @@ namespace rlbus::broker {
 
 namespace {
 
-constexpr std::size_t delivery_overhead = 64;     // what a delivery costs a queue besides its bytes
+constexpr std::size_t delivery_overhead = 64;  // what a delivery costs a queue besides its bytes
+constexpr std::size_t max_topic_cost = codec::max_topic_length + delivery_overhead;
 constexpr std::size_t max_tracked_topics = 1024;  // topics counted by name; the rest as one
 
 bool allowed(topic_bus::topic_rights rights, std::string_view topic) {
@@ -245,6 +246,7 @@ std::optional<refusal> topic_bus::on_publish(const std::string& id, const codec:
   pub->part = p.part;
   pub->more = p.more;
   pub->payload = std::make_shared<bus_payload>(std::move(payload), total_);
+  n->largest = std::max(n->largest, pub->payload->size());
   counts_.published++;
   counts_.published_bytes += pub->payload->size();
   count_topic(p.topic, pub->payload->size());
@@ -373,13 +375,24 @@ bool topic_bus::held_back(const node& publisher) const {
   });
 }
 
+// Credit counts PUBLISH, but what a queue must hold is bytes: a node whose publications are
+// large gets fewer at a time, so that what it may send ahead stays within a quarter of a
+// queue's bound (counted at its largest payload so far, max-message before its first).
+std::uint64_t topic_bus::chunk(const node& publisher) const {
+  const auto size = (publisher.largest == 0 ? cfg_.max_message : publisher.largest) +
+                    publisher.id.size() + max_topic_cost;
+  const auto fits = cfg_.bus_queue_bytes / 4 / std::max<std::size_t>(size, 1);
+  return std::clamp<std::uint64_t>(fits, 2, std::max<std::uint64_t>(cfg_.bus_credit, 2));
+}
+
 // Tops the publisher up once it has used half of what it held (SPEC §17.4.2), unless the
 // queues its publications sit in are filling up: then it waits in `waiting_`.
 bool topic_bus::grant(node& publisher, bool always_send) {
   const auto remaining = publisher.pub_limit - publisher.pub_acked;
-  if (remaining * 2 <= cfg_.bus_credit) {
+  const auto size = chunk(publisher);
+  if (remaining * 2 <= size) {
     if (!held_back(publisher)) {
-      publisher.pub_limit = publisher.pub_acked + cfg_.bus_credit;
+      publisher.pub_limit = publisher.pub_acked + size;
       waiting_.erase(publisher.id);
       always_send = true;
     } else {

@@ -158,6 +158,7 @@ class topic_bus {
     std::map<std::pair<bool, std::string>, bool> subs;  // (prefix, topic) -> echo
     // as a publisher
     std::uint64_t pub_acked = 0, pub_limit = 0;
+    std::size_t largest = 0;  // the largest payload it published (0: none yet)
     std::optional<open_run> open;
     std::unordered_map<std::string, std::uint32_t> held_by;  // subscriber -> my deliveries there
     // as a subscriber
@@ -198,6 +199,8 @@ class topic_bus {
   void flush(node& n);
   /// True when it sent PUBLISH_CREDIT.
   bool grant(node& publisher, bool always_send);
+  /// The PUBLISH a grant tops `publisher` up by (SPEC §17.4.2).
+  [[nodiscard]] std::uint64_t chunk(const node& publisher) const;
   [[nodiscard]] bool held_back(const node& publisher) const;
   void retry_waiting();
   void retain(const pub_ref& pub);
