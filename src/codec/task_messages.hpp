@@ -584,8 +584,8 @@ struct data_lost {
 // ---- operations (SPEC §16): not task messages, but written and read by the same machinery
 
 /// The verbs of OPS (§16.3), and the words its filters take.
-inline constexpr std::array<std::string_view, 8> ops_verbs{
-    "status", "workers", "tasks", "drain", "undrain", "evict", "set", "topics"};
+inline constexpr std::array<std::string_view, 8> ops_verbs{"status",  "workers", "tasks", "drain",
+                                                           "undrain", "evict",   "set",   "topics"};
 inline constexpr std::array<std::string_view, 4> ops_states{"queued", "starting", "running",
                                                             "closing"};
 

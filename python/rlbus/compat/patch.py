@@ -13,6 +13,7 @@ ding.worker. Without DI-engine installed it does nothing and returns False.
 """
 
 import importlib
+import importlib.util
 import logging
 import sys
 
@@ -50,6 +51,15 @@ def _try_import(name):
         return None
 
 
+def _has_module(name):
+    """Whether `name` can be imported, without importing it (ding.worker must not be
+    imported before the Slave is swapped)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def patch_dingengine():
     """Installs the rlbus MQ (mq_type "rlbus") into an importable `ding.framework`, and the
     rlbus Slave and CommCoordinator into its legacy parallel mode.
@@ -61,7 +71,7 @@ def patch_dingengine():
         return False
     from . import ditask
     framework = ditask.install()
-    if _try_import("ding.worker") is None and _try_import("ding.interaction") is None:
+    if not _has_module("ding.interaction") and not _has_module("ding.worker"):
         return framework  # a DI-engine without the legacy parallel mode
     late = [m for m in _COMM_MODULES if m in sys.modules]
     if late:
