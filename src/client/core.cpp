@@ -119,6 +119,9 @@ void core::run(role_hooks hooks) {
       },
       [&hooks](codec::message&& m) {
         if (hooks.on_message) hooks.on_message(std::move(m));
+      },
+      [&hooks](codec::message&& m, zmq::message_t&& payload) {
+        if (hooks.on_payload_message) hooks.on_payload_message(std::move(m), std::move(payload));
       });
   const auto flush = [&] {
     std::lock_guard lock(mu_);

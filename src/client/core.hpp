@@ -40,6 +40,9 @@ class core {
     /// on_extra returns whether to keep watching it.
     int extra_fd = -1;
     std::function<bool()> on_extra;
+    /// I/O thread, mu() not held: a message that came with a payload frame (DELIVER) and the
+    /// frame. Unset: such messages are dropped.
+    std::function<void(codec::message&&, zmq::message_t&&)> on_payload_message;
   };
 
   /// `opts` must be valid (validate()). At most `max_outbox` messages wait in the outbox.

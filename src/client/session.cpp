@@ -57,11 +57,12 @@ void validate(const session_options& o) {
 }
 
 session::session(zmq::context_t& ctx, session_options opts, state_callback on_state,
-                 message_callback on_message)
+                 message_callback on_message, payload_callback on_payload)
     : ctx_(ctx),
       opts_(std::move(opts)),
       on_state_(std::move(on_state)),
       on_message_(std::move(on_message)),
+      on_payload_(std::move(on_payload)),
       heartbeat_(opts_.heartbeat),
       jitter_(std::random_device{}()) {}
 
@@ -177,23 +178,33 @@ void session::on_readable(util::time_point now) {
   while (socket_) {
     zmq::message_t head;
     if (!socket_->recv(head, zmq::recv_flags::dontwait)) return;
+    // [header][body], or [header][body][payload] for a DELIVER (SPEC §17.1.1); frames past the
+    // third are read and dropped.
     zmq::message_t body;
+    zmq::message_t payload;
     std::size_t frames = 1;
     bool more = head.more();
     while (more) {
       zmq::message_t extra;
-      (void)socket_->recv(frames == 1 ? body : extra, zmq::recv_flags::none);
-      more = (frames == 1 ? body : extra).more();
+      auto& into = frames == 1 ? body : frames == 2 ? payload : extra;
+      (void)socket_->recv(into, zmq::recv_flags::none);
+      more = into.more();
       ++frames;
     }
     const auto h = codec::parse_header({head.data<char>(), head.size()});
-    if (frames != 2 || !h || h->version != codec::protocol_version) {
+    const bool with_payload = h && codec::has_payload_frame(h->type);
+    if (!h || frames != (with_payload ? 3U : 2U) || h->version != codec::protocol_version) {
       spdlog::debug("{}: ignored a malformed message from the broker", opts_.id);
       continue;
     }
     auto m = codec::decode_body(h->type, {body.data<char>(), body.size()});
     if (!m) {
       spdlog::debug("{}: ignored a broker message: {}", opts_.id, m.error().reason);
+      continue;
+    }
+    if (with_payload) {
+      if (state_ == connection_state::ready) broker_deadline_ = now + broker_silence();
+      if (on_payload_) on_payload_(std::move(m).value(), std::move(payload));
       continue;
     }
     handle(std::move(m).value(), now);
@@ -263,6 +274,10 @@ bool session::send_ready(const codec::message& m) {
   return state_ == connection_state::ready && send(m);
 }
 
+bool session::send_ready(const codec::message& m, const payload_frame& payload) {
+  return state_ == connection_state::ready && send(m, &payload);
+}
+
 void session::on_timers(util::time_point now) {
   if (reconnect_at_ && now >= *reconnect_at_) {
     reconnect_at_.reset();
@@ -304,14 +319,33 @@ void session::stop() {
   set_state(connection_state::stopped, "");
 }
 
-bool session::send(const codec::message& m) {
+bool session::send(const codec::message& m, const payload_frame* payload) {
   if (!socket_) return false;
   out_.clear();
   codec::encode_body(m, out_);
   const auto header = codec::make_header(codec::type_of(m));
   if (!socket_->send(zmq::buffer(header), zmq::send_flags::sndmore | zmq::send_flags::dontwait))
     return false;
-  util::send_last_frame(*socket_, out_);
+  if (payload == nullptr) {
+    util::send_last_frame(*socket_, out_);
+    return true;
+  }
+  // The frames after the first of a message are always taken.
+  socket_->send(zmq::const_buffer(out_.data(), out_.size()), zmq::send_flags::sndmore);
+  const std::string_view bytes =
+      std::string_view(*payload->bytes).substr(payload->offset, payload->size);
+  if (bytes.size() < util::zero_copy_from) {
+    socket_->send(zmq::const_buffer(bytes.data(), bytes.size()), zmq::send_flags::none);
+    return true;
+  }
+  // The message holds a reference of its own to the bytes, dropped by libzmq once sent.
+  using ref = std::shared_ptr<const std::string>;
+  auto held = std::make_unique<ref>(payload->bytes);
+  zmq::message_t frame(
+      const_cast<char*>(bytes.data()), bytes.size(),
+      [](void* /*data*/, void* hint) { delete static_cast<ref*>(hint); }, held.get());
+  (void)held.release();  // the message owns it now
+  socket_->send(frame, zmq::send_flags::none);
   return true;
 }
 

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -37,6 +38,15 @@ struct session_options {
 /// Throws std::invalid_argument naming the first bad option.
 void validate(const session_options& o);
 
+/// The payload frame of a PUBLISH (SPEC §17.1.1): `size` bytes at `offset` of `bytes`, kept
+/// alive until libzmq has sent them, so a large payload (or a fragment of one) is not copied
+/// on its way out, however many times it is sent.
+struct payload_frame {
+  std::shared_ptr<const std::string> bytes;
+  std::size_t offset = 0;
+  std::size_t size = 0;
+};
+
 class session {
  public:
   /// Called on every state change (and on an ERROR that changes nothing) with the session
@@ -48,11 +58,17 @@ class session {
   /// with each WELCOME that makes the session ready (after the state callback).
   using message_callback = std::function<void(codec::message&&)>;
 
+  /// Called with every message that comes with a payload frame (DELIVER, SPEC §17.1.1) and
+  /// that frame; such messages never reach the message callback.
+  using payload_callback = std::function<void(codec::message&&, zmq::message_t&&)>;
+
   session(zmq::context_t& ctx, session_options opts, state_callback on_state,
-          message_callback on_message = {});
+          message_callback on_message = {}, payload_callback on_payload = {});
 
   /// Sends one message if the session is ready; false otherwise (nothing is queued).
   bool send_ready(const codec::message& m);
+  /// The same with a payload frame after the body (PUBLISH).
+  bool send_ready(const codec::message& m, const payload_frame& payload);
 
   /// Opens the socket and sends HELLO.
   void start(util::time_point now);
@@ -87,12 +103,13 @@ class session {
   [[nodiscard]] connection_state waiting_state() const noexcept {
     return welcomed_ ? connection_state::reconnecting : connection_state::connecting;
   }
-  bool send(const codec::message& m);
+  bool send(const codec::message& m, const payload_frame* payload = nullptr);
 
   zmq::context_t& ctx_;
   session_options opts_;
   state_callback on_state_;
   message_callback on_message_;
+  payload_callback on_payload_;
   std::optional<zmq::socket_t> socket_;
   std::optional<zmq::socket_t> monitor_;  // the socket's handshake failures
   unsigned sockets_opened_ = 0;
