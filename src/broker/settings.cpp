@@ -122,8 +122,8 @@ std::vector<setting> make_table() {
        "counts once), with the same rules as queue-bytes",
        &c::bus_memory, 4096, std::uint64_t{1} << 44U, any, "bytes", "bus-memory"},
       {"bus", "retain-bytes",
-       "payload bytes kept as topics' last values for nodes that subscribe later (0 = none); "
-       "the oldest is forgotten past it",
+       "bytes kept as topics' last values for nodes that subscribe later (each its payload, "
+       "topic and publisher, 0 = none); the oldest is forgotten past it",
        &c::bus_retain_bytes, 0, std::uint64_t{1} << 40U, any, "bytes", "bus-retain-bytes"},
       {"bus", "max-subscriptions",
        "most subscriptions of one node; more are refused (440 TOO_MANY_SUBSCRIPTIONS)",

@@ -426,14 +426,16 @@ void topic_bus::retry_waiting() {
 
 // ---- retained values ----------------------------------------------------------------------
 
+// Each value counts its topic and bookkeeping besides its payload, so that many small values
+// are bounded as a few large ones are.
 void topic_bus::retain(const pub_ref& pub) {
   if (const auto it = retained_.find(pub->topic); it != retained_.end()) {
-    retained_bytes_ -= it->second.pub->payload->size();
+    retained_bytes_ -= it->second.pub->cost();
     retain_order_.erase(it->second.order);
     retained_.erase(it);
   }
-  const auto size = pub->payload->size();
-  if (size == 0 || size > cfg_.bus_retain_bytes) return;  // empty clears (SPEC §17.7)
+  const auto size = pub->cost();
+  if (pub->payload->size() == 0 || size > cfg_.bus_retain_bytes) return;  // empty clears
   const auto order = ++retain_clock_;
   retained_.emplace(pub->topic, retained_value{pub, order});
   retain_order_.emplace(order, pub->topic);
@@ -441,7 +443,7 @@ void topic_bus::retain(const pub_ref& pub) {
   while (retained_bytes_ > cfg_.bus_retain_bytes && !retain_order_.empty()) {
     const auto oldest = retain_order_.begin();
     const auto it = retained_.find(oldest->second);
-    retained_bytes_ -= it->second.pub->payload->size();
+    retained_bytes_ -= it->second.pub->cost();
     retained_.erase(it);
     retain_order_.erase(oldest);
     counts_.retain_evicted++;
