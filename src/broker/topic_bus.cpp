@@ -106,15 +106,22 @@ void topic_bus::answer(const node& n, std::uint64_t req, std::optional<codec::er
                        codec::subscribed{req, !refused, code, std::move(reason), n.subs.size()});
 }
 
+// The rules SUBSCRIBE and UNSUBSCRIBE share (SPEC §17.8 rules 2 and 3): an ERROR to answer
+// (inner refusal), a SUBSCRIBED refusal already sent (inner nullopt), or nothing to refuse.
+std::optional<std::optional<refusal>> topic_bus::refuse_request(const node& n, std::uint64_t req,
+                                                                const std::string& topic,
+                                                                bool prefix, topic_rights rights) {
+  if (topic.empty() && !prefix)
+    return refusal{codec::error_code::bad_field, "an empty topic is a prefix (of every topic)"};
+  if (allowed(rights, topic)) return std::nullopt;
+  answer(n, req, codec::error_code::unauthorized,
+         fmt::format("this node's key may not use topic '{}'", topic));
+  return std::optional<refusal>{};
+}
+
 std::optional<refusal> topic_bus::subscribe(node& n, const codec::subscribe& s,
                                             topic_rights rights) {
-  if (s.topic.empty() && !s.prefix)
-    return refusal{codec::error_code::bad_field, "an empty topic is a prefix (of every topic)"};
-  if (!allowed(rights, s.topic)) {
-    answer(n, s.req, codec::error_code::unauthorized,
-           fmt::format("this node's key may not use topic '{}'", s.topic));
-    return std::nullopt;
-  }
+  if (auto refused = refuse_request(n, s.req, s.topic, s.prefix, rights)) return *refused;
   const auto key = std::make_pair(s.prefix, s.topic);
   const auto it = n.subs.find(key);
   if (it == n.subs.end() && n.subs.size() >= cfg_.bus_max_subscriptions) {
@@ -143,13 +150,7 @@ std::optional<refusal> topic_bus::subscribe(node& n, const codec::subscribe& s,
 
 std::optional<refusal> topic_bus::unsubscribe(node& n, const codec::unsubscribe& u,
                                               topic_rights rights) {
-  if (u.topic.empty() && !u.prefix)
-    return refusal{codec::error_code::bad_field, "an empty topic is a prefix (of every topic)"};
-  if (!allowed(rights, u.topic)) {
-    answer(n, u.req, codec::error_code::unauthorized,
-           fmt::format("this node's key may not use topic '{}'", u.topic));
-    return std::nullopt;
-  }
+  if (auto refused = refuse_request(n, u.req, u.topic, u.prefix, rights)) return *refused;
   if (n.subs.erase(std::make_pair(u.prefix, u.topic)) > 0) index_remove(n, u.prefix, u.topic);
   answer(n, u.req, std::nullopt, "");
   return std::nullopt;
@@ -259,14 +260,13 @@ std::optional<refusal> topic_bus::on_publish(const std::string& id, const codec:
     }
     for (node* r : to) enqueue(*r, pub);
   } else {
-    const auto run = *n->open;  // a copy: enqueue may end sessions' entries, never this run
+    for (const auto& r : n->open->recipients)  // enqueue leaves the run alone
+      if (node* to = find(r)) enqueue(*to, pub);
     if (p.more) {
       n->open->next_part++;
     } else {
       n->open.reset();
     }
-    for (const auto& r : run.recipients)
-      if (node* to = find(r)) enqueue(*to, pub);
   }
   if (p.retain) retain(pub);
   told();

@@ -182,6 +182,9 @@ class topic_bus {
   };
 
   node* find(std::string_view id);
+  std::optional<std::optional<refusal>> refuse_request(const node& n, std::uint64_t req,
+                                                       const std::string& topic, bool prefix,
+                                                       topic_rights rights);
   std::optional<refusal> subscribe(node& n, const codec::subscribe& s, topic_rights rights);
   std::optional<refusal> unsubscribe(node& n, const codec::unsubscribe& u, topic_rights rights);
   std::optional<refusal> bus_ack(node& n, std::uint64_t seq);
