@@ -8,7 +8,8 @@ queues:
 - lossless and in order per publisher, with flow control instead of drops: a node that
   falls behind slows its publishers down;
 - a node hears everything published from the moment ``listen()`` has returned, whatever it
-  subscribes to later (as DI-engine's nng queue does), and never its own messages;
+  subscribes to later (as DI-engine's nng queue does), and never its own messages; the latest
+  model a learner sent (``LATEST_WINS`` topics) reaches a node that listens after it too;
 - ``publish`` may be called before ``listen()`` (it is sent once connected), from any thread,
   and does not raise when peers are gone;
 - ``unsubscribe`` takes glob patterns (``task.*``); ``stop()`` flushes what was published
@@ -40,6 +41,9 @@ _CARRIER = "redis"  # the runner's own mq_type whose argument parser carries our
 _MARK_ENV = "RLBUS_DITASK_MQ"  # set while a runner of ours runs; children inherit it
 _CONNECT_TIMEOUT_S = 30.0
 _MAX_EARLY = 100_000  # publications kept before listen() connected
+# Topics where only the latest message matters (a learner's weights): the broker keeps the last
+# one, and a node whose listen() comes after it still gets it.
+LATEST_WINS = ("task.model_exchanger",)
 
 # The broker the last runner started for itself (None if it named one): for tests and tools.
 last_embedded: Any = None
@@ -88,7 +92,7 @@ class RlbusMQ:
                         "still trying", self.id, self.endpoint, _CONNECT_TIMEOUT_S,
                         bus.last_error or bus.state)
         try:
-            bus.subscribe("", prefix=True, timeout=_CONNECT_TIMEOUT_S)
+            bus.subscribe("", prefix=True, last=True, timeout=_CONNECT_TIMEOUT_S)
         except TimeoutError as exc:
             log.warning("rlbus MQ %s: %s", self.id, exc)
         with self._lock:
@@ -115,7 +119,7 @@ class RlbusMQ:
 
     def _publish(self, bus: Any, topic: str, data: bytes) -> None:
         try:
-            bus.publish(topic, data, timeout=None)
+            bus.publish(topic, data, retain=topic in LATEST_WINS, timeout=None)
         except RuntimeError:
             log.debug("rlbus MQ %s: publish on %r after stop", self.id, topic)
 
