@@ -18,6 +18,9 @@ Backends (one class each; another MQ is one more class in BACKENDS):
   ditask  rlbus.compat.ditask.RlbusMQ, what DI-engine's Parallel would drive (one Bus per
           node, subscribed to every topic, filtered by the subscribe() calls); round trip
           and msgs_1to1 only, against a broker of its own
+  cpp     rlbus::bus, the C++ SDK: `rlbus-bench bus-rows` (this build's, or --bench) makes
+          the same measurements with every node an rlbus::bus in a thread of its own,
+          against a broker of its own, and prints its rows for this script
 
 Measurements, each a row (backend, metric, median, unit):
 
@@ -37,8 +40,9 @@ After the rows, a summary puts each metric's medians side by side, with the rlbu
 rows' ratios to the redis shape (and to the proxy for MB/s), and the targets rlbus is held to
 beside what was measured (printed, never asserted).
 
-Usage: bench/bus_baselines.py [--quick] [--backends redis,bare,proxy,rlbus,ditask]
-                              [--trials N] [--json PATH]
+Usage: bench/bus_baselines.py [--quick] [--backends redis,bare,proxy,rlbus,ditask,cpp]
+                              [--trials N] [--json PATH] [--build DIR]
+  (or `rlbus-bench bus [ARGS]`, which runs this script with its build tree)
 """
 
 import argparse
@@ -341,8 +345,43 @@ class DitaskBackend(RlbusBackend):
         return RlbusMQ(**config)
 
 
+class CppBackend(RlbusBackend):
+    """rlbus::bus, the C++ SDK: ``rlbus-bench bus-rows`` makes the same measurements with every
+    node an rlbus::bus in a thread of its own (its own ZeroMQ context and I/O thread), against
+    the broker this backend starts, and prints its rows for this script to merge."""
+
+    name = "cpp"
+    bench = None  # the rlbus-bench binary: --bench, else $RLBUS_BENCH_BIN, else the build's
+
+    @classmethod
+    def unavailable(cls):
+        why = RlbusBackend.unavailable()
+        if why:
+            return why
+        if not cls.bench or not os.access(cls.bench, os.X_OK):
+            return f"no rlbus-bench binary at {cls.bench} (--bench or $RLBUS_BENCH_BIN)"
+        return None
+
+    def measure(self, opts):
+        cmd = [self.bench, "bus-rows", "--endpoint", self.broker.router,
+               "--trials", str(opts.trials), "--round-trips", str(opts.round_trips),
+               "--count", str(opts.count), "--mib-count", str(opts.mib_count),
+               "--big", "false" if opts.quick else "true",
+               "--slow-rate", str(opts.slow_rate), "--slow-seconds", str(opts.slow_seconds),
+               "--slow-size", str(opts.slow_size)]
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=1800)
+        rows = []
+        for line in proc.stdout.splitlines():
+            if line.startswith("rlbus-bench bus row "):
+                row = json.loads(line[len("rlbus-bench bus row "):])
+                rows.append((row.pop("metric"), row.pop("median"), row.pop("unit"), row))
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}")
+        return rows
+
+
 BACKENDS = {b.name: b for b in (RedisBackend, BareBackend, ProxyBackend, RlbusBackend,
-                                DitaskBackend)}
+                                DitaskBackend, CppBackend)}
 
 
 # -- node processes --------------------------------------------------------------------------------
@@ -613,6 +652,8 @@ def run_backend(backend, opts):
         note = backend.describe()
         if note:
             print(f"{backend.name:<8} {note}", flush=True)
+        if hasattr(backend, "measure"):  # a backend that measures itself (cpp)
+            return backend.measure(opts)
         rows = measure_rtt(backend, opts.round_trips) if backend.wants("rtt_64B") else []
         rows += measure_rates(backend, opts)
         rows += measure_slow(backend, opts)
@@ -623,7 +664,7 @@ def run_backend(backend, opts):
 
 METRICS = ("rtt_64B_median", "rtt_64B_p99", "msgs_1to1", "msgs_4to1", "MBps_1MiB",
            "MBps_64MiB", "lost_slow_sub")
-OURS = ("rlbus", "ditask")  # the backends whose ratios and targets the summary shows
+OURS = ("rlbus", "ditask", "cpp")  # the backends whose ratios and targets the summary shows
 
 
 def _ratio(a, b):
@@ -741,7 +782,15 @@ def main(argv=None):
                          f"{' '.join(RlbusBackend.broker_args)})")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny counts, one trial, no 64 MiB row: checks the harness (seconds)")
+    ap.add_argument("--build", default=os.environ.get("RLBUS_BUILD_DIR",
+                                                      os.path.join(ROOT, "build")),
+                    help="the build tree: its broker, unless $RLBUS_BROKER names one, and its "
+                         "rlbus-bench for the cpp rows (default: $RLBUS_BUILD_DIR, else build/)")
+    ap.add_argument("--bench", default=os.environ.get("RLBUS_BENCH_BIN"),
+                    help="the rlbus-bench binary (default: $RLBUS_BENCH_BIN, else the build's)")
     opts = ap.parse_args(argv)
+    os.environ["RLBUS_BUILD_DIR"] = os.path.abspath(opts.build)  # what find_broker looks at
+    CppBackend.bench = opts.bench or os.path.join(opts.build, "bench", "rlbus-bench")
     if opts.rlbus_broker_args is not None:
         RlbusBackend.broker_args = tuple(opts.rlbus_broker_args.split())
     short = opts.quick or opts.smoke

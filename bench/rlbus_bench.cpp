@@ -16,6 +16,7 @@
 #include <CLI/CLI.hpp>
 
 #include "baselines.hpp"
+#include "bus_rows.hpp"
 #include "http.hpp"
 #include "process.hpp"
 #include "report.hpp"
@@ -71,13 +72,14 @@ std::string shell_quoted(const std::string& s) {
   return out + "'";
 }
 
-// `rlbus-bench python [ARGS]`: the Python SDK's rows come from bench/python_bench.py, which
-// needs the Python package and runs this binary itself for the C++ SDK rows and the proxy.
+// `rlbus-bench python [ARGS]` and `rlbus-bench bus [ARGS]`: rows that come from a script of
+// bench/ (python_bench.py: the Python SDK's; bus_baselines.py: the topic bus's beside Redis
+// and pyzmq), which needs the Python package and runs this binary itself for its C++ rows.
 // ARGS go to it unchanged; it is told where this build is.
-int run_python_rows(const std::string& python, const std::vector<std::string>& args) {
+int run_script_rows(const std::string& python, const std::string& script,
+                    const std::vector<std::string>& args) {
   const auto build = std::filesystem::path(self_path()).parent_path().parent_path();
-  std::vector<std::string> words = {python,
-                                    std::string(RLBUS_SOURCE_DIR) + "/bench/python_bench.py",
+  std::vector<std::string> words = {python, std::string(RLBUS_SOURCE_DIR) + "/bench/" + script,
                                     "--build", build.lexically_normal().string()};
   words.insert(words.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -101,9 +103,11 @@ int draw_plots(const std::string& python, const std::string& json_path, const st
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Everything after `python` belongs to the script, --help included.
-  if (argc >= 2 && std::string(argv[1]) == "python")
-    return run_python_rows("/usr/bin/python3", std::vector<std::string>(argv + 2, argv + argc));
+  // Everything after `python` or `bus` belongs to the script, --help included.
+  if (argc >= 2 && (std::string(argv[1]) == "python" || std::string(argv[1]) == "bus"))
+    return run_script_rows("/usr/bin/python3",
+                           std::string(argv[1]) == "bus" ? "bus_baselines.py" : "python_bench.py",
+                           std::vector<std::string>(argv + 2, argv + argc));
   CLI::App app{
       "rlbus-bench: rlbus beside bare ZeroMQ, in one run on one machine.\n"
       "Starts the real broker and its baselines (a zmq_proxy, an echo server, and DI-engine's\n"
@@ -251,6 +255,25 @@ int main(int argc, char** argv) {
       "HTTP; the rest of the line goes to bench/python_bench.py (e.g. `python --quick`, "
       "`python --help`)");
   (void)python_cmd;  // listed for --help; main() hands `python ...` to the script first
+  auto* bus_cmd = app.add_subcommand(
+      "bus",
+      "the topic bus from Python and C++ beside DI-engine's Redis queue shape, bare pyzmq "
+      "PUB/SUB and a pyzmq forwarder; the rest of the line goes to bench/bus_baselines.py "
+      "(e.g. `bus --quick`, `bus --help`)");
+  (void)bus_cmd;
+  bus_rows_options bus_rows;
+  auto* bus_rows_cmd = app.add_subcommand("bus-rows", "bus: the C++ SDK's rows");
+  bus_rows_cmd->group("");  // hidden: bench/bus_baselines.py runs it
+  bus_rows_cmd->add_option("--endpoint", bus_rows.endpoint)->required();
+  bus_rows_cmd->add_option("--trials", bus_rows.trials)->check(CLI::Range(1, 1000));
+  bus_rows_cmd->add_option("--round-trips", bus_rows.round_trips)->check(CLI::Range(1, 10'000'000));
+  bus_rows_cmd->add_option("--count", bus_rows.count)->check(CLI::Range(4, 1'000'000'000));
+  bus_rows_cmd->add_option("--mib-count", bus_rows.mib_count)->check(CLI::Range(1, 100'000));
+  bus_rows_cmd->add_option("--big", bus_rows.big);
+  bus_rows_cmd->add_option("--slow-rate", bus_rows.slow_rate)->check(CLI::Range(1.0, 1e7));
+  bus_rows_cmd->add_option("--slow-seconds", bus_rows.slow_seconds)
+      ->check(CLI::Range(0.01, 3600.0));
+  bus_rows_cmd->add_option("--slow-size", bus_rows.slow_size)->check(CLI::Range(12, 1 << 30));
   (void)all;
 
   try {
@@ -266,6 +289,11 @@ int main(int argc, char** argv) {
     if (proxy_cmd->parsed()) return run_proxy_server(front, back);
     if (echo_cmd->parsed()) return run_echo_server(echo_bind);
     if (swarm_cmd->parsed()) return run_swarm(swarm);
+    if (bus_rows_cmd->parsed()) {
+      spdlog::set_default_logger(spdlog::stderr_color_mt("rlbus"));
+      spdlog::set_level(spdlog::level::err);
+      return run_bus_rows(bus_rows);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rlbus-bench: %s\n", e.what());
     return 1;

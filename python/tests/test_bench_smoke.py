@@ -1,7 +1,8 @@
 """rlbus-bench's Python rows, run small: the harness starts every side (the Python SDK, the
 bare pyzmq loop through the proxy, the HTTP baseline), measures each row beside its
-baselines and reports nothing lost. And bench/bus_baselines.py's rlbus backends, run for a
-second or so: every row is there, with its loss counted. It checks the harnesses, never a
+baselines and reports nothing lost. And the topic bus's rows (`rlbus-bench bus`, which runs
+bench/bus_baselines.py) from Python and C++, run for a few seconds: every row is there, with
+its loss counted. It checks the harnesses, never a
 figure."""
 
 from __future__ import annotations
@@ -45,27 +46,31 @@ def test_python_rows_are_measured_beside_their_baselines(tmp_path) -> None:
     assert "throughput  2 coll." in r.stdout and "latency" in r.stdout
 
 
-def test_bus_baselines_rlbus_rows_are_printed(tmp_path) -> None:
-    if not os.access(BROKER, os.X_OK):
-        pytest.skip(f"rlbus-broker not built: {BROKER}")
+def test_bus_rows_from_python_and_cpp_are_printed(tmp_path) -> None:
+    if not os.access(BENCH, os.X_OK) or not os.access(BROKER, os.X_OK):
+        pytest.skip(f"rlbus-bench or rlbus-broker not built in {BUILD_DIR}")
     out = tmp_path / "bus.json"
     env = dict(os.environ, RLBUS_BROKER=BROKER)
-    r = subprocess.run([sys.executable, BUS_SCRIPT, "--smoke", "--backends", "rlbus,ditask",
-                        "--json", str(out)], capture_output=True, text=True, timeout=120,
+    r = subprocess.run([BENCH, "bus", "--smoke", "--backends", "rlbus,ditask,cpp",
+                        "--json", str(out)], capture_output=True, text=True, timeout=180,
                        env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads(out.read_text())
     rows = {(row["backend"], row["metric"]): row for row in report["rows"]}
-    rlbus = {"rtt_64B_median", "rtt_64B_p99", "msgs_1to1", "msgs_4to1", "MBps_1MiB",
+    every = {"rtt_64B_median", "rtt_64B_p99", "msgs_1to1", "msgs_4to1", "MBps_1MiB",
              "lost_slow_sub"}
-    assert {m for b, m in rows if b == "rlbus"} == rlbus
+    assert {m for b, m in rows if b == "rlbus"} == every
+    assert {m for b, m in rows if b == "cpp"} == every  # --smoke: no 64 MiB row
     assert {m for b, m in rows if b == "ditask"} == {"rtt_64B_median", "rtt_64B_p99",
                                                      "msgs_1to1"}
     for (backend, metric), row in rows.items():
-        assert row["median"] is not None, (backend, metric)
+        assert row["median"] is not None and row["median"] >= 0, (backend, metric)
         assert "lost" in row or metric == "lost_slow_sub", (backend, metric)
         assert f"{backend:<8} {metric:<16}" in r.stdout
+    for b in ("rlbus", "cpp"):  # nothing lost: every message was counted by its sequence
+        assert rows[(b, "lost_slow_sub")]["median"] == 0
+        assert sum(rows[(b, "msgs_4to1")]["lost"]) == 0
     # the summary and the targets name our rows
     assert "summary:" in r.stdout and "targets (reported, never asserted):" in r.stdout
-    assert {t["backend"] for t in report["summary"]["targets"]} == {"rlbus", "ditask"}
+    assert {t["backend"] for t in report["summary"]["targets"]} == {"rlbus", "ditask", "cpp"}
     assert "rlbus    broker rlbus-broker" in r.stdout
