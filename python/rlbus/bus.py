@@ -40,6 +40,7 @@ log = logging.getLogger("rlbus.bus")
 
 _FRAGMENT_ROOM = 64 * 1024   # what a fragment leaves of max-message for its body (§17.10)
 _ACK_EVERY = 32              # deliveries taken between two BUS_ACKs (§17.4.3)
+_ACK_BYTES = 1 << 20         # or their payload bytes; fewer go with the I/O thread's next turn
 _MAX_QUEUED = 256            # publications waiting for credit before publish() blocks,
 _MAX_QUEUED_BYTES = 16 << 20  # or their bytes (one larger publication always fits)
 _MAX_TOPIC = 256
@@ -113,7 +114,11 @@ class Bus:
             raise ValueError(f"max_partial_bytes: expected a positive int, got "
                              f"{max_partial_bytes!r}")
         self._max_partial = max_partial_bytes
-        self._cv = threading.Condition()
+        # One lock, two conditions: publish() and flush() wait on _cv (credit, room, taken),
+        # recv() on _arrived, so that neither side's events wake the other's waiters.
+        lock = threading.Lock()
+        self._cv = threading.Condition(lock)
+        self._arrived = threading.Condition(lock)
         # publishing (under _cv; the I/O thread sends)
         self._outq: Deque[_Outgoing] = collections.deque()
         self._unacked: Deque[Tuple[int, Dict[str, Any], memoryview]] = collections.deque()
@@ -134,7 +139,9 @@ class Bus:
         self._taken = 0         # deliveries received (or reported lost) up to here
         self._consumed = 0      # all up to here handed to the caller or absorbed
         self._ack_sent = 0
-        self._ack_due = False
+        self._ack_posted = False  # an _io_ack is posted to the I/O thread
+        self._ack_lazy = False    # an ack is owed: sent on the I/O thread's next turn
+        self._owed_bytes = 0      # payload bytes handed out since the last BUS_ACK
         self.lost = 0           # deliveries and publications reported lost
         self.sessions_lost = 0  # new sessions after the first: in-flight messages gone
         self.errors = 0         # ERRORs the broker answered this node with
@@ -248,14 +255,19 @@ class Bus:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return None
-                self._cv.wait(left)
+                self._arrived.wait(left)
             _, msg = self._inbox.popleft()
             # everything before the next one waiting is taken (handed out, or absorbed)
             self._consumed = max(self._inbox[0][0] - 1, 0) if self._inbox else self._taken
-            post = not self._ack_due and (self._consumed - self._ack_sent >= _ACK_EVERY
-                                          or not self._inbox)
-            if post:
-                self._ack_due = True
+            self._owed_bytes += len(msg.payload)
+            # The window needs an ack every so often; the rest waits for the I/O thread's
+            # next turn (a delivery, a publish, a heartbeat) rather than waking it now.
+            post = False
+            if self._consumed - self._ack_sent >= _ACK_EVERY or self._owed_bytes >= _ACK_BYTES:
+                post = not self._ack_posted
+                self._ack_posted = True
+            elif self._consumed > self._ack_sent:
+                self._ack_lazy = True
         if post:
             self._core.post(self._io_ack)
         return msg
@@ -287,6 +299,7 @@ class Bus:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
+            self._arrived.notify_all()
             for r in self._requests.values():
                 r.done.set()
         self._core.close(timeout)
@@ -392,9 +405,10 @@ class Bus:
         if state == STOPPED:
             with self._cv:
                 self._cv.notify_all()
+                self._arrived.notify_all()
 
     def on_idle(self) -> None:
-        if self._ack_due:
+        if self._ack_lazy or self._ack_posted:
             self._io_ack()
 
     def on_close(self) -> None:
@@ -464,13 +478,10 @@ class Bus:
             done = self._join(msg, seq)
             if done is not None:
                 self._inbox.append((seq, done))
-                # all: a publish() waiting for room waits on this condition too, and a
-                # notify() that woke it alone would leave recv() asleep beside the message
-                self._cv.notify_all()
+                self._arrived.notify()
             elif not self._inbox:
                 self._consumed = seq  # absorbed into a partial, or dropped
-            if not self._inbox and self._consumed - self._ack_sent >= _ACK_EVERY:
-                self._ack_due = True
+                self._ack_lazy = True
 
     def _join(self, msg: P.Message, seq: int) -> Optional[BusMessage]:
         """Under _cv: the publication this delivery completes, if any."""
@@ -533,12 +544,13 @@ class Bus:
             self._partial_bytes = 0
             if not self._inbox:
                 self._consumed = last
-            self._ack_due = True
+            self._ack_lazy = True
         log.warning("bus %s: the broker dropped deliveries %d..%d", self.id, first, last)
 
     def _io_ack(self) -> None:
         with self._cv:
-            self._ack_due = False
+            self._ack_posted = self._ack_lazy = False
+            self._owed_bytes = 0
             upto = self._consumed
             if upto <= self._ack_sent:
                 return

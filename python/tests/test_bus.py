@@ -5,14 +5,16 @@ released by close(), resumption after a cut link and a new session after a broke
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import threading
 import time
 from typing import List
 
 import pytest
 
-from conftest import Broker, wait_until
+from conftest import BUILD_DIR, Broker, wait_until
 from relay import Relay
 from rlbus import Bus, BusError
 
@@ -142,6 +144,26 @@ def test_slow_subscriber_loses_nothing_and_holds_the_publisher_back(broker_facto
     finally:
         fast.close(2)
         slow.close(2)
+
+
+def _broker_view_of(router: str, node: str) -> dict:
+    """The broker's own account of ``node`` (rlbus-ctl topics)."""
+    out = subprocess.run([os.path.join(BUILD_DIR, "src", "rlbus-ctl"), "--broker", router,
+                          "--json", "topics"], capture_output=True, text=True, timeout=20)
+    assert out.returncode == 0, out.stderr
+    return next(n for n in json.loads(out.stdout)["nodes"] if n["id"] == node)
+
+
+def test_what_a_node_read_is_acknowledged_without_more_traffic(broker: Broker, nodes) -> None:
+    # Fewer deliveries than an ack is owed for at once: their ack waits for the node's next
+    # turn, which a heartbeat brings when nothing else does. The broker then holds nothing.
+    pub, sub = nodes("quiet-pub"), nodes("quiet-sub")
+    sub.subscribe("few")
+    for i in range(5):
+        pub.publish("few", bytes([i]))
+    assert [m.payload for m in _recv_n(sub, 5)] == [bytes([i]) for i in range(5)]
+    assert wait_until(lambda: _broker_view_of(broker.router, "quiet-sub")["acked"] == 5, 10)
+    assert _broker_view_of(broker.router, "quiet-sub")["queued"] == 0
 
 
 def test_close_flushes_and_releases_a_blocked_recv(nodes) -> None:
