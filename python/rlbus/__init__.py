@@ -9,18 +9,23 @@
 - :class:`CurveKeys` / :func:`curve_keys_from_files`: keys for a broker with CURVE on.
 - :mod:`rlbus.compat`: DI-engine's parallel-mode classes running over rlbus.
 
+``python3 -m rlbus`` says which version this is, which broker it finds and which endpoint a
+program would use.
+
 ``Worker``, ``Task`` and ``Coordinator`` are imported on first use, so ``import rlbus`` for
 the codec alone does not load the client machinery.
 """
 
 from typing import Any
 
+__version__ = "0.1.0"  # the package's; pyproject.toml and meson.build carry the same
+
 from . import protocol
 from ._keys import CurveKeys, curve_keys_from_files
 from ._types import Policy, SubmitResult, TaskFailure
 from .protocol import ProtocolError
 
-__all__ = ["protocol", "ProtocolError", "Policy", "SubmitResult", "TaskFailure",
+__all__ = ["__version__", "protocol", "ProtocolError", "Policy", "SubmitResult", "TaskFailure",
            "CurveKeys", "curve_keys_from_files", "Worker", "Task", "Coordinator", "Bus",
            "BusMessage", "BusError", "Broker", "find_broker"]
 

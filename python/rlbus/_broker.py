@@ -18,6 +18,7 @@ __all__ = ["find_broker", "Broker", "BROKER_ENV"]
 
 BROKER_ENV = "RLBUS_BROKER"
 _BUILD_ENV = "RLBUS_BUILD_DIR"
+_KEPT_LINES = 10_000  # of the broker's output, the latest (Broker.lines)
 _LISTENING = re.compile(r"^rlbus-broker listening router=(\S+) events=(\S+)")
 
 
@@ -42,7 +43,12 @@ def _candidates() -> List[str]:
 def find_broker() -> str:
     """The path of the rlbus-broker binary: $RLBUS_BROKER, then PATH, then
     $RLBUS_BUILD_DIR/src, then a build tree beside this source checkout. FileNotFoundError
-    naming every place tried when none holds an executable."""
+    naming every place tried when none holds an executable, or when $RLBUS_BROKER names one
+    that is not."""
+    explicit = os.environ.get(BROKER_ENV)
+    if explicit and not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
+        raise FileNotFoundError(f"${BROKER_ENV} names {explicit}, which is not an executable "
+                                f"file")
     tried = _candidates()
     for path in tried:
         if os.path.isfile(path) and os.access(path, os.X_OK):
@@ -93,8 +99,9 @@ class Broker:
     def _read(self, proc: subprocess.Popen) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
-            if len(self.lines) < 10_000:
-                self.lines.append(line)
+            self.lines.append(line)
+            if len(self.lines) > 2 * _KEPT_LINES:  # the latest lines, bounded
+                del self.lines[:-_KEPT_LINES]
             m = _LISTENING.match(line)
             if m and not self._listening.is_set():
                 self.router, self.events = m.group(1), m.group(2)
@@ -113,6 +120,14 @@ class Broker:
         try:
             proc.wait(self.stop_timeout)
         except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(self.stop_timeout)
+
+    def kill(self) -> None:
+        """SIGKILLs the broker: it says goodbye to no one, as a crash would. :meth:`start`
+        brings it back on the same endpoints."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait(self.stop_timeout)
 

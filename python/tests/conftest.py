@@ -4,7 +4,6 @@ a broker process started on free ports for the integration tests."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -18,6 +17,8 @@ PYTHON_DIR = os.path.dirname(HERE)
 ROOT = os.path.dirname(PYTHON_DIR)
 if PYTHON_DIR not in sys.path:
     sys.path.insert(0, PYTHON_DIR)
+
+import rlbus  # noqa: E402  (from this checkout)
 
 PROTOCOL_DIR = os.path.join(ROOT, "protocol")
 BUILD_DIR = os.environ.get("RLBUS_BUILD_DIR", os.path.join(ROOT, "build"))
@@ -37,7 +38,6 @@ def wait_until(cond: Callable[[], bool], timeout: float = 10.0, step: float = 0.
         time.sleep(step)
 
 
-_LISTENING = re.compile(r"listening router=tcp://[^:]+:(\d+) events=tcp://[^:]+:(\d+)")
 
 
 # A collector process for the fault tests: each task sends ITEMS data items PAUSE seconds
@@ -103,80 +103,26 @@ class Endings:
             return {t: list(v) for t, v in self._ended.items()}
 
 
-class Broker:
-    """A running rlbus-broker on its own ports, its output collected for diagnostics.
-
-    The first start binds port 0 and reads the ports the kernel gave from the broker's
-    "listening" line: a port picked here and bound later could be taken in between by any
-    other process's connection (the suite runs in parallel with other tests). A restart binds
-    the same ports again."""
+class Broker(rlbus.Broker):
+    """The package's own :class:`rlbus.Broker`, started at once, with its warnings only, from
+    this build tree. Restarted with :meth:`start`, it binds the same ports again."""
 
     def __init__(self, args: Optional[List[str]] = None) -> None:
         if not os.path.exists(BROKER):
             pytest.skip(f"broker binary not built: {BROKER}")
-        self.extra = list(args or [])
-        self.router_port = 0
-        self.events_port = 0
-        self.proc: Optional[subprocess.Popen] = None
-        self.lines: List[str] = []
-        self.start()
+        extra = list(args or [])
+        if "--log-level" not in extra:
+            extra = ["--log-level", "warn"] + extra
+        super().__init__(extra, binary=BROKER)
+        try:
+            self.start()
+        except RuntimeError as e:
+            raise AssertionError(str(e)) from None
 
     @property
-    def router(self) -> str:
-        return f"tcp://127.0.0.1:{self.router_port}"
-
-    @property
-    def events(self) -> str:
-        return f"tcp://127.0.0.1:{self.events_port}"
-
-    def start(self) -> None:
-        """Starts (or restarts, on the same ports) the broker; waits until it serves."""
-        # no drain at the end of a test unless the test asks for one: tasks left running
-        # would otherwise hold the broker's exit for the default drain (10 s)
-        drain = [] if "--drain-ms" in self.extra else ["--drain-ms", "0"]
-        level = [] if "--log-level" in self.extra else ["--log-level", "warn"]
-        cmd = [BROKER, "--router", self.router, "--events", self.events] + level + drain \
-            + self.extra
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True)
-        self.lines = []
-        reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True)
-        reader.start()
-        proc = self.proc
-        wait_until(lambda: self._serving() or proc.poll() is not None, 10.0)
-        if not self._serving():
-            reader.join(2.0)  # the broker's last words, if it exited
-            raise AssertionError("broker did not start: " + "".join(self.lines))
-
-    def _read(self, proc: subprocess.Popen) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            self.lines.append(line)
-
-    def _serving(self) -> bool:
-        """True once the broker has printed the endpoints it bound (SPEC §1.4.1)."""
-        for line in list(self.lines):
-            m = _LISTENING.search(line)
-            if m:
-                self.router_port, self.events_port = int(m.group(1)), int(m.group(2))
-                return True
-        return False
-
-    def kill(self) -> None:
-        """SIGKILLs the broker (no DISCONNECT to anyone)."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL if it lingers."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+    def router_port(self) -> int:
+        """The ROUTER's port (for relays and raw sockets that dial it themselves)."""
+        return int(self.router.rsplit(":", 1)[1])
 
 
 @pytest.fixture

@@ -1,7 +1,6 @@
 """Helpers of the compat tests: paths, waiting for conditions, finding the broker."""
 
 import os
-import re
 import shutil
 import sys
 import time
@@ -39,14 +38,6 @@ def broker_binary():
         if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
             return cand
     return None
-
-
-_LINE = re.compile(r"router[= ](\S+)\s+events[= ](\S+)")
-
-
-class Broker:
-    def __init__(self, proc, router, events):
-        self.proc, self.router, self.events = proc, router, events
 
 
 def sdk_available():

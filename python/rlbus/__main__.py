@@ -1,0 +1,43 @@
+"""``python3 -m rlbus``: this package's version, the broker binary it finds, and the broker
+endpoint a program that names none would use. Exit status 0, or 1 when no broker binary is
+found and none is named (a program would have nowhere to go)."""
+
+import argparse
+import os
+import sys
+
+from . import __version__
+from ._broker import BROKER_ENV, find_broker
+
+ENDPOINT_ENV = "RLBUS_ENDPOINT"
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:7235"
+
+
+def main(argv=None) -> int:
+    argparse.ArgumentParser(
+        prog="python3 -m rlbus",
+        description="Print the rlbus package's version, the rlbus-broker binary it finds ($"
+                    f"{BROKER_ENV}, PATH, a build tree beside the source) and the broker "
+                    f"endpoint a program would use (${ENDPOINT_ENV}, else its default)."
+    ).parse_args(argv)
+    here = os.path.dirname(os.path.abspath(__file__))
+    print(f"rlbus {__version__} (python package in {here})")
+    try:
+        binary = find_broker()
+        print(f"broker binary: {binary}")
+    except FileNotFoundError as e:
+        binary = None
+        print(f"broker binary: none: {e}")
+    named = os.environ.get(ENDPOINT_ENV)
+    if named:
+        print(f"endpoint: {named} (${ENDPOINT_ENV})")
+    else:
+        print(f"endpoint: {DEFAULT_ENDPOINT} for rlbus.Worker, Coordinator and Bus given no "
+              f"other (${ENDPOINT_ENV} unset); a DI-engine runner with mq_type=\"rlbus\" "
+              f"starts a broker of its own on free loopback ports"
+              + ("" if binary else ", which needs a broker binary"))
+    return 0 if binary or named else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
