@@ -17,7 +17,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string empty_map("\x80", 1);  // msgpack {}
-  const std::string done = "\x81\xae" "collector_done" "\xc3";  // msgpack {"collector_done": true}
+  const std::string done =
+      "\x81\xae"
+      "collector_done"
+      "\xc3";  // msgpack {"collector_done": true}
 
   std::mutex mu;
   std::condition_variable cv;
