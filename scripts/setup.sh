@@ -33,19 +33,9 @@ if [ "$mode" = all ]; then
   )
 fi
 # Optional, for PNG plots of the bench (bench/plot.py): apt-get install gnuplot-nox
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "rlbus setup: installing ${#missing[@]} packages with apt (a few minutes the first time): ${missing[*]}"
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  export DEBIAN_FRONTEND=noninteractive
-  $sudo apt-get update -q
-  $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
-  echo "rlbus setup: packages installed"
-fi
+# shellcheck source=scripts/apt.sh
+. scripts/apt.sh
+apt_install_missing "rlbus setup" "${packages[@]}"
 
 tests=$([ "$mode" = all ] && echo true || echo false)
 if [ ! -f build/build.ninja ]; then
