@@ -7,6 +7,7 @@ Environment: RLBUS_BUILD_DIR (the configured, built tree), RLBUS_SOURCE_DIR (the
 CXX (default c++)."""
 
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -38,9 +39,8 @@ def root(tmp_path_factory):
     """The install tree: DESTDIR/<prefix>, as `meson install --destdir` lays it out."""
     destdir = tmp_path_factory.mktemp("destdir")
     run(["meson", "install", "-C", BUILD, "--no-rebuild", "--quiet", "--destdir", str(destdir)])
-    prefix = run(["meson", "introspect", "--buildoptions", BUILD]).stdout
-    import json
-    opts = {o["name"]: o["value"] for o in json.loads(prefix)}
+    options = json.loads(run(["meson", "introspect", "--buildoptions", BUILD]).stdout)
+    opts = {o["name"]: o["value"] for o in options}
     tree = str(destdir) + opts["prefix"]
     libdir = os.path.join(tree, opts["libdir"])
     return {"destdir": str(destdir), "tree": tree, "libdir": libdir,
@@ -79,9 +79,8 @@ def test_the_install_holds_the_binaries_the_public_headers_and_the_library(root)
     soname = run(["readelf", "-d", shared[0]]).stdout
     assert "Library soname: [librlbus.so.0]" in soname
     assert os.path.islink(os.path.join(root["libdir"], "librlbus.so"))
-    assert pkg_config(root, "--modversion") == [run(
-        ["meson", "introspect", "--projectinfo", BUILD]).stdout.split('"version": "')[1]
-        .split('"')[0]]
+    project = json.loads(run(["meson", "introspect", "--projectinfo", BUILD]).stdout)
+    assert pkg_config(root, "--modversion") == [project["version"]]
 
 
 def test_a_program_built_with_pkg_config_runs_a_task_through_the_installed_broker(
