@@ -591,11 +591,14 @@ def test_exceptions_from_run_and_close_fail_the_attempt_with_reason_and_result(
         "reason": "worker reported: close went wrong", "attempt": 1, "result": {"partial": 1}}
 
 
-def cancel_once_started(coord: Coord, task_id: str, kind: str) -> None:
-    """Submits `task_id`, cancels it ("enough") once its worker has started it, and waits
-    for the cancel to be reported."""
+def cancel_once_started(coord: Coord, task_id: str, kind: str,
+                        began: Callable[[], bool]) -> None:
+    """Submits `task_id`, cancels it ("enough") once its worker has started it and its
+    handler has begun (`began`: a task aborted before that never reaches its handler), and
+    waits for the cancel to be reported."""
     coord.submit(task_id, kind)
     assert coord.wait(coord.has(task_id, "started"))
+    assert wait_until(began, 10), "the handler did not begin"
     coord.send("CANCEL", {"task_id": task_id, "reason": "enough"})
     assert coord.wait(coord.has(task_id, "cancelled"))
 
@@ -611,6 +614,7 @@ def test_abort_stops_run_skips_close_and_frees_the_worker(
             task.emit_info({"second": True})
             task.wait_stop(10)
             return
+        got["began"] = True
         got["stopped"] = task.wait_stop(30)
         got["aborted"], got["reason"] = task.aborted, task.abort_reason
         got["emit"] = task.emit_data("late", "buf", {})
@@ -620,7 +624,7 @@ def test_abort_stops_run_skips_close_and_frees_the_worker(
     w = workers(broker.router, "collector", "w-abort", run=run,
                 close=lambda t: closes.append(t.id), **FAST)
     assert w.wait_for("ready", 10)
-    cancel_once_started(coord, "t-abort", "collector")
+    cancel_once_started(coord, "t-abort", "collector", lambda: "began" in got)
     assert wait_until(lambda: "alive" in got)
     assert got["stopped"] is True and got["aborted"] is True
     assert got["reason"] == "cancelled: enough"
@@ -639,6 +643,7 @@ def test_an_aborted_learner_gets_no_batch_at_once(broker: Broker, coord_factory,
     got: Dict[str, Any] = {}
 
     def run(task: Task) -> None:
+        got["began"] = True
         got["stopped"] = task.wait_stop(30)
         t0 = time.monotonic()
         got["get_data"] = task.get_data("buf", 1, 0, timeout=30)
@@ -647,7 +652,7 @@ def test_an_aborted_learner_gets_no_batch_at_once(broker: Broker, coord_factory,
 
     w = workers(broker.router, "learner", "w-abort-l", run=run, **FAST)
     assert w.wait_for("ready", 10)
-    cancel_once_started(coord, "t-abort-l", "learner")
+    cancel_once_started(coord, "t-abort-l", "learner", lambda: "began" in got)
     assert wait_until(lambda: "learn_info" in got)
     assert got["stopped"] is True
     assert got["get_data"] is None and got["get_data_s"] < 5.0
