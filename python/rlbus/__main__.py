@@ -8,9 +8,7 @@ import sys
 
 from . import __version__
 from ._broker import BROKER_ENV, find_broker
-
-ENDPOINT_ENV = "RLBUS_ENDPOINT"
-DEFAULT_ENDPOINT = "tcp://127.0.0.1:7235"
+from .compat._util import DEFAULT_ENDPOINT, ENDPOINT_ENV
 
 
 def main(argv=None) -> int:

@@ -12,7 +12,8 @@ import math
 import os
 import re
 
-DEFAULT_ENDPOINT = "tcp://127.0.0.1:7235"
+DEFAULT_PORT = 7235  # the broker's ROUTER port when none is given
+DEFAULT_ENDPOINT = f"tcp://127.0.0.1:{DEFAULT_PORT}"
 ENDPOINT_ENV = "RLBUS_ENDPOINT"
 WORKER_ID_ENV = "RLBUS_WORKER_ID"
 COORDINATOR_ID_ENV = "RLBUS_COORDINATOR_ID"  # a stable coordinator id, to adopt a run's tasks

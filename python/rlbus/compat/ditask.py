@@ -32,7 +32,7 @@ import threading
 import uuid
 from typing import Any, Optional, Set, Tuple
 
-from ._util import ENDPOINT_ENV, curve_kwargs
+from ._util import DEFAULT_ENDPOINT, DEFAULT_PORT, ENDPOINT_ENV, curve_kwargs
 
 log = logging.getLogger("rlbus.compat.ditask")
 
@@ -62,7 +62,7 @@ def endpoint_from(address: Any = None, ports: Any = None) -> Optional[str]:
         return explicit
     if address:
         port = ports[0] if isinstance(ports, (list, tuple)) and ports else ports
-        return f"tcp://{address}:{int(port) if port else 7235}"
+        return f"tcp://{address}:{int(port) if port else DEFAULT_PORT}"
     return None
 
 
@@ -74,7 +74,7 @@ class RlbusMQ:
         # DI-engine's parsers pass their own keys (protocol, topology, redis_host, ...):
         # accepted and ignored, as its queues do.
         self.endpoint = rlbus_endpoint or endpoint_from(address, ports) \
-            or "tcp://127.0.0.1:7235"
+            or DEFAULT_ENDPOINT
         self.attach_to = list(attach_to or [])  # what Parallel counts peers by (Barrier)
         self.id = _node_id()
         self._bus: Any = None
