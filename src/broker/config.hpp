@@ -66,6 +66,9 @@ struct config {
   /// message past either is not sent (as to a full queue) and counted (SPEC §15.5).
   std::size_t max_connection_bytes = std::size_t{64} * 1024 * 1024;
   std::size_t memory_budget = std::size_t{512} * 1024 * 1024;
+  /// While more than half of memory_budget is held, a connection whose queue has
+  /// not moved for this long is cut, so that what it holds is freed (0 = never).
+  std::uint32_t stalled_timeout_ms = 10'000;
   /// A connection that has not finished the ZeroMQ handshake by then is dropped.
   std::uint32_t handshake_timeout_ms = 10'000;
   /// Most sessions of each role at once (within max_peers); HELLO past it gets BUSY.

@@ -176,6 +176,15 @@ bool gatekeeper::cut_off(int fd) {
   return it != connections_.end() ? it->second.cut : cut_gone_.count(fd) != 0;
 }
 
+std::optional<std::string> gatekeeper::cut_stalled(int fd) {
+  for (std::size_t i = 0; i < monitors_.size(); ++i)
+    if (monitors_[i].handle() != nullptr) on_monitor(static_cast<int>(i));
+  const auto it = connections_.find(fd);
+  if (it == connections_.end() || it->second.cut || ::shutdown(fd, SHUT_RDWR) != 0)
+    return std::nullopt;
+  return it->second.address;
+}
+
 void gatekeeper::on_zap() {
   std::array<zmq::message_t, zap_request_frames + 1> f;
   while (true) {

@@ -77,6 +77,11 @@ class gatekeeper {
   /// limit: its messages must never make a session. Reads the monitors first, as a message
   /// can reach the broker before the event of its connection's accept does.
   [[nodiscard]] bool cut_off(int fd);
+  /// Cuts the live connection on descriptor `fd` (one that has stopped reading, SPEC §15.5):
+  /// libzmq sees it end and drops what was queued for it; its peer may connect again. Returns
+  /// the connection's source address, or nothing when no connection of ours has that
+  /// descriptor now (it ended meanwhile).
+  std::optional<std::string> cut_stalled(int fd);
 
   /// Whether the allowlist file changed on disk since it was read (checked about once a
   /// second by the loop).

@@ -167,6 +167,9 @@ std::string prometheus_text(const stats& s) {
   e.one("rlbus_over_bytes_total", "counter",
         "messages not sent: their connection, or all, held max-connection-bytes or memory-budget",
         s.over_bytes);
+  e.one("rlbus_stalled_connections_cut_total", "counter",
+        "connections cut for reading nothing for stalled-timeout while memory-budget ran short",
+        s.stalled_cut);
   e.one("rlbus_send_queue_bytes", "gauge", "bytes held in the send queues of all connections",
         s.queued_bytes);
   e.one("rlbus_events_total", "counter", "events made on the PUB (sent or unheard)", s.events);
@@ -231,6 +234,7 @@ stats server::snapshot() const {
   s.faults = c.faults.load();
   s.unroutable = c.unroutable.load();
   s.over_bytes = c.over_bytes.load();
+  s.stalled_cut = c.stalled_cut.load();
   s.cut_hellos = c.cut_hellos.load();
   s.queued_bytes = meter_.total();
   s.refused_hellos = c.refused_hellos.load();

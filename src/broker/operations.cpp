@@ -244,6 +244,7 @@ codec::blob server::ops_status(util::time_point now) const {
       {"quarantines", s.quarantines},
       {"connections", s.connections},
       {"over_bytes", s.over_bytes},
+      {"stalled_cut", s.stalled_cut},
       {"cut_hellos", s.cut_hellos},
       {"send_queue_bytes", s.queued_bytes},
       {"stream_ring_bytes", s.ring_bytes},

@@ -195,6 +195,7 @@ void server::run() {
       gate_.on_readable();  // besides its descriptors' signals (gatekeeper::poll_items)
       if (gate_.allowlist_changed()) reload_allowlist();
       forget_coordinator_keys();
+      cut_stalled(now);
       meter_.prune();
       tasks_.pump_streams();
       bus_.pump();
@@ -230,6 +231,10 @@ void server::drain_router(util::time_point now) {
 void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
                        util::time_point now) {
   const std::string routing_id(view(frames[0]));
+  // Which connection this is, for cutting it should it stop reading (SPEC §15.5).
+  const int fd = count >= 2 ? frames[1].get(ZMQ_SRCFD) : -1;
+  meter_.seen(routing_id, fd);
+  from_ = {routing_id, fd};
   peer* p = peers_.by_routing(routing_id);
   if (p != nullptr) p->last_seen = now;  // anything from a session's connection is a sign of life
   const util::log_scope log(p == nullptr ? util::log_about{} : about(p->id, p->role));
@@ -580,6 +585,22 @@ void server::forget_session(const peer& p, codec::error_code code, std::string r
   counters_.peers.store(peers_.size(), std::memory_order_relaxed);
 }
 
+// A connection that reads nothing of what it is sent holds its bytes until it ends: with the
+// budget short, those that have not read for stalled-timeout are cut (SPEC §15.5).
+void server::cut_stalled(util::time_point now) {
+  if (cfg_.stalled_timeout_ms == 0) return;
+  const auto since = now - util::milliseconds(cfg_.stalled_timeout_ms);
+  for (const int fd : meter_.stalled(since, tasks_.ring_bytes())) {
+    const auto address = gate_.cut_stalled(fd);
+    if (!address) continue;
+    counters_.stalled_cut.fetch_add(1, std::memory_order_relaxed);
+    spdlog::warn(
+        "cut the connection from {}: it read nothing of what it was sent for {} ms while "
+        "the send queues held more than half of memory-budget ({} bytes)",
+        *address, cfg_.stalled_timeout_ms, meter_.total());
+  }
+}
+
 util::send_meter::account* server::send_head(std::string_view routing_id, codec::msg_type type,
                                              std::size_t body) {
   // A snapshot taken once a peer has heard of a task step includes what the step changed
@@ -589,6 +610,7 @@ util::send_meter::account* server::send_head(std::string_view routing_id, codec:
     store_counters();
   }
   auto& account = meter_.of(routing_id);
+  if (account.fd() < 0 && routing_id == from_.routing_id) account.set_fd(from_.fd);
   // the queues and the rings share one budget
   if (!meter_.admits(account, body, tasks_.ring_bytes())) {
     // What this connection has not read, or all of them, is at its bound (SPEC §15.5).
@@ -789,11 +811,11 @@ void server::shutdown(const std::string& reason) {
       "max-connections-per-address, {} unlisted keys, {} non-subscriber keys; {} HELLOs "
       "unauthorized, {} past a role's limit, {} from connections cut at accept; {} SUBMITs past "
       "the task limit; {} faults unanswered; {} messages not sent past max-connection-bytes or "
-      "memory-budget",
+      "memory-budget; {} connections cut for reading nothing while memory-budget ran short",
       g.admitted, g.refused_total, g.refused_address, g.refused_key, g.refused_subscriber,
       counters_.refused_unauthorized.load(), counters_.refused_role_limit.load(),
       counters_.cut_hellos.load(), counters_.refused_task_limit.load(), counters_.unanswered.load(),
-      counters_.over_bytes.load());
+      counters_.over_bytes.load(), counters_.stalled_cut.load());
 }
 
 server_thread::server_thread(config cfg)

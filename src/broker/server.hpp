@@ -151,11 +151,16 @@ class server : private task_sink, private bus_sink {
   void send_snapshot(const peer& coordinator);
   void begin_drain(util::time_point now);
   void shutdown(const std::string& reason);
+  void cut_stalled(util::time_point now);
 
   config cfg_;
   std::uint64_t epoch_;
   gatekeeper gate_;         // before the sockets it guards
   util::send_meter meter_;  // what the router's queues hold, by connection (SPEC §15.5)
+  struct {
+    std::string routing_id;  // the connection of the message being handled
+    int fd = -1;             // and its descriptor
+  } from_;
   zmq::socket_t router_;
   event_bus events_;
   std::string router_endpoint_;

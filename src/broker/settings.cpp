@@ -187,6 +187,11 @@ std::vector<setting> make_table() {
        "sent and counted; at least max-connection-bytes); the rings hold at most half of it, "
        "and a quarter is kept for peers that read",
        &c::memory_budget, 4096, std::uint64_t{1} << 44U, any, "bytes"},
+      {"security", "stalled-timeout",
+       "while more than half of memory-budget is held, a connection that has read "
+       "nothing of what it was sent for this long is cut, which frees what it holds; it may "
+       "connect again (0 = never)",
+       &c::stalled_timeout_ms, 0, day_ms, any, "ms"},
       {"security", "handshake-timeout",
        "time a new connection has to finish the ZeroMQ "
        "handshake before it is dropped",

@@ -22,11 +22,13 @@ struct charged {
 
 void send_meter::account::charge(std::size_t n) noexcept {
   refs_.fetch_add(1, std::memory_order_relaxed);
-  bytes_.fetch_add(n, std::memory_order_relaxed);
+  if (bytes_.fetch_add(n, std::memory_order_relaxed) == 0)
+    moved_.store(clock::now().time_since_epoch().count(), std::memory_order_relaxed);
   total_->fetch_add(n, std::memory_order_relaxed);
 }
 
 void send_meter::account::refund(std::size_t n) noexcept {
+  moved_.store(clock::now().time_since_epoch().count(), std::memory_order_relaxed);
   total_->fetch_sub(n, std::memory_order_relaxed);
   bytes_.fetch_sub(n, std::memory_order_relaxed);
   release();
@@ -45,6 +47,23 @@ send_meter::account& send_meter::of(std::string_view routing_id) {
   auto* a = new account(total_);
   accounts_.emplace(std::string(routing_id), a);
   return *a;
+}
+
+void send_meter::seen(std::string_view routing_id, int fd) {
+  if (const auto it = accounts_.find(routing_id); it != accounts_.end()) it->second->fd_ = fd;
+}
+
+std::vector<int> send_meter::stalled(time_point since, std::size_t elsewhere) {
+  std::vector<int> fds;
+  if (total() + elsewhere <= budget_ / 2) return fds;
+  const auto before = since.time_since_epoch().count();
+  for (auto& [id, a] : accounts_) {
+    if (a->fd_ < 0 || a->bytes() == 0 || a->moved_.load(std::memory_order_relaxed) >= before)
+      continue;
+    fds.push_back(a->fd_);
+    a->fd_ = -1;
+  }
+  return fds;
 }
 
 bool send_meter::admits(const account& a, std::size_t body, std::size_t elsewhere) const noexcept {

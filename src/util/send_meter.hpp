@@ -8,6 +8,11 @@
 // thread, so the counts are atomics. A send that would take a connection past its bound, or
 // all of them past the budget, is not made: the caller treats it as a full queue.
 //
+// A connection whose queue has not moved for a while (libzmq let go of nothing of it) when
+// more than half of the budget is held is stalled: its owner may cut it (stalled()). That is the
+// one way to get back what it holds: a message handed to libzmq stays until it is read, or
+// dropped with its connection.
+//
 // Lifetime: an account lives while the meter knows it and while any message charged to it is
 // queued, and keeps the meter's total alive with it: libzmq may free a message after the
 // socket, and the meter, are gone.
@@ -20,8 +25,11 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include <zmq.hpp>
+
+#include "util/clock.hpp"
 
 namespace rlbus::util {
 
@@ -35,6 +43,10 @@ class send_meter {
     [[nodiscard]] std::size_t bytes() const noexcept {
       return bytes_.load(std::memory_order_relaxed);
     }
+    /// The descriptor of the connection, once its owner has seen one of its messages (-1
+    /// until then): what stalled() names.
+    [[nodiscard]] int fd() const noexcept { return fd_; }
+    void set_fd(int fd) noexcept { fd_ = fd; }
 
    private:
     friend class send_meter;
@@ -45,6 +57,10 @@ class send_meter {
     std::shared_ptr<std::atomic<std::size_t>> total_;
     std::atomic<std::size_t> bytes_{0};
     std::atomic<std::uint32_t> refs_{1};  // the meter's own, plus one per queued message
+    // When its queue last moved: went from empty to holding something, or libzmq let go of one
+    // of its messages (steady clock ticks; written on either thread)
+    std::atomic<clock::rep> moved_{0};
+    int fd_ = -1;  // the owner's thread only
   };
 
   send_meter(std::size_t per_connection, std::size_t budget)
@@ -55,6 +71,14 @@ class send_meter {
 
   /// The account of the connection `routing_id`, made on first use.
   account& of(std::string_view routing_id);
+  /// Notes that a message of `routing_id`'s connection came in on descriptor `fd`, if the
+  /// connection has an account (messages in do not make one).
+  void seen(std::string_view routing_id, int fd);
+  /// When more than half of the budget is held (with `elsewhere`, as in admits()):
+  /// the descriptors of the connections that hold bytes and whose queues have not moved since
+  /// `since`. Each is named once (its account forgets the descriptor), so a descriptor that
+  /// libzmq gives to a new connection afterwards is not named for the old one.
+  [[nodiscard]] std::vector<int> stalled(time_point since, std::size_t elsewhere = 0);
   /// Whether a message of `body` bytes may be queued for `a` now: within its connection's
   /// bound, and, with the `elsewhere` bytes the owner holds outside the queues from the same
   /// budget (the broker's event rings), within the budget, whose last quarter is kept for a

@@ -4,8 +4,10 @@
 // until the receiver drops the message it got.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <zmq.hpp>
 
@@ -148,4 +150,41 @@ TEST_CASE("send meter: the account outlives its meter while a message holds it",
   zmq::message_t got;
   REQUIRE(p.in.recv(got));
   CHECK(got.to_string_view() == "bytes");
+}
+
+TEST_CASE(
+    "send meter: with more than half the budget held, connections whose queues have not moved "
+    "are named once, by descriptor",
+    "[unit][meter]") {
+  using rlbus::util::clock;
+  pipe_pair p;
+  send_meter meter(64 * 1024, 64 * 1024);
+  const std::string body(1000, 'x');
+  const auto start = clock::now();
+  auto& hog = meter.of("hog");
+  hog.set_fd(7);
+  auto& nameless = meter.of("nameless");  // no message of it seen: no descriptor to cut
+  meter.send_last(p.out, nameless, body);
+  auto& reader = meter.of("reader");
+  meter.seen("reader", 9);
+  CHECK(reader.fd() == 9);
+  meter.seen("unknown", 11);  // a message in makes no account
+  CHECK(meter.connections() == 3);
+  int sent = 1;
+  for (int i = 0; i < 20; ++i, ++sent) meter.send_last(p.out, hog, body);
+  const auto later = clock::now() + std::chrono::seconds(1);
+  // under half of the budget (about 25 KB of 64 KB): nobody is stalled, however long
+  CHECK(meter.stalled(later).empty());
+  // with what is held elsewhere, more than half: the hog, which has not read, is named
+  CHECK(meter.stalled(later, 16 * 1024) == std::vector<int>{7});
+  CHECK(hog.fd() == -1);
+  CHECK(meter.stalled(later, 16 * 1024).empty());  // once
+  // a queue that moved after `since` is not stalled (the hog's began to hold after `start`)
+  hog.set_fd(7);
+  CHECK(meter.stalled(start, 16 * 1024).empty());
+  // nor is one that holds nothing (the reader), nor one of no known descriptor (nameless)
+  CHECK(meter.stalled(later, 16 * 1024) == std::vector<int>{7});
+  p.drain(sent);
+  CHECK(meter.stalled(later, 64 * 1024).empty());
+  CHECK(meter.total() == 0);
 }
