@@ -10,6 +10,10 @@ order matters: first ding.interaction (and ding.interaction.slave) get the rlbus
 then the coordinator module is imported (which imports the comm classes, now built on the
 rlbus Slave) and its CommCoordinator name is swapped. Call it before anything imports
 ding.worker. Without DI-engine installed it does nothing and returns False.
+
+A legacy run on one machine needs no broker set up: when no broker is named ($RLBUS_ENDPOINT)
+and none listens at the default endpoint, patch_dingengine() starts one and names it in the
+environment, which the workers parallel_pipeline starts afterwards inherit.
 """
 
 import importlib
@@ -17,6 +21,7 @@ import importlib.util
 import logging
 import sys
 
+from ._util import ensure_local_broker, stop_local_broker
 from .coordinator import CommCoordinator
 from .slave import Slave
 
@@ -60,9 +65,10 @@ def _has_module(name):
         return False
 
 
-def patch_dingengine():
+def patch_dingengine(local_broker=True):
     """Installs the rlbus MQ (mq_type "rlbus") into an importable `ding.framework`, and the
-    rlbus Slave and CommCoordinator into its legacy parallel mode.
+    rlbus Slave and CommCoordinator into its legacy parallel mode; with `local_broker`, for
+    the legacy mode, a broker for this run when none is named (see the module's doc).
 
     Returns True when either took (ditask can use mq_type "rlbus", or DI-engine's coordinator
     now builds the rlbus CommCoordinator), False when there is no DI-engine (nothing is
@@ -94,11 +100,15 @@ def patch_dingengine():
             swapped = True
     if not swapped:
         log.warning("patch_dingengine: no CommCoordinator found to replace")
+    if swapped and local_broker:
+        ensure_local_broker()
     return swapped or framework
 
 
 def unpatch_dingengine():
-    """Puts back what patch_dingengine() replaced (classes built meanwhile keep theirs)."""
+    """Puts back what patch_dingengine() replaced (classes built meanwhile keep theirs) and
+    stops the broker it started, if any."""
+    stop_local_broker()
     for (modname, name), value in list(_saved.items()):
         module = sys.modules.get(modname)
         if module is not None:

@@ -27,9 +27,9 @@ def ding(monkeypatch, broker):
     if STANDIN not in sys.path:
         sys.path.insert(0, STANDIN)
     import rlbus.compat as compat
-    assert compat.patch_dingengine() is True
-    monkeypatch.setenv("RLBUS_ENDPOINT", broker.router)
+    monkeypatch.setenv("RLBUS_ENDPOINT", broker.router)  # before the patch: no broker of its own
     monkeypatch.delenv("RLBUS_WORKER_ID", raising=False)
+    assert compat.patch_dingengine() is True
     from ding.worker.collector.comm import NaiveCollector
     from ding.worker.coordinator import coordinator
     assert issubclass(NaiveCollector, compat.Slave)

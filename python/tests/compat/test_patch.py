@@ -2,17 +2,19 @@
 any `ding` at all."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
+import time
 
 from compat_helpers import PYTHON_DIR, STANDIN
 
 
-def run_python(code, with_ding=True):
+def run_python(code, with_ding=True, args=()):
     path = [PYTHON_DIR] + ([STANDIN] if with_ding else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)] + list(args), env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout + proc.stderr
@@ -69,3 +71,106 @@ def test_patch_after_comm_classes_were_imported_warns():
         print('ok')
     """)
     assert "ok" in out and "already imported" in out
+
+
+PIPELINE_WITHOUT_A_BROKER = """
+import logging, multiprocessing, os, socket, sys, time
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s: %(message)s")
+import rlbus.compat._util as util
+# the default endpoint, where nothing listens here (another broker may hold the real one)
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+util.DEFAULT_ENDPOINT = "tcp://127.0.0.1:%d" % s.getsockname()[1]
+s.close()
+import rlbus.compat
+assert "RLBUS_ENDPOINT" not in os.environ
+assert rlbus.compat.patch_dingengine() is True
+print("endpoint", os.environ["RLBUS_ENDPOINT"], flush=True)
+from ding.worker.collector.comm import NaiveCollector
+from ding.worker.coordinator import coordinator
+
+
+def learner(close_event):  # parallel_pipeline's learner process, forked from this one
+    from ding.worker.learner.comm.flask_fs_learner import FlaskFileSystemLearner
+    learner = FlaskFileSystemLearner({"host": "127.0.0.1", "port": 18503,
+                                      "train_iterations": 5})
+    learner.start()
+    close_event.wait()
+    learner.close()
+
+
+close = multiprocessing.Event()
+child = multiprocessing.Process(target=learner, args=(close,))
+child.start()
+collectors = [NaiveCollector("127.0.0.1", port, prefix=sys.argv[1]) for port in (18501, 18502)]
+for c in collectors:
+    c.start()
+timeouts = {"start_timeout": 20, "close_timeout": 20, "step_timeout": 20, "ready_timeout": 10}
+coord = coordinator.Coordinator({"coordinator": {"host": "127.0.0.1", "port": 0, "learner": {},
+                                                 "collector": {}, "rlbus": timeouts}})
+coord.start()
+deadline = time.monotonic() + 40
+while coord._commander._learner_task_finish_count < 1:
+    assert time.monotonic() < deadline, "no learner task finished"
+    time.sleep(0.05)
+print("a learner task finished", flush=True)
+coord.close()
+close.set()
+child.join(30)
+assert child.exitcode == 0, child.exitcode
+for c in collectors:
+    c.shutdown()
+print("done", flush=True)
+"""
+
+
+def test_a_pipeline_on_one_machine_with_no_broker_named_gets_one_that_its_workers_find(
+        tmp_path):
+    """patch_dingengine() with no $RLBUS_ENDPOINT and no broker at the default endpoint
+    starts a broker and names it in the environment, says so in the log, and the learner
+    process forked afterwards (parallel_pipeline's shape) finds it: a learner task runs end
+    to end. The broker stops when the process that started it exits."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([PYTHON_DIR, STANDIN]))
+    env.pop("RLBUS_ENDPOINT", None)
+    env.pop("RLBUS_WORKER_ID", None)
+    proc = subprocess.run([sys.executable, "-c", PIPELINE_WITHOUT_A_BROKER,
+                           str(tmp_path / "data")], env=env, capture_output=True, text=True,
+                          timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "no broker named ($RLBUS_ENDPOINT): started one for this run at" in out, out
+    assert "a learner task finished" in out and "done" in out, out
+    endpoint = next(line.split()[1] for line in out.splitlines()
+                    if line.startswith("endpoint "))
+    pid = int(re.search(r"\(pid (\d+)\)", out).group(1))
+    # the broker went with the process that started it
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and not _zombie(pid):
+        assert time.monotonic() < deadline, f"the broker at {endpoint} (pid {pid}) still runs"
+        time.sleep(0.05)
+
+
+def _zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_broker_listening_at_the_default_endpoint_is_used_rather_than_a_new_one():
+    from rlbus import Broker
+    with Broker() as broker:
+        out = run_python("""
+            import logging, os, sys
+            logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+            import rlbus.compat._util as util
+            util.DEFAULT_ENDPOINT = sys.argv[1]
+            import rlbus.compat as compat
+            os.environ.pop("RLBUS_ENDPOINT", None)
+            assert compat.patch_dingengine() is True
+            assert "RLBUS_ENDPOINT" not in os.environ
+            assert compat.resolve_endpoint() == sys.argv[1]
+            print('ok')
+        """, args=[broker.router])
+    assert "ok" in out and "using the one listening at " + broker.router in out, out
