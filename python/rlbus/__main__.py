@@ -8,7 +8,7 @@ import sys
 
 from . import __version__
 from ._broker import BROKER_ENV, find_broker
-from .compat._util import DEFAULT_ENDPOINT, ENDPOINT_ENV
+from .compat._util import DEFAULT_ENDPOINT, ENDPOINT_ENV, _listening
 
 
 def main(argv=None) -> int:
@@ -30,9 +30,12 @@ def main(argv=None) -> int:
     if named:
         print(f"endpoint: {named} (${ENDPOINT_ENV})")
     else:
+        here_now = "a broker listens there" if _listening(DEFAULT_ENDPOINT) else \
+            "nothing listens there now"
         print(f"endpoint: {DEFAULT_ENDPOINT} for rlbus.Worker, Coordinator and Bus given no "
-              f"other (${ENDPOINT_ENV} unset); a DI-engine runner with mq_type=\"rlbus\" "
-              f"starts a broker of its own on free loopback ports"
+              f"other (${ENDPOINT_ENV} unset; {here_now}); for DI-engine, patch_dingengine() "
+              f"uses a broker listening there or else starts one on free loopback ports, and "
+              f"a runner with mq_type=\"rlbus\" starts one for its run"
               + ("" if binary else ", which needs a broker binary"))
     return 0 if binary or named else 1
 
