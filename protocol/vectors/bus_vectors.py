@@ -21,6 +21,9 @@ SCAN = bytes([0x00, 0x00, 0x80, 0x3F, 0xCD, 0xCC, 0x4C, 0x40, 0xFF, 0xFF, 0x7F, 
     (i * 53 + 7) & 0xFF for i in range(20))
 CONFIG = b'{"max_speed": 1.5, "mode": "patrol"}'
 FRAME_0 = bytes(range(0, 256, 5))
+# A batch of three readings (SPEC §17.5.1): each item a 4-byte big-endian length, then its bytes
+# (the second one empty).
+BATCH = b"".join(len(x).to_bytes(4, "big") + x for x in (b"\x01\x02", b"", b"temp=21.5"))
 FRAME_1 = bytes(range(255, 0, -7))
 EVERY_CHAR = "".join(chr(c) for c in range(0x21, 0x7F))  # every character a topic may hold
 
@@ -80,6 +83,11 @@ def build(valid, invalid_body, event, envelope, pack):
         ok("publish_highest", "PUBLISH",
            {"seq": U64_MAX, "topic": "x", "part": 2 ** 32 - 1, "more": True},
            "the highest seq and part, a one-character topic, an empty payload"),
+        ok("publish_batch", "PUBLISH", {"seq": 6, "topic": "sensors.temp", "count": 3},
+           "a batch of three publications on one topic in one payload frame", BATCH),
+        ok("publish_batch_largest", "PUBLISH", {"seq": 7, "topic": "sensors.temp",
+                                                "count": 65535},
+           "the largest count a batch may have (its payload is not checked by the codec)"),
         ok("publish_credit_first", "PUBLISH_CREDIT", {"acked": 0, "limit": 64},
            "after WELCOME: nothing taken yet, up to seq 64 may come"),
         ok("publish_credit_topped_up", "PUBLISH_CREDIT", {"acked": 100, "limit": 164},
@@ -97,6 +105,9 @@ def build(valid, invalid_body, event, envelope, pack):
            {"seq": 4, "topic": "video.cam0", "from": "cam-node", "part": 1, "abandoned": True},
            "the publisher's session ended before its last fragment: an empty payload, drop "
            "what came"),
+        ok("deliver_batch", "DELIVER",
+           {"seq": 5, "topic": "sensors.temp", "from": "thermo", "count": 3},
+           "a batch, delivered as it was published: three publications, one delivery", BATCH),
         ok("bus_ack_none", "BUS_ACK", {"seq": 0}, "no delivery taken yet"),
         ok("bus_ack", "BUS_ACK", {"seq": 32}, "every delivery up to 32 is taken"),
         ok("bus_gap", "BUS_GAP", {"first": 5, "last": 9},
@@ -146,6 +157,11 @@ def build(valid, invalid_body, event, envelope, pack):
         bad("publish_part_bool", "PUBLISH", dict(pub, part=True), "part is a uint, not a bool"),
         bad("publish_more_str", "PUBLISH", dict(pub, more="true"), "more is a bool"),
         bad("publish_retain_uint", "PUBLISH", dict(pub, retain=1), "retain is a bool"),
+        bad("publish_count_one", "PUBLISH", dict(pub, count=1),
+            "a batch holds 2..65535 publications: one travels without count"),
+        bad("publish_count_65536", "PUBLISH", dict(pub, count=65536), "count is 2..65535"),
+        bad("publish_count_bool", "PUBLISH", dict(pub, count=True), "count is a uint"),
+        bad("deliver_count_zero", "DELIVER", dict(dlv, count=0), "count is 2..65535"),
         bad("publish_trailing_bytes", "PUBLISH", pub, "a nil after the map", code=401,
             body_hex=pack(pub) + "c0"),
         bad("publish_credit_no_limit", "PUBLISH_CREDIT", {"acked": 0}, "limit is required"),

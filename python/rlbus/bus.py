@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import collections
 import fnmatch
+import itertools
 import logging
+import struct
 import threading
 import time
 from typing import Any, Deque, Dict, Iterator, List, NamedTuple, Optional, Tuple
@@ -44,6 +46,12 @@ _ACK_BYTES = 1 << 20         # or their payload bytes; fewer go with the I/O thr
 _MAX_QUEUED = 256            # publications waiting for credit before publish() blocks,
 _MAX_QUEUED_BYTES = 16 << 20  # or their bytes (one larger publication always fits)
 _MAX_TOPIC = 256
+# Batches (§17.5.1): publications of at most 8 KiB queued on one topic go as one PUBLISH, at
+# most 256 of them and 64 KiB in all; each item a 4-byte big-endian length, then its bytes.
+_BATCH_ITEMS = 256
+_BATCH_ITEM_BYTES = 8 * 1024
+_BATCH_BYTES = 64 * 1024
+_LENGTH = struct.Struct(">I")
 
 
 class BusMessage(NamedTuple):
@@ -444,6 +452,21 @@ class Bus:
             while self._outq and self._pub_seq < self._pub_limit:
                 out = self._outq[0]
                 size = len(out.payload)
+                n = self._batchable()
+                if n > 1:  # small ones queued on one topic: one PUBLISH (§17.5.1)
+                    items = [self._outq[i].payload for i in range(n)]
+                    batch = b"".join(itertools.chain.from_iterable(
+                        (_LENGTH.pack(len(p)), p) for p in items))
+                    fields = {"seq": self._pub_seq + 1, "topic": out.topic, "count": n}
+                    if not self._core.send("PUBLISH", fields, batch):
+                        self._core.call_later(0.005, self._io_pump)  # the socket's queue is full
+                        return
+                    self._pub_seq += 1
+                    self._unacked.append((self._pub_seq, fields, memoryview(batch)))
+                    for _ in range(n):
+                        self._queued_bytes -= len(self._outq.popleft().payload)
+                    self._cv.notify_all()
+                    continue
                 end = min(size, out.offset + room)
                 more = end < size
                 fields: Dict[str, Any] = {"seq": self._pub_seq + 1, "topic": out.topic}
@@ -467,6 +490,24 @@ class Bus:
                     self._queued_bytes -= size
                     self._cv.notify_all()
 
+    def _batchable(self) -> int:
+        """Under _cv: how many publications from the front of the queue go as one batch:
+        small ones, none retained, on the front's topic, within the batch bounds (1: the front
+        goes alone)."""
+        q = self._outq
+        front = q[0]
+        if front.part or front.retain or len(front.payload) > _BATCH_ITEM_BYTES or len(q) < 2:
+            return 1
+        n, total = 1, 4 + len(front.payload)
+        for nxt in itertools.islice(q, 1, _BATCH_ITEMS):
+            size = len(nxt.payload)
+            if nxt.topic != front.topic or nxt.retain or size > _BATCH_ITEM_BYTES \
+                    or total + 4 + size > _BATCH_BYTES:
+                break
+            n += 1
+            total += 4 + size
+        return n
+
     def _io_deliver(self, msg: P.Message) -> None:
         seq = msg["seq"]
         with self._cv:
@@ -475,13 +516,42 @@ class Bus:
             if seq > self._taken + 1:  # not announced: count it as a gap all the same
                 self.lost += seq - self._taken - 1
             self._taken = seq
-            done = self._join(msg, seq)
-            if done is not None:
-                self._inbox.append((seq, done))
-                self._arrived.notify()
+            if "count" in msg.fields:  # a batch: its publications in order, under one seq
+                items = self._split(msg, msg["count"])  # (§17.5.1)
+            else:
+                done = self._join(msg, seq)
+                items = [done] if done is not None else []
+            if items:
+                self._inbox.extend((seq, m) for m in items)
+                self._arrived.notify(len(items))
             elif not self._inbox:
                 self._consumed = seq  # absorbed into a partial, or dropped
                 self._ack_lazy = True
+
+    def _split(self, msg: P.Message, count: int) -> List[BusMessage]:
+        """Under _cv: the publications of a batch; none (counted lost) when its payload does
+        not hold ``count`` items."""
+        sender, topic = msg["from"], msg["topic"]
+        if self._drop_partial(sender):
+            self.lost += 1  # a batch begins no fragment: an open publication ended
+        data = bytes(msg.payload or b"")
+        out: List[BusMessage] = []
+        pos, end, unpack = 0, len(data), _LENGTH.unpack_from
+        for _ in range(count):
+            if end - pos < 4:
+                break
+            (size,) = unpack(data, pos)
+            pos += 4
+            if end - pos < size:
+                break
+            out.append(BusMessage(topic, data[pos:pos + size], sender))
+            pos += size
+        if len(out) == count and pos == end:
+            return out
+        log.warning("bus %s: a batch of %d from %s on %r does not hold its items: %d lost",
+                    self.id, count, sender, topic, count)
+        self.lost += count
+        return []
 
     def _join(self, msg: P.Message, seq: int) -> Optional[BusMessage]:
         """Under _cv: the publication this delivery completes, if any."""

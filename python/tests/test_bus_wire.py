@@ -189,6 +189,29 @@ def test_17_5_fragments_and_an_abandoned_publication(bus) -> None:
     assert d["abandoned"] and d["part"] == 1 and d.payload == b""
 
 
+def _batch(*items: bytes) -> bytes:
+    return b"".join(len(i).to_bytes(4, "big") + i for i in items)
+
+
+def test_17_5_1_a_batch_is_one_publication_its_framing_checked(bus) -> None:
+    p, s = bus("p"), bus("s")
+    s.subscribe("t")
+    batch = _batch(b"one", b"", b"three")
+    p.send("PUBLISH", pub(1, "t", count=3), batch)
+    d = s.recv("DELIVER")
+    assert (d["seq"], d["count"], d["from"], d.payload) == (1, 3, "p", batch)
+    for seq, opts, payload in ((2, {"count": 4}, batch), (3, {"count": 2}, batch),
+                               (4, {"count": 3}, batch[:-1]), (5, {"count": 3}, batch + b"x"),
+                               (6, {"count": 3, "more": True}, batch),
+                               (7, {"count": 3, "retain": True}, batch)):
+        p.send("PUBLISH", pub(seq, "t", **opts), payload)
+        p.error(442, "PUBLISH")
+    p.send("PUBLISH", pub(8, "t", count=2), _batch(b"a", b"b"))
+    d = s.recv("DELIVER")
+    assert (d["seq"], d["count"], d.payload) == (2, 2, _batch(b"a", b"b"))
+    p.quiet()
+
+
 def test_17_6_a_bound_drops_with_a_numbered_gap(broker_factory) -> None:
     br = broker_factory("--bus-window", "1", "--bus-queue-bytes", "8192")
     ctx = zmq.Context()

@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "codec/batch.hpp"
+
 namespace rlbus::broker {
 
 namespace {
@@ -229,6 +231,17 @@ std::optional<refusal> topic_bus::on_publish(const std::string& id, const codec:
   if (!allowed(rights, p.topic))
     return refused(codec::error_code::unauthorized,
                    fmt::format("this node's key may not publish on topic '{}'", p.topic));
+  if (p.count) {  // a batch (SPEC §17.5.1), checked whole before it is relayed
+    if (p.retain || p.more || p.part > 0)
+      return refused(codec::error_code::bad_batch,
+                     "a batch is never a fragment nor a retained value: no part, more or "
+                     "retain with count");
+    if (!codec::valid_batch({payload.data<char>(), payload.size()}, *p.count))
+      return refused(codec::error_code::bad_batch,
+                     fmt::format("the payload ({} bytes) is not a batch of {} items, each a "
+                                 "4-byte big-endian length and then that many bytes",
+                                 payload.size(), *p.count));
+  }
   if (p.retain && (p.more || p.part > 0))
     return refused(codec::error_code::bad_fragment, "a fragment cannot be retained");
   if (p.part == 0 && n->open)
@@ -246,6 +259,7 @@ std::optional<refusal> topic_bus::on_publish(const std::string& id, const codec:
   pub->from = id;
   pub->part = p.part;
   pub->more = p.more;
+  pub->count = p.count.value_or(0);
   pub->payload = std::make_shared<bus_payload>(std::move(payload), total_);
   n->largest = std::max(n->largest, pub->payload->size());
   counts_.published++;
@@ -336,8 +350,8 @@ void topic_bus::flush(node& n) {
     }
     if (it == n.queue.end() || !room) return;
     const auto& pub = *it->pub;
-    const codec::deliver d{it->seq,  pub.topic,    pub.from,     pub.part,
-                           pub.more, it->retained, pub.abandoned};
+    codec::deliver d{it->seq, pub.topic, pub.from, pub.part, pub.more, it->retained, pub.abandoned};
+    if (pub.count > 0) d.count = pub.count;
     if (!sink_.send_delivery(n.id, d, pub.payload)) return;  // again on the next turn
     n.cursor = it->seq;
     n.sent_max = std::max(n.sent_max, n.cursor);

@@ -137,6 +137,7 @@ class topic_bus {
   struct publication {  // shared by the queues of all its recipients
     std::string topic, from;
     std::uint32_t part = 0;
+    std::uint32_t count = 0;  // a batch of this many (SPEC §17.5.1); 0: one publication
     bool more = false, abandoned = false;
     payload_ref payload;  // null when abandoned
     [[nodiscard]] std::size_t cost() const noexcept;

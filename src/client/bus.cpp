@@ -19,6 +19,7 @@
 
 #include "client/bus_inbox.hpp"
 #include "client/core.hpp"
+#include "codec/batch.hpp"
 #include "codec/codec.hpp"
 
 namespace rlbus {
@@ -271,6 +272,25 @@ struct bus::impl {
     while (!outq.empty() && pub_seq < pub_limit) {
       auto& out = outq.front();
       const std::size_t size = out.payload->size();
+      if (const auto n = batchable(); n > 1) {  // small ones queued on one topic: one PUBLISH
+        auto framed = std::make_shared<std::string>();
+        std::size_t bytes = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          codec::append_to_batch(*framed, *outq[i].payload);
+          bytes += outq[i].payload->size();
+        }
+        codec::publish p{pub_seq + 1, out.topic, 0, false, false};
+        p.count = static_cast<std::uint32_t>(n);
+        const auto length = framed->size();
+        sent kept{std::move(p), payload_frame{std::move(framed), 0, length}};
+        if (!s.send_ready(kept.msg, kept.payload)) return s.state() != connection_state::ready;
+        ++pub_seq;
+        unacked.push_back(std::move(kept));
+        queued_bytes -= bytes;
+        outq.erase(outq.begin(), outq.begin() + static_cast<std::ptrdiff_t>(n));
+        credit.notify_all();
+        continue;
+      }
       const std::size_t end = std::min(size, out.offset + room);
       const bool more = end < size;
       codec::publish p{pub_seq + 1, out.topic, out.part, more,
@@ -289,6 +309,27 @@ struct bus::impl {
       }
     }
     return true;
+  }
+
+  // How many publications from the front of the queue go as one batch (SPEC §17.5.1): small
+  // ones, none retained, on the front's topic, within the batch bounds; 1 when the front goes
+  // alone.
+  [[nodiscard]] std::size_t batchable() const {
+    const auto small = [](const outgoing& o) {
+      return o.part == 0 && !o.retain && o.payload->size() <= codec::batch_max_item_bytes;
+    };
+    const auto& front = outq.front();
+    if (!small(front)) return 1;
+    std::size_t n = 1;
+    std::size_t bytes = codec::batch_item_head + front.payload->size();
+    for (; n < outq.size() && n < codec::batch_max_items; ++n) {
+      const auto& next = outq[n];
+      if (!small(next) || next.topic != front.topic ||
+          bytes + codec::batch_item_head + next.payload->size() > codec::batch_max_bytes)
+        break;
+      bytes += codec::batch_item_head + next.payload->size();
+    }
+    return n;
   }
 
   void on_message(codec::message&& m) {

@@ -5,14 +5,24 @@
 
 #include <spdlog/spdlog.h>
 
+#include "codec/batch.hpp"
+
 namespace rlbus::client::detail {
 
 bool bus_inbox::deliver(const codec::deliver& d, std::string_view payload) {
   if (d.seq <= taken_) return false;                    // sent again after a resumption: we have it
   if (d.seq > taken_ + 1) lost_ += d.seq - taken_ - 1;  // not announced: a gap all the same
   taken_ = d.seq;
-  auto done = join(d, payload);
-  if (done) {
+  if (d.count) {  // a batch: its publications, in order, under the one seq (SPEC §17.5.1)
+    if (drop_partial(d.from)) ++lost_;  // a batch is part 0 of nothing: an open one ended
+    const bool whole = codec::for_each_in_batch(payload, *d.count, [&](std::string_view item) {
+      ready_.emplace_back(d.seq, bus_message{d.topic, std::string(item), d.from, false});
+    });
+    if (whole) return true;  // (nothing of a bad one was handed on)
+    spdlog::warn("bus: a batch of {} from {} on '{}' does not hold its items: {} lost", *d.count,
+                 d.from, d.topic, *d.count);
+    lost_ += *d.count;
+  } else if (auto done = join(d, payload)) {
     ready_.emplace_back(d.seq, std::move(*done));
     return true;
   }

@@ -1,6 +1,7 @@
 // The receiving half of rlbus::bus (SPEC §17.4.3, §17.5, §17.6): the deliveries of a node's
 // session become the publications recv() hands out, in `seq` order and each once (copies a
-// resumption sends again are dropped by `seq`), fragments joined per sender; an abandoned
+// resumption sends again are dropped by `seq`), batches split (their publications share the
+// batch's `seq`), fragments joined per sender; an abandoned
 // publication drops its sender's partial, a gap drops every partial, and both count in
 // lost(). It also says what the node may acknowledge: every delivery taken, handed to the
 // caller or absorbed into a partial, and when a BUS_ACK is due (every 32 taken, and whenever
@@ -30,7 +31,8 @@ class bus_inbox {
 
   explicit bus_inbox(std::size_t max_partial_bytes) : max_partial_(max_partial_bytes) {}
 
-  /// A DELIVER and its payload frame; true when it completed a publication for recv().
+  /// A DELIVER and its payload frame; true when it completed a publication (or a batch's) for
+  /// recv().
   bool deliver(const codec::deliver& d, std::string_view payload);
   /// BUS_GAP: deliveries `first`..`last` will never come.
   void gap(std::uint64_t first, std::uint64_t last);

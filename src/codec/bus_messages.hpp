@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -87,13 +88,15 @@ struct subscribed {
 };
 
 /// PUBLISH (node -> broker, with a payload frame): publication `seq` of the node's session
-/// on `topic`; `part` and `more` make fragments of one larger payload (§17.5).
+/// on `topic`; `part` and `more` make fragments of one larger payload (§17.5); `count`, a
+/// batch of that many publications in the payload (§17.5.1, batch.hpp).
 struct publish {
   std::uint64_t seq = 1;
   std::string topic;
   std::uint32_t part = 0;
   bool more = false;
   bool retain = false;
+  std::optional<std::uint32_t> count;
   RLBUS_BUS_MESSAGE(publish, publish)
   template <class S, class F>
   static void fields(S& s, F&& f) {
@@ -102,6 +105,7 @@ struct publish {
     f("part", s.part, rule::u32, rule::flag{});  // optional: 0 when absent, written when not 0
     f("more", s.more, rule::flag{});
     f("retain", s.retain, rule::flag{});
+    f("count", s.count, rule::range{2, 0xFFFF});
   }
 };
 
@@ -119,7 +123,7 @@ struct publish_credit {
 };
 
 /// DELIVER (broker -> node, with a payload frame): delivery `seq` of the node's queue, a
-/// publication (or fragment) of `from` on `topic`.
+/// publication (or fragment, or batch) of `from` on `topic`.
 struct deliver {
   std::uint64_t seq = 1;
   std::string topic;
@@ -128,6 +132,7 @@ struct deliver {
   bool more = false;
   bool retained = false;
   bool abandoned = false;
+  std::optional<std::uint32_t> count;
   RLBUS_BUS_MESSAGE(deliver, deliver)
   template <class S, class F>
   static void fields(S& s, F&& f) {
@@ -138,6 +143,7 @@ struct deliver {
     f("more", s.more, rule::flag{});
     f("retained", s.retained, rule::flag{});
     f("abandoned", s.abandoned, rule::flag{});
+    f("count", s.count, rule::range{2, 0xFFFF});
   }
 };
 

@@ -303,6 +303,8 @@ std::string_view code_name(std::uint16_t code) noexcept {
       return "TOO_MANY_SUBSCRIPTIONS";
     case error_code::bad_fragment:
       return "BAD_FRAGMENT";
+    case error_code::bad_batch:
+      return "BAD_BATCH";
     case error_code::busy:
       return "BUSY";
   }

@@ -105,6 +105,7 @@ enum class error_code : std::uint16_t {
   evicted = 433,                 // DISCONNECT: an operator ended the session (§16.5)
   too_many_subscriptions = 440,  // SUBSCRIBED: past bus-max-subscriptions (§17.8)
   bad_fragment = 441,            // PUBLISH that breaks the fragment rules (§17.5)
+  bad_batch = 442,               // PUBLISH whose batch breaks the batch rules (§17.5.1)
   stale_policy = 426,            // POLICY with a version not above the one the broker holds
   policy_limit = 427,            // POLICY over the broker's size or policy-count limit
   busy = 503,                    // broker full (max peers) or shutting down

@@ -205,6 +205,43 @@ TEST_CASE("bus: a slow subscriber loses nothing and holds its publisher back", "
   CHECK(b.get().snapshot().messages_in > 0);
 }
 
+TEST_CASE("bus: small publications queued while held back leave as batches, in order",
+          "[bus-client]") {
+  auto cfg = test_config();
+  cfg.bus_queue_bytes = 16 * 1024;
+  broker::server_thread b(cfg);
+  const auto ep = b.get().router_endpoint();
+  bus slow(node(ep, "slow"));
+  bus pub(node(ep, "pub"));
+  subscribed(slow, "small");
+  // Nobody reads: the publisher is held back and its queue fills (SPEC §17.4.2).
+  std::size_t published = 0;
+  for (;; ++published) {
+    const auto r = pub.publish("small", std::to_string(published), {}, 300ms);
+    if (!r.ok()) {
+      REQUIRE(r.error == bus_errc::timeout);
+      break;
+    }
+  }
+  REQUIRE(published > 256);  // at least a full queue waits in the publisher
+  // Then what was queued goes as batches of one PUBLISH each (SPEC §17.5.1): every
+  // publication comes, in order, each once, in fewer PUBLISH than publications.
+  const auto got = receive(slow, published);
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    CHECK(got[i].payload == std::to_string(i));
+    CHECK(got[i].topic == "small");
+    CHECK(got[i].sender == "pub");
+  }
+  REQUIRE(pub.publish("small", "alone", {}, 5s).ok());
+  CHECK(receive(slow, 1)[0].payload == "alone");
+  const auto publish_messages =
+      b.get().snapshot().received_by_type[static_cast<std::uint8_t>(codec::msg_type::publish)];
+  INFO(published + 1 << " publications in " << publish_messages << " PUBLISH");
+  CHECK(publish_messages < published / 2);
+  CHECK(slow.lost() == 0);
+  CHECK(pub.errors() == 0);
+}
+
 TEST_CASE("bus: close flushes what was published before it says DISCONNECT", "[bus-client]") {
   broker::server_thread b(test_config());
   const auto ep = b.get().router_endpoint();

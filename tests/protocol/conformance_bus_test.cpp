@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "codec/batch.hpp"
 #include "protocol/conformance.hpp"
 
 using namespace rlbus;
@@ -383,6 +384,59 @@ TEST_CASE("SPEC 17.5: fragments are relayed as they come, to the recipients of p
     CHECK(d.part == 1);
     CHECK(payload.empty());
   }
+}
+
+// §17.5.1 "A batch is taken, numbered, credited, queued, relayed and acknowledged as one
+// PUBLISH and one delivery: its recipients get one DELIVER with the same `count` and the same
+// payload frame" and the rules of BAD_BATCH (442).
+TEST_CASE("SPEC 17.5.1: a batch travels as one publication, its framing checked", "[spec]") {
+  broker::server_thread b(bus_config());
+  zmq::context_t ctx;
+  const auto router = b.get().router_endpoint();
+  raw_peer p(ctx, router), s(ctx, router);
+  join_node(p, "p");
+  join_node(s, "s");
+  subscribe_ok(s, "t");
+  std::string batch;
+  for (const auto* item : {"one", "", "three"}) codec::append_to_batch(batch, item);
+  const auto batch_of = [](std::uint64_t seq, std::uint32_t count, std::uint32_t part = 0,
+                           bool more = false, bool retain = false) {
+    auto m = pub(seq, "t", part, more, retain);
+    m.count = count;
+    return m;
+  };
+  p.send(batch_of(1, 3), batch);
+  const auto [d, payload] = next_delivery(s);
+  CHECK(d.seq == 1);
+  CHECK(d.count == std::optional<std::uint32_t>(3));
+  CHECK(d.from == "p");
+  CHECK(payload == batch);
+  std::vector<std::string> items;
+  CHECK(codec::for_each_in_batch(payload, 3,
+                                 [&](std::string_view i) { items.emplace(items.end(), i); }));
+  CHECK(items == std::vector<std::string>{"one", "", "three"});
+  // the framing, whole: fewer items, more, a length past the end, bytes left over
+  p.send(batch_of(2, 4), batch);
+  publish_refused(p, error_code::bad_batch);
+  p.send(batch_of(3, 2), batch);
+  publish_refused(p, error_code::bad_batch);
+  p.send(batch_of(4, 3), batch.substr(0, batch.size() - 1));
+  publish_refused(p, error_code::bad_batch);
+  p.send(batch_of(5, 3), batch + "x");
+  publish_refused(p, error_code::bad_batch);
+  // never a fragment nor a retained value
+  p.send(batch_of(6, 3, 0, true), batch);
+  publish_refused(p, error_code::bad_batch);
+  p.send(batch_of(7, 3, 0, false, true), batch);
+  publish_refused(p, error_code::bad_batch);
+  // each refused one used its seq, relayed nothing; the next is taken and is one delivery
+  p.send(batch_of(8, 2), batch.substr(0, 4 + 3 + 4));
+  const auto [d2, payload2] = next_delivery(s);
+  CHECK(d2.seq == 2);
+  CHECK(d2.count == std::optional<std::uint32_t>(2));
+  s.send(codec::bus_ack{2});  // both batches acknowledged at once: two deliveries
+  expect_quiet(s);
+  quiet_publisher(p);
 }
 
 // §17.6 "When appending would take a node's queue past bus-queue-bytes ... the broker SHALL

@@ -269,6 +269,7 @@ TEST_CASE("bus type ids: 0x70-0x77, none of them a task type, two with a payload
   CHECK(codec::type_name(0x77) == "BUS_GAP");
   CHECK(codec::code_name(440) == "TOO_MANY_SUBSCRIPTIONS");
   CHECK(codec::code_name(441) == "BAD_FRAGMENT");
+  CHECK(codec::code_name(442) == "BAD_BATCH");
 }
 
 TEST_CASE("role bus: its spelling, HELLO and the bus.* events; never a task's kind",
