@@ -264,7 +264,7 @@ std::optional<refusal> topic_bus::on_publish(const std::string& id, const codec:
   n->largest = std::max(n->largest, pub->payload->size());
   counts_.published++;
   counts_.published_bytes += pub->payload->size();
-  count_topic(p.topic, pub->payload->size());
+  count_topic(p.topic, p.count.value_or(1), pub->payload->size());  // a batch: its publications
   if (p.part == 0) {
     const auto to = recipients(p.topic, *n);
     if (p.more) {
@@ -466,17 +466,17 @@ void topic_bus::retain(const pub_ref& pub) {
 
 // ---- what an operator sees ----------------------------------------------------------------
 
-void topic_bus::count_topic(const std::string& topic, std::size_t bytes) {
+void topic_bus::count_topic(const std::string& topic, std::uint64_t messages, std::size_t bytes) {
   auto it = traffic_.find(topic);
   if (it == traffic_.end()) {
     if (traffic_.size() >= max_tracked_topics) {  // topics are the peers' to name: bounded
-      other_traffic_.messages++;
+      other_traffic_.messages += messages;
       other_traffic_.bytes += bytes;
       return;
     }
     it = traffic_.emplace(topic, traffic{}).first;
   }
-  it->second.messages++;
+  it->second.messages += messages;
   it->second.bytes += bytes;
 }
 

@@ -208,7 +208,7 @@ class topic_bus {
   [[nodiscard]] bool held_back(const node& publisher) const;
   void retry_waiting();
   void retain(const pub_ref& pub);
-  void count_topic(const std::string& topic, std::size_t bytes);
+  void count_topic(const std::string& topic, std::uint64_t messages, std::size_t bytes);
 
   config const& cfg_;
   bus_sink& sink_;
