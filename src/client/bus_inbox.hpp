@@ -1,11 +1,10 @@
 // The receiving half of rlbus::bus (SPEC §17.4.3, §17.5, §17.6): the deliveries of a node's
 // session become the publications recv() hands out, in `seq` order and each once (copies a
 // resumption sends again are dropped by `seq`), batches split (their publications share the
-// batch's `seq`), fragments joined per sender; an abandoned
-// publication drops its sender's partial, a gap drops every partial, and both count in
-// lost(). It also says what the node may acknowledge: every delivery taken, handed to the
-// caller or absorbed into a partial, and when a BUS_ACK is due (every 32 taken, and whenever
-// all received are taken).
+// batch's `seq`), fragments joined per sender; an abandoned publication drops its sender's
+// partial, a gap drops every partial, and both count in lost(). It also says what the node may
+// acknowledge: every delivery taken, handed to the caller or absorbed into a partial, and when a
+// BUS_ACK is due (every 32 taken, and whenever all received are taken).
 //
 // Plain state, no locks and no sockets: rlbus::bus keeps it under its core's lock.
 #pragma once

@@ -19,6 +19,13 @@ inline constexpr std::size_t batch_max_items = 256;
 inline constexpr std::size_t batch_max_item_bytes = 8 * 1024;
 inline constexpr std::size_t batch_max_bytes = 64 * 1024;
 
+/// The length before an item (4 bytes, big-endian).
+inline std::size_t batch_item_length(const char* at) noexcept {
+  const auto* b = reinterpret_cast<const unsigned char*>(at);
+  return (std::size_t{b[0]} << 24U) | (std::size_t{b[1]} << 16U) | (std::size_t{b[2]} << 8U) |
+         std::size_t{b[3]};
+}
+
 /// Calls `each(item)` for the items of `payload`, a batch of `count`; false, having called it
 /// for none, when `payload` is not exactly `count` items (a length running past the end, bytes
 /// left over, fewer or more items).
@@ -28,19 +35,14 @@ bool for_each_in_batch(std::string_view payload, std::uint32_t count, F&& each) 
   std::size_t pos = 0;
   for (std::uint32_t i = 0; i < count; ++i) {
     if (payload.size() - pos < batch_item_head) return false;
-    const auto* b = reinterpret_cast<const unsigned char*>(payload.data() + pos);
-    const std::size_t n = (std::size_t{b[0]} << 24U) | (std::size_t{b[1]} << 16U) |
-                          (std::size_t{b[2]} << 8U) | std::size_t{b[3]};
+    const auto n = batch_item_length(payload.data() + pos);
     pos += batch_item_head;
     if (payload.size() - pos < n) return false;
     pos += n;
   }
   if (pos != payload.size()) return false;
-  pos = 0;
-  for (std::uint32_t i = 0; i < count; ++i) {
-    const auto* b = reinterpret_cast<const unsigned char*>(payload.data() + pos);
-    const std::size_t n = (std::size_t{b[0]} << 24U) | (std::size_t{b[1]} << 16U) |
-                          (std::size_t{b[2]} << 8U) | std::size_t{b[3]};
+  for (pos = 0; pos < payload.size();) {
+    const auto n = batch_item_length(payload.data() + pos);
     each(payload.substr(pos + batch_item_head, n));
     pos += batch_item_head + n;
   }

@@ -9,6 +9,7 @@
 
 #include <msgpack.hpp>
 
+#include "codec/batch.hpp"
 #include "codec/codec.hpp"
 
 using namespace rlbus;
@@ -300,4 +301,46 @@ TEST_CASE("role bus: its spelling, HELLO and the bus.* events; never a task's ki
   codec::event status{"task.c.started", 1, 0, 0};
   status.body = codec::task_status{"t", role::bus, 1, "w", ""};
   CHECK_FALSE(codec::decode_event(status.topic, codec::encode_event(status)));
+}
+
+TEST_CASE("batch framing: made and split back, and any other bytes refused whole",
+          "[unit][codec][bus]") {
+  const std::vector<std::string> items{"a", "", std::string(300, 'x'), std::string("\0\1", 2)};
+  std::string batch;
+  for (const auto& i : items) codec::append_to_batch(batch, i);
+  CHECK(batch.size() == 4 * codec::batch_item_head + 1 + 300 + 2);
+  CHECK(batch.substr(0, 5) == std::string("\0\0\0\1a", 5));
+  std::vector<std::string> back;
+  CHECK(codec::for_each_in_batch(batch, 4, [&](std::string_view i) { back.emplace_back(i); }));
+  CHECK(back == items);
+  CHECK_FALSE(codec::valid_batch(batch, 3));
+  CHECK_FALSE(codec::valid_batch(batch, 5));
+  // Every cut, every byte changed, every byte added: refused or read back as the same number
+  // of items lying within the payload; nothing is handed on from a refused one.
+  std::uint32_t seed = 7;
+  for (std::size_t k = 0; k <= batch.size(); ++k) {
+    const auto cut = batch.substr(0, k);
+    int handed = 0;
+    const bool ok = codec::for_each_in_batch(cut, 4, [&](std::string_view) { ++handed; });
+    CHECK(ok == (k == batch.size()));
+    CHECK(handed == (ok ? 4 : 0));
+    if (k < batch.size()) {
+      auto changed = batch;
+      seed = seed * 1664525U + 1013904223U;
+      changed[k] = static_cast<char>(seed >> 24);
+      handed = 0;
+      std::size_t bytes = 0;
+      if (codec::for_each_in_batch(changed, 4, [&](std::string_view i) {
+            ++handed;
+            bytes += i.size();
+          })) {
+        CHECK(handed == 4);
+        CHECK(bytes + 4 * codec::batch_item_head == changed.size());
+      } else {
+        CHECK(handed == 0);
+      }
+    }
+  }
+  CHECK_FALSE(codec::valid_batch(batch + std::string(1, '\0'), 4));
+  CHECK_FALSE(codec::valid_batch(std::string("\xff\xff\xff\xff", 4), 2));  // a length past the end
 }
