@@ -391,10 +391,13 @@ bool topic_bus::held_back(const node& publisher) const {
 
 // Credit counts PUBLISH, but what a queue must hold is bytes: a node whose publications are
 // large gets fewer at a time, so that what it may send ahead stays within a quarter of a
-// queue's bound (counted at its largest payload so far, max-message before its first).
+// queue's bound (counted at its largest payload so far, max-message before its first, and
+// at least the largest batch the reference SDKs make: a node that has sent only small
+// publications may send its queue as batches next).
 std::uint64_t topic_bus::chunk(const node& publisher) const {
-  const auto size = (publisher.largest == 0 ? cfg_.max_message : publisher.largest) +
-                    publisher.id.size() + max_topic_cost;
+  const auto payload = publisher.largest == 0 ? cfg_.max_message : publisher.largest;
+  const auto size =
+      std::max(payload, codec::batch_max_bytes) + publisher.id.size() + max_topic_cost;
   const auto fits = cfg_.bus_queue_bytes / 4 / std::max<std::size_t>(size, 1);
   return std::clamp<std::uint64_t>(fits, 2, std::max<std::uint64_t>(cfg_.bus_credit, 2));
 }
