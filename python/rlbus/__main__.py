@@ -8,7 +8,7 @@ import sys
 
 from . import __version__
 from ._broker import BROKER_ENV, find_broker
-from .compat._util import DEFAULT_ENDPOINT, ENDPOINT_ENV, _listening
+from .compat._util import DEFAULT_ENDPOINT, ENDPOINT_ENV, broker_listening
 
 
 def main(argv=None) -> int:
@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     if named:
         print(f"endpoint: {named} (${ENDPOINT_ENV})")
     else:
-        here_now = "a broker listens there" if _listening(DEFAULT_ENDPOINT) else \
+        here_now = "a broker listens there" if broker_listening(DEFAULT_ENDPOINT) else \
             "nothing listens there now"
         print(f"endpoint: {DEFAULT_ENDPOINT} for rlbus.Worker, Coordinator and Bus given no "
               f"other (${ENDPOINT_ENV} unset; {here_now}); for DI-engine, patch_dingengine() "

@@ -80,7 +80,7 @@ def resolve_endpoint(cfg=None, explicit=None):
 _local = {"broker": None, "pid": None}
 
 
-def _listening(endpoint, timeout=0.2):
+def broker_listening(endpoint, timeout=0.2):
     """Whether a TCP endpoint accepts connections (tcp://HOST:PORT only)."""
     m = re.match(r"^tcp://([^:/]+):(\d+)$", endpoint)
     if not m:
@@ -104,7 +104,7 @@ def ensure_local_broker():
         return named
     if _local["broker"] is not None and _local["pid"] == os.getpid():
         return _local["broker"].router
-    if _listening(DEFAULT_ENDPOINT):
+    if broker_listening(DEFAULT_ENDPOINT):
         log.info("rlbus: no broker named ($%s); using the one listening at %s", ENDPOINT_ENV,
                  DEFAULT_ENDPOINT)
         return DEFAULT_ENDPOINT
