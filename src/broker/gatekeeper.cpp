@@ -117,9 +117,13 @@ void gatekeeper::poll_items(std::vector<zmq::pollitem_t>& items) {
 }
 
 void gatekeeper::on_readable() {
+  read_monitors();
+  on_zap();
+}
+
+void gatekeeper::read_monitors() {
   for (std::size_t i = 0; i < monitors_.size(); ++i)
     if (monitors_[i].handle() != nullptr) on_monitor(static_cast<int>(i));
-  on_zap();
 }
 
 void gatekeeper::on_monitor(int handle) {
@@ -170,15 +174,13 @@ void gatekeeper::on_monitor(int handle) {
 }
 
 bool gatekeeper::cut_off(int fd) {
-  for (std::size_t i = 0; i < monitors_.size(); ++i)
-    if (monitors_[i].handle() != nullptr) on_monitor(static_cast<int>(i));
+  read_monitors();
   const auto it = connections_.find(fd);
   return it != connections_.end() ? it->second.cut : cut_gone_.count(fd) != 0;
 }
 
 std::optional<std::string> gatekeeper::cut_stalled(int fd) {
-  for (std::size_t i = 0; i < monitors_.size(); ++i)
-    if (monitors_[i].handle() != nullptr) on_monitor(static_cast<int>(i));
+  read_monitors();
   const auto it = connections_.find(fd);
   if (it == connections_.end() || it->second.cut || ::shutdown(fd, SHUT_RDWR) != 0)
     return std::nullopt;

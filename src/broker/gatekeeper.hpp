@@ -108,6 +108,7 @@ class gatekeeper {
   [[nodiscard]] std::optional<file_id> stat_allowlist() const;
   void on_zap();
   void note_refusal(std::string_view address, std::string_view why);
+  void read_monitors();  // every live monitor's events so far
   void on_monitor(int handle);
   /// 200 with the key as user id, or a refusal: {status, text}.
   std::pair<std::string, std::string> decide(std::string_view domain, std::string_view address,
