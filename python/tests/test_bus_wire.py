@@ -9,6 +9,7 @@ from typing import Any, List, Optional
 import pytest
 import zmq
 
+import rlbus
 from conftest import Broker
 from rlbus import protocol as P
 
@@ -16,10 +17,13 @@ from rlbus import protocol as P
 class Node:
     """A node of the bus by hand: it joins and reads its first PUBLISH_CREDIT."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, id: str, role: str = "bus") -> None:
+    def __init__(self, ctx: zmq.Context, endpoint: str, id: str, role: str = "bus",
+                 curve: Optional[rlbus.CurveKeys] = None) -> None:
         self.id = id
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.linger = 0
+        if curve is not None:
+            curve.apply(self.sock)
         self.sock.connect(endpoint)
         self.send("HELLO", {"role": role, "id": id, "heartbeat_ms": 60000})
         self.welcome = self.recv()

@@ -118,7 +118,11 @@ struct config {
   std::size_t bus_queue_bytes = std::size_t{64} * 1024 * 1024;
   /// The same for the payloads all queues hold together (a payload shared by several once).
   std::size_t bus_memory = std::size_t{256} * 1024 * 1024;
-  /// Payload bytes kept as topics' last values; the oldest is forgotten past it.
+  /// How long a node may hold publishers back while it acknowledges nothing: then its unsent
+  /// deliveries are dropped (a gap) and it holds no one back until it acknowledges again. 0:
+  /// for as long as its session lives.
+  std::uint32_t bus_stall_ms = 5'000;
+  /// What topics' last values may cost together; the oldest is forgotten past it.
   std::size_t bus_retain_bytes = std::size_t{64} * 1024 * 1024;
   /// Most subscriptions of one node, and most sessions of role bus at once.
   std::size_t bus_max_subscriptions = 1024;

@@ -91,7 +91,13 @@ void bus_families(exposition& e, const stats& s) {
         b.published_bytes);
   e.one("rlbus_bus_delivered_total", "counter", "deliveries queued to nodes", b.delivered);
   e.one("rlbus_bus_dropped_total", "counter",
-        "deliveries dropped by a bound (bus-queue-bytes, bus-memory), reported as gaps", b.dropped);
+        "deliveries dropped by a bound (bus-queue-bytes, bus-memory) or a stall, reported as gaps",
+        b.dropped);
+  e.one("rlbus_bus_stalls_total", "counter",
+        "nodes found holding publishers back without acknowledging for bus-stall-timeout",
+        b.stalls);
+  e.one("rlbus_bus_stalled_nodes", "gauge",
+        "nodes stalled now (holding no one back until they acknowledge)", b.stalled);
   e.one("rlbus_bus_gaps_total", "counter", "BUS_GAP messages sent", b.gaps);
   e.one("rlbus_bus_resent_total", "counter", "deliveries sent again after a resumption", b.resent);
   e.one("rlbus_bus_duplicates_total", "counter", "PUBLISH copies dropped (already taken)",
@@ -99,7 +105,9 @@ void bus_families(exposition& e, const stats& s) {
   e.one("rlbus_bus_abandoned_total", "counter",
         "fragmented publications cut short by the end of their publisher's session", b.abandoned);
   e.one("rlbus_bus_held_back", "gauge", "publishers waiting for credit now", b.held_back);
-  e.one("rlbus_bus_queued_bytes", "gauge", "payload bytes the bus's queues hold", b.queued_bytes);
+  e.one("rlbus_bus_queued_bytes", "gauge",
+        "bytes the bus holds (publications once, queue entries each), against bus-memory",
+        b.queued_bytes);
   e.one("rlbus_bus_retained", "gauge", "topics with a retained value", b.retained);
   e.one("rlbus_bus_retained_bytes", "gauge", "bytes of retained values", b.retained_bytes);
   e.one("rlbus_bus_retain_evicted_total", "counter",
@@ -119,6 +127,14 @@ void bus_families(exposition& e, const stats& s) {
   e.head("rlbus_bus_node_lag_bytes", "gauge", "bytes a node has not acknowledged");
   for (const auto& n : s.bus_lag)
     e.sample("rlbus_bus_node_lag_bytes", "node", escaped(n.id), n.queued_bytes);
+  e.head("rlbus_bus_node_dropped_total", "counter",
+         "a node's deliveries dropped by a bound or a stall (the nodes that lag most)");
+  for (const auto& n : s.bus_lag)
+    e.sample("rlbus_bus_node_dropped_total", "node", escaped(n.id), n.dropped);
+  e.head("rlbus_bus_node_stalled", "gauge",
+         "1 while a node is stalled: it holds no publisher back until it acknowledges");
+  for (const auto& n : s.bus_lag)
+    e.sample("rlbus_bus_node_stalled", "node", escaped(n.id), n.stalled ? 1 : 0);
 }
 
 }  // namespace

@@ -185,7 +185,7 @@ codec::blob server::ops_topics(std::size_t limit, std::size_t offset) const {
                           .uint("subscribers", topics[i].subscribers)
                           .done());
   for (std::size_t i = offset; i < nodes.size(); ++i)
-    n_items.push_back(codec::map_writer(8)
+    n_items.push_back(codec::map_writer(13)
                           .str("id", nodes[i].id)
                           .uint("subscriptions", nodes[i].subscriptions)
                           .uint("queued", nodes[i].queued)
@@ -194,6 +194,11 @@ codec::blob server::ops_topics(std::size_t limit, std::size_t offset) const {
                           .uint("next_seq", nodes[i].next_seq)
                           .uint("published", nodes[i].published)
                           .boolean("held_back", nodes[i].held_back)
+                          .str("held_by", nodes[i].held_by)
+                          .strings("holding_back", nodes[i].holding_back)
+                          .boolean("stalled", nodes[i].stalled)
+                          .uint("stalls", nodes[i].stalls)
+                          .uint("dropped", nodes[i].dropped)
                           .done());
   return codec::map_writer(4)
       .array("topics", t_items)
@@ -264,6 +269,8 @@ codec::blob server::ops_status(util::time_point now) const {
       {"duplicates", b.duplicates},
       {"abandoned", b.abandoned},
       {"held_back", b.held_back},
+      {"stalls", b.stalls},
+      {"stalled", b.stalled},
       {"queued_bytes", b.queued_bytes},
       {"retained", b.retained},
       {"retained_bytes", b.retained_bytes},

@@ -198,7 +198,7 @@ void server::run() {
       cut_stalled(now);
       meter_.prune();
       tasks_.pump_streams();
-      bus_.pump();
+      bus_.pump(now);
       publish_status(now);
     }
     store_counters();

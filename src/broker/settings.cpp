@@ -118,12 +118,20 @@ std::vector<setting> make_table() {
        "it, and its oldest unsent deliveries are dropped (reported as a gap) past it",
        &c::bus_queue_bytes, 4096, std::uint64_t{1} << 40U, any, "bytes", "bus-queue-bytes"},
       {"bus", "memory",
-       "bytes of payloads all the bus's queues hold together (a payload several nodes get "
-       "counts once), with the same rules as queue-bytes",
+       "bytes the bus holds together: each publication once (a payload several nodes get "
+       "counts once), each queue entry on its own; past half of it a node holding more than "
+       "its share holds its publishers back, past it the largest queue loses its oldest unsent "
+       "deliveries",
        &c::bus_memory, 4096, std::uint64_t{1} << 44U, any, "bytes", "bus-memory"},
+      {"bus", "stall-timeout",
+       "how long a node may hold publishers back while it acknowledges nothing; then its unsent "
+       "deliveries are dropped (reported as a gap) and it holds no one back until it "
+       "acknowledges again (0 = for as long as its session lives)",
+       &c::bus_stall_ms, 0, day_ms, any, "ms", "bus-stall-timeout"},
       {"bus", "retain-bytes",
        "bytes kept as topics' last values for nodes that subscribe later (each its payload, "
-       "topic and publisher, 0 = none); the oldest is forgotten past it",
+       "topic, publisher and the broker's bookkeeping, 0 = none); the oldest is forgotten past "
+       "it",
        &c::bus_retain_bytes, 0, std::uint64_t{1} << 40U, any, "bytes", "bus-retain-bytes"},
       {"bus", "max-subscriptions",
        "most subscriptions of one node; more are refused (440 TOO_MANY_SUBSCRIPTIONS)",

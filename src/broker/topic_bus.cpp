@@ -16,6 +16,14 @@ namespace {
 constexpr std::size_t delivery_overhead = 64;  // what a delivery costs a queue besides its bytes
 constexpr std::size_t max_topic_cost = codec::max_topic_length + delivery_overhead;
 constexpr std::size_t max_tracked_topics = 1024;  // topics counted by name; the rest as one
+constexpr std::size_t max_holders_named = 8;      // publishers a node's stats name as waiting
+
+// What the broker really holds besides payload bytes (measured against RSS: see the limits
+// tests): each publication's own record, its payload's and libzmq's (with their allocator
+// headers), and its topic and publisher id; each queue entry; each retained value's places
+// in the two maps that keep it.
+constexpr std::size_t publication_bookkeeping = 192;
+constexpr std::size_t retained_bookkeeping = 224;
 
 bool allowed(topic_bus::topic_rights rights, std::string_view topic) {
   if (rights == nullptr) return true;
@@ -25,13 +33,14 @@ bool allowed(topic_bus::topic_rights rights, std::string_view topic) {
 
 }  // namespace
 
-bus_payload::bus_payload(zmq::message_t frame, std::shared_ptr<std::atomic<std::size_t>> total)
-    : frame_(std::move(frame)), total_(std::move(total)) {
-  total_->fetch_add(frame_.size(), std::memory_order_relaxed);
+bus_payload::bus_payload(zmq::message_t frame, std::size_t overhead,
+                         std::shared_ptr<std::atomic<std::size_t>> total)
+    : frame_(std::move(frame)), counted_(frame_.size() + overhead), total_(std::move(total)) {
+  total_->fetch_add(counted_, std::memory_order_relaxed);
 }
 
 bus_payload::~bus_payload() {
-  total_->fetch_sub(frame_.size(), std::memory_order_relaxed);
+  total_->fetch_sub(counted_, std::memory_order_relaxed);
 }
 
 std::size_t topic_bus::publication::cost() const noexcept {
@@ -45,11 +54,22 @@ topic_bus::node* topic_bus::find(std::string_view id) {
   return it == nodes_.end() ? nullptr : it->second.get();
 }
 
+topic_bus::node* topic_bus::find(const session_ref& s) {
+  node* n = find(s.id);
+  return n != nullptr && n->serial == s.serial ? n : nullptr;
+}
+
+std::size_t topic_bus::held() const noexcept {
+  return total_->load(std::memory_order_relaxed) + entries_bytes_;
+}
+
 // ---- sessions -----------------------------------------------------------------------------
 
 void topic_bus::node_joined(const std::string& id) {
+  if (find(id) != nullptr) node_gone(id);  // the broker ends a session before another begins
   auto n = std::make_unique<node>();
   n->id = id;
+  n->serial = ++last_serial_;
   auto& added = *nodes_.insert_or_assign(id, std::move(n)).first->second;
   grant(added, true);
 }
@@ -58,6 +78,7 @@ void topic_bus::node_resumed(const std::string& id) {
   node* n = find(id);
   if (n == nullptr) return node_joined(id);
   grant(*n, true);  // what it holds, and what the broker took of what it sent
+  n->quiet_since.reset();  // a new connection: its silence begins again
   if (n->cursor > n->acked) counts_.resent += n->cursor - n->acked;
   n->cursor = n->acked;  // the old connection took what it was sent with it
   flush(*n);
@@ -69,6 +90,7 @@ void topic_bus::node_gone(const std::string& id) {
   node& n = *it->second;
   for (const auto& [key, echo] : n.subs) index_remove(n, key.first, key.second);
   for (const auto& e : n.queue) forget(n, e);
+  if (!n.queue.empty()) holders_--;
   n.queue.clear();
   waiting_.erase(n.id);
   acks_due_.erase(n.id);
@@ -136,18 +158,47 @@ std::optional<refusal> topic_bus::subscribe(node& n, const codec::subscribe& s,
   index_add(n, s.prefix, s.topic, s.echo);
   answer(n, s.req, std::nullopt, "");
   if (s.last) {  // the retained values it matches, in topic order (SPEC §17.7)
-    const auto send_retained = [&](const retained_value& v) {
-      if (v.pub->from != n.id || s.echo) enqueue(n, v.pub, true);
-    };
     if (s.prefix) {
-      for (auto r = retained_.lower_bound(s.topic);
-           r != retained_.end() && r->first.compare(0, s.topic.size(), s.topic) == 0; ++r)
-        send_retained(r->second);
-    } else if (const auto r = retained_.find(s.topic); r != retained_.end()) {
-      send_retained(r->second);
+      n.replays.push_back(replay{s.topic, s.echo, s.topic, retain_clock_, {}});
+      feed_replays(n);
+    } else if (const auto r = retained_.find(s.topic);
+               r != retained_.end() && (r->second.pub->from != n.id || s.echo)) {
+      enqueue(n, r->second.pub, true);
     }
   }
   return std::nullopt;
+}
+
+// A replay is bounded by the node's queue, not by the retained values: it goes on as the node
+// acknowledges, a bounded step at a time, so that the loop never stalls on it.
+void topic_bus::feed_replays(node& n) {
+  constexpr std::size_t step = 1024;
+  for (std::size_t k = 0; k < step && !n.replays.empty(); ++k) {
+    if (n.queue_bytes >= cfg_.bus_queue_bytes / 4) return;
+    auto& r = n.replays.front();
+    const auto it = retained_.lower_bound(r.next);
+    if (it == retained_.end() || it->first.compare(0, r.prefix.size(), r.prefix) != 0) {
+      n.replays.pop_front();
+      continue;
+    }
+    r.next = it->first + '\0';  // (topics are printable: this is the next one up)
+    const auto& v = it->second;
+    if (v.order > r.before || r.early.count(it->first) > 0 || (v.pub->from == n.id && !r.echo))
+      continue;
+    enqueue(n, v.pub, true);
+  }
+}
+
+void topic_bus::replay_before_live(node& n, const std::string& topic) {
+  for (auto& r : n.replays) {
+    if (topic.compare(0, r.prefix.size(), r.prefix) != 0 || topic < r.next ||
+        !r.early.insert(topic).second)
+      continue;
+    const auto it = retained_.find(topic);
+    if (it != retained_.end() && it->second.order <= r.before &&
+        (it->second.pub->from != n.id || r.echo))
+      enqueue(n, it->second.pub, true);
+  }
 }
 
 std::optional<refusal> topic_bus::unsubscribe(node& n, const codec::unsubscribe& u,
@@ -260,7 +311,8 @@ std::optional<refusal> topic_bus::on_publish(const std::string& id, const codec:
   pub->part = p.part;
   pub->more = p.more;
   pub->count = p.count.value_or(0);
-  pub->payload = std::make_shared<bus_payload>(std::move(payload), total_);
+  pub->payload = std::make_shared<bus_payload>(
+      std::move(payload), publication_bookkeeping + p.topic.size() + id.size(), total_);
   n->largest = std::max(n->largest, pub->payload->size());
   counts_.published++;
   counts_.published_bytes += pub->payload->size();
@@ -270,9 +322,12 @@ std::optional<refusal> topic_bus::on_publish(const std::string& id, const codec:
     if (p.more) {
       n->open = open_run{p.topic, 1, {}};
       n->open->recipients.reserve(to.size());
-      for (node* r : to) n->open->recipients.push_back(r->id);
+      for (node* r : to) n->open->recipients.push_back({r->id, r->serial});
     }
-    for (node* r : to) enqueue(*r, pub);
+    for (node* r : to) {
+      if (!r->replays.empty()) replay_before_live(*r, p.topic);
+      enqueue(*r, pub);
+    }
   } else {
     for (const auto& r : n->open->recipients)  // enqueue leaves the run alone
       if (node* to = find(r)) enqueue(*to, pub);
@@ -288,8 +343,10 @@ std::optional<refusal> topic_bus::on_publish(const std::string& id, const codec:
 }
 
 void topic_bus::enqueue(node& to, const pub_ref& pub, bool retained) {
+  if (to.queue.empty()) holders_++;
   to.queue.push_back({to.next_seq++, pub, retained});
   to.queue_bytes += pub->cost();
+  entries_bytes_ += sizeof(entry);
   counts_.delivered++;
   if (node* from = find(pub->from); from != nullptr) from->held_by[to.id]++;
   enforce_bounds(to);
@@ -298,18 +355,21 @@ void topic_bus::enqueue(node& to, const pub_ref& pub, bool retained) {
 
 void topic_bus::forget(node& to, const entry& e) {
   to.queue_bytes -= e.pub->cost();
+  entries_bytes_ -= sizeof(entry);
   if (node* from = find(e.pub->from); from != nullptr) {
     const auto it = from->held_by.find(to.id);
     if (it != from->held_by.end() && --it->second == 0) from->held_by.erase(it);
   }
 }
 
-// The node's queue past bus-queue-bytes, or all of them past bus-memory: the oldest
-// deliveries not sent yet go, their seqs kept for the gap (SPEC §17.6).
+// The node's queue past bus-queue-bytes (half of it while the node is stalled: it holds no one
+// back, so no more than one that does), or all of them past bus-memory: the oldest deliveries
+// not sent yet go, their seqs kept for the gap (SPEC §17.6).
 void topic_bus::enforce_bounds(node& to) {
-  while (to.queue_bytes > cfg_.bus_queue_bytes)
+  const auto bound = to.stalled ? cfg_.bus_queue_bytes / 2 : cfg_.bus_queue_bytes;
+  while (to.queue_bytes > bound)
     if (!drop_oldest_unsent(to)) break;
-  while (total_->load(std::memory_order_relaxed) > cfg_.bus_memory) {
+  while (held() > cfg_.bus_memory) {
     node* largest = nullptr;
     for (auto& [id, n] : nodes_)
       if (n->queue.size() > 0 && (largest == nullptr || n->queue_bytes > largest->queue_bytes))
@@ -324,7 +384,9 @@ bool topic_bus::drop_oldest_unsent(node& n) {
   if (it == n.queue.end()) return false;  // all it holds is sent: it goes when acknowledged
   forget(n, *it);
   n.queue.erase(it);
+  if (n.queue.empty()) holders_--;
   counts_.dropped++;
+  n.dropped++;
   return true;
 }
 
@@ -364,29 +426,102 @@ std::optional<refusal> topic_bus::bus_ack(node& n, std::uint64_t seq) {
                    fmt::format("BUS_ACK {} is past the last delivery sent ({})", seq, n.sent_max)};
   if (seq <= n.acked) return std::nullopt;
   n.acked = seq;
+  n.quiet_since.reset();
+  if (n.stalled) {
+    n.stalled = false;
+    spdlog::info("bus node {} acknowledges again: it holds its publishers back again", n.id);
+  }
+  const bool held_any = !n.queue.empty();
   while (!n.queue.empty() && n.queue.front().seq <= seq) {
     forget(n, n.queue.front());
     n.queue.pop_front();
   }
+  if (held_any && n.queue.empty()) holders_--;
   n.cursor = std::max(n.cursor, seq);
+  feed_replays(n);
   flush(n);
   retry_waiting();
   return std::nullopt;
 }
 
-void topic_bus::pump() {
-  for (auto& [id, n] : nodes_) flush(*n);
+void topic_bus::pump(util::time_point now) {
+  for (auto& [id, n] : nodes_) {
+    feed_replays(*n);
+    flush(*n);
+    // Silence is measured from a tick: a node is never found stalled early.
+    if (n->queue.empty()) {
+      n->quiet_since.reset();
+    } else if (!n->quiet_since) {
+      n->quiet_since = now;
+    } else if (!n->stalled && cfg_.bus_stall_ms > 0 &&
+               now - *n->quiet_since >= util::milliseconds(cfg_.bus_stall_ms) && holds_back(*n) &&
+               std::any_of(waiting_.begin(), waiting_.end(), [&](const std::string& p) {
+                 const node* w = find(p);
+                 return w != nullptr && w->held_by.count(n->id) > 0;
+               })) {
+      stall(*n, now);
+    }
+  }
+  retry_waiting();
+}
+
+// A node that held publishers back and acknowledged nothing for bus-stall-timeout (SPEC
+// §17.6.1): what it has not been sent is dropped (a gap), and it holds no one back until it
+// acknowledges again.
+void topic_bus::stall(node& n, util::time_point now) {
+  std::vector<std::string> waiting;
+  for (const auto& p : waiting_)
+    if (const node* w = find(p); w != nullptr && w->held_by.count(n.id) > 0) waiting.push_back(p);
+  std::sort(waiting.begin(), waiting.end());
+  const auto bytes = n.queue_bytes;
+  const auto before = n.dropped;
+  n.stalled = true;
+  n.stalls++;
+  counts_.stalls++;
+  while (drop_oldest_unsent(n)) {
+  }
+  flush(n);  // the gap, if its connection takes it
+  spdlog::warn(
+      "bus node {} held {} publisher(s) back ({}{}) and acknowledged nothing for {} ms: its {} "
+      "unsent deliveries are dropped as a gap ({} of {} bytes freed), and it holds no one back "
+      "until it acknowledges again",
+      n.id, waiting.size(), waiting.empty() ? std::string() : waiting.front(),
+      waiting.size() > 1 ? ", ..." : "",
+      std::chrono::duration_cast<std::chrono::milliseconds>(now - *n.quiet_since).count(),
+      n.dropped - before, bytes - n.queue_bytes, bytes);
   retry_waiting();
 }
 
 // ---- credit in ----------------------------------------------------------------------------
 
+// A subscriber holds its publishers back while its queue holds more than half of
+// bus-queue-bytes, or, while the bus as a whole holds more than half of bus-memory, more than
+// its share of that half (SPEC §17.4.2). A stalled node holds no one back.
+bool topic_bus::holds_back(const node& subscriber) const {
+  if (subscriber.stalled) return false;
+  if (subscriber.queue_bytes > cfg_.bus_queue_bytes / 2) return true;
+  return held() > cfg_.bus_memory / 2 &&
+         subscriber.queue_bytes > cfg_.bus_memory / 2 / std::max<std::size_t>(holders_, 1);
+}
+
 bool topic_bus::held_back(const node& publisher) const {
-  if (total_->load(std::memory_order_relaxed) > cfg_.bus_memory / 2) return true;
   return std::any_of(publisher.held_by.begin(), publisher.held_by.end(), [&](const auto& h) {
     const auto it = nodes_.find(h.first);
-    return it != nodes_.end() && it->second->queue_bytes > cfg_.bus_queue_bytes / 2;
+    return it != nodes_.end() && holds_back(*it->second);
   });
+}
+
+std::string topic_bus::holder_of(std::string_view id) const {
+  const auto p = nodes_.find(id);
+  if (p == nodes_.end()) return {};
+  const node* worst = nullptr;
+  for (const auto& [sub, count] : p->second->held_by) {
+    const auto it = nodes_.find(sub);
+    if (it != nodes_.end() && holds_back(*it->second) &&
+        (worst == nullptr || it->second->queue_bytes > worst->queue_bytes))
+      worst = it->second.get();
+  }
+  return worst == nullptr ? std::string() : worst->id;
 }
 
 // Credit counts PUBLISH, but what a queue must hold is bytes: a node whose publications are
@@ -443,15 +578,21 @@ void topic_bus::retry_waiting() {
 
 // ---- retained values ----------------------------------------------------------------------
 
-// Each value counts its topic and bookkeeping besides its payload, so that many small values
-// are bounded as a few large ones are.
+// Each value counts what keeping it costs: its payload, its publication's record, and its two
+// places (with their copies of the topic), so that many small values are bounded as a few
+// large ones are.
+std::size_t topic_bus::publication::retained_cost() const noexcept {
+  return (payload ? payload->size() : 0) + publication_bookkeeping + 3 * topic.size() +
+         from.size() + retained_bookkeeping;
+}
+
 void topic_bus::retain(const pub_ref& pub) {
   if (const auto it = retained_.find(pub->topic); it != retained_.end()) {
-    retained_bytes_ -= it->second.pub->cost();
+    retained_bytes_ -= it->second.pub->retained_cost();
     retain_order_.erase(it->second.order);
     retained_.erase(it);
   }
-  const auto size = pub->cost();
+  const auto size = pub->retained_cost();
   if (pub->payload->size() == 0 || size > cfg_.bus_retain_bytes) return;  // empty clears
   const auto order = ++retain_clock_;
   retained_.emplace(pub->topic, retained_value{pub, order});
@@ -460,7 +601,7 @@ void topic_bus::retain(const pub_ref& pub) {
   while (retained_bytes_ > cfg_.bus_retain_bytes && !retain_order_.empty()) {
     const auto oldest = retain_order_.begin();
     const auto it = retained_.find(oldest->second);
-    retained_bytes_ -= it->second.pub->cost();
+    retained_bytes_ -= it->second.pub->retained_cost();
     retained_.erase(it);
     retain_order_.erase(oldest);
     counts_.retain_evicted++;
@@ -487,7 +628,9 @@ bus_counts topic_bus::counts() const {
   auto c = counts_;
   c.nodes = nodes_.size();
   c.held_back = waiting_.size();
-  c.queued_bytes = total_->load(std::memory_order_relaxed);
+  c.stalled = static_cast<std::uint64_t>(std::count_if(
+      nodes_.begin(), nodes_.end(), [](const auto& n) { return n.second->stalled; }));
+  c.queued_bytes = held();
   c.retained = retained_.size();
   c.retained_bytes = retained_bytes_;
   return c;
@@ -511,9 +654,28 @@ std::vector<topic_stats> topic_bus::topics(std::size_t limit) const {
 std::vector<node_stats> topic_bus::nodes(std::size_t limit) const {
   std::vector<node_stats> out;
   out.reserve(nodes_.size());
-  for (const auto& [id, n] : nodes_)
-    out.push_back({id, n->subs.size(), n->queue.size(), n->queue_bytes, n->next_seq, n->acked,
-                   n->pub_acked, waiting_.count(id) > 0});
+  for (const auto& [id, n] : nodes_) {
+    node_stats s;
+    s.id = id;
+    s.subscriptions = n->subs.size();
+    s.queued = n->queue.size();
+    s.queued_bytes = n->queue_bytes;
+    s.next_seq = n->next_seq;
+    s.acked = n->acked;
+    s.published = n->pub_acked;
+    s.dropped = n->dropped;
+    s.stalls = n->stalls;
+    s.held_back = waiting_.count(id) > 0;
+    s.stalled = n->stalled;
+    if (holds_back(*n))
+      for (const auto& p : waiting_)
+        if (const auto w = nodes_.find(p); w != nodes_.end() && w->second->held_by.count(id) > 0 &&
+                                           s.holding_back.size() < max_holders_named)
+          s.holding_back.push_back(p);
+    std::sort(s.holding_back.begin(), s.holding_back.end());
+    if (s.held_back) s.held_by = holder_of(id);
+    out.push_back(std::move(s));
+  }
   std::stable_sort(out.begin(), out.end(), [](const node_stats& a, const node_stats& b) {
     return a.queued_bytes > b.queued_bytes;
   });

@@ -6,8 +6,17 @@
 // with its number kept, so the node hears of it as a BUS_GAP.
 //
 // Payload frames are never copied: the frame a publisher sent is shared by every queue that
-// holds it and by libzmq while it sends it. The bus knows nodes by peer id; the broker loop
-// tells it of sessions beginning, resuming and ending, and does the sending (bus_sink).
+// holds it and by libzmq while it sends it. What the bus holds is counted as it is held: each
+// publication once (its payload and bookkeeping), and each queue entry on its own.
+//
+// A node holds back only the publishers whose publications sit in its queue, and only for so
+// long: one that holds them back and acknowledges nothing for bus-stall-timeout is stalled,
+// its unsent deliveries dropped (a gap), and it holds no one back until it acknowledges again.
+// When the bus as a whole runs short, the nodes that hold more than their share are the ones
+// that hold publishers back and lose deliveries, never those that keep up.
+//
+// The bus knows nodes by peer id and each session by its serial; the broker loop tells it of
+// sessions beginning, resuming and ending, and does the sending (bus_sink).
 #pragma once
 
 #include <atomic>
@@ -17,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -29,15 +39,17 @@
 #include "broker/config.hpp"
 #include "broker/refusal.hpp"
 #include "codec/messages.hpp"
+#include "util/clock.hpp"
 
 namespace rlbus::broker {
 
 /// A payload frame as its publisher sent it, shared by all its deliveries. While it lives its
-/// bytes count in the bus's total (an atomic: libzmq may free the last reference on its own
-/// thread, after the bus is gone).
+/// bytes and the bookkeeping of its publication (`overhead`) count in the bus's total (an
+/// atomic: libzmq may free the last reference on its own thread, after the bus is gone).
 class bus_payload {
  public:
-  bus_payload(zmq::message_t frame, std::shared_ptr<std::atomic<std::size_t>> total);
+  bus_payload(zmq::message_t frame, std::size_t overhead,
+              std::shared_ptr<std::atomic<std::size_t>> total);
   ~bus_payload();
   bus_payload(const bus_payload&) = delete;
   bus_payload& operator=(const bus_payload&) = delete;
@@ -48,6 +60,7 @@ class bus_payload {
 
  private:
   zmq::message_t frame_;
+  std::size_t counted_;
   std::shared_ptr<std::atomic<std::size_t>> total_;
 };
 using payload_ref = std::shared_ptr<const bus_payload>;
@@ -74,7 +87,9 @@ struct bus_counts {
   std::uint64_t duplicates = 0;                      // PUBLISH copies dropped (seq already taken)
   std::uint64_t abandoned = 0;     // publications cut short by their publisher's end
   std::uint64_t held_back = 0;     // publishers waiting for credit now
-  std::uint64_t queued_bytes = 0;  // payload bytes the bus holds now (each once)
+  std::uint64_t stalls = 0;        // nodes found holding publishers back without acknowledging
+  std::uint64_t stalled = 0;       // nodes stalled now (holding no one back)
+  std::uint64_t queued_bytes = 0;  // bytes the bus holds now: publications once, entries each
   std::uint64_t retained = 0, retained_bytes = 0, retain_evicted = 0;
 };
 
@@ -92,7 +107,12 @@ struct node_stats {
   std::uint64_t queued = 0, queued_bytes = 0;  // deliveries not acknowledged
   std::uint64_t next_seq = 1, acked = 0;       // of its deliveries
   std::uint64_t published = 0;                 // PUBLISH taken (its seq)
-  bool held_back = false;
+  std::uint64_t dropped = 0;                   // of its deliveries, dropped by a bound or a stall
+  std::uint64_t stalls = 0;                    // times it was found stalled
+  bool held_back = false;                      // as a publisher: waiting for credit
+  std::string held_by;                         // ... for this node most (empty: no one)
+  bool stalled = false;  // holding no one back until it acknowledges again
+  std::vector<std::string> holding_back;  // the publishers waiting for it now (at most 8)
 };
 
 class topic_bus {
@@ -118,8 +138,9 @@ class topic_bus {
   /// PUBLISH from node `id` with its payload frame.
   std::optional<refusal> on_publish(const std::string& id, const codec::publish& p,
                                     zmq::message_t&& payload, topic_rights rights);
-  /// Sends what waits for nodes whose connection could not take more (the status tick).
-  void pump();
+  /// The status tick: sends what waits for nodes whose connection could not take more, and
+  /// finds the nodes that have held publishers back without acknowledging for too long.
+  void pump(util::time_point now);
   /// After each turn of the loop: publishers hear what was taken of what they sent.
   void end_of_turn();
 
@@ -132,6 +153,8 @@ class topic_bus {
   }
   /// The nodes that lag most first (most bytes queued), then by id; at most `limit`.
   [[nodiscard]] std::vector<node_stats> nodes(std::size_t limit) const;
+  /// The publisher `id` is held back by (when it is): the laggard, for its log and OPS.
+  [[nodiscard]] std::string holder_of(std::string_view id) const;
 
  private:
   struct publication {  // shared by the queues of all its recipients
@@ -140,7 +163,10 @@ class topic_bus {
     std::uint32_t count = 0;  // a batch of this many (SPEC §17.5.1); 0: one publication
     bool more = false, abandoned = false;
     payload_ref payload;  // null when abandoned
+    /// What it costs a queue that holds it (SPEC §17.6).
     [[nodiscard]] std::size_t cost() const noexcept;
+    /// What it costs to keep as a retained value (SPEC §17.7).
+    [[nodiscard]] std::size_t retained_cost() const noexcept;
   };
   using pub_ref = std::shared_ptr<const publication>;
   struct entry {
@@ -149,13 +175,27 @@ class topic_bus {
     bool retained = false;
   };
   struct node;
+  struct session_ref {  // a node's session, not just its id: a later session is another
+    std::string id;
+    std::uint64_t serial;
+  };
   struct open_run {  // a fragmented publication between its first and last part
     std::string topic;
     std::uint32_t next_part = 1;
-    std::vector<std::string> recipients;  // fixed at part 0 (SPEC §17.2.3)
+    std::vector<session_ref> recipients;  // fixed at part 0 (SPEC §17.2.3)
+  };
+  // The retained values a `last` prefix subscription has still to deliver (SPEC §17.7): fed
+  // to the queue as it drains, in topic order.
+  struct replay {
+    std::string prefix;
+    bool echo = false;
+    std::string next;         // the first topic not considered yet
+    std::uint64_t before = 0;  // values retained later came as live publications
+    std::set<std::string, std::less<>> early;  // topics delivered out of turn
   };
   struct node {
     std::string id;
+    std::uint64_t serial = 0;  // which session of its id
     std::map<std::pair<bool, std::string>, bool> subs;  // (prefix, topic) -> echo
     // as a publisher
     std::uint64_t pub_acked = 0, pub_limit = 0;
@@ -168,6 +208,12 @@ class topic_bus {
     std::uint64_t cursor = 0;    // sent (or reported lost) on this connection up to here
     std::uint64_t sent_max = 0;  // the highest seq ever sent (BUS_ACK's bound)
     std::size_t queue_bytes = 0;
+    std::deque<replay> replays;  // the first is being fed
+    std::uint64_t dropped = 0, stalls = 0;
+    // Since when (at a status tick) it has held deliveries and acknowledged none; stalled:
+    // found holding publishers back that long, and holding no one back until it acknowledges.
+    std::optional<util::time_point> quiet_since;
+    bool stalled = false;
     // The match it was last taken for (so that it gets a publication once): a scratch
     // mark, not state.
     mutable std::uint64_t mark = 0;
@@ -183,6 +229,7 @@ class topic_bus {
   };
 
   node* find(std::string_view id);
+  node* find(const session_ref& s);
   std::optional<std::optional<refusal>> refuse_request(const node& n, std::uint64_t req,
                                                        const std::string& topic, bool prefix,
                                                        topic_rights rights);
@@ -197,9 +244,19 @@ class topic_bus {
   /// The nodes a publication of `publisher` on `topic` goes to, each once.
   std::vector<node*> recipients(const std::string& topic, const node& publisher) const;
   void enqueue(node& to, const pub_ref& pub, bool retained = false);
+  /// Feeds `n`'s queue from its replays while it holds less than a quarter of its bound.
+  void feed_replays(node& n);
+  /// A live publication on `topic` for `n`: a retained value of that topic still to be
+  /// replayed goes first.
+  void replay_before_live(node& n, const std::string& topic);
   void forget(node& to, const entry& e);  // an entry leaves `to`'s queue
   void enforce_bounds(node& to);
   bool drop_oldest_unsent(node& n);
+  /// Bytes the bus holds now: publications (each once) and queue entries (each).
+  [[nodiscard]] std::size_t held() const noexcept;
+  /// Whether `subscriber`'s queue holds its publishers back now (SPEC §17.4.2).
+  [[nodiscard]] bool holds_back(const node& subscriber) const;
+  void stall(node& n, util::time_point now);
   void flush(node& n);
   /// True when it sent PUBLISH_CREDIT.
   bool grant(node& publisher, bool always_send);
@@ -221,6 +278,9 @@ class topic_bus {
   std::uint64_t retain_clock_ = 0;
   mutable std::uint64_t match_clock_ = 0;
   std::size_t retained_bytes_ = 0;
+  std::size_t entries_bytes_ = 0;  // what the queues' entries cost, each counted
+  std::size_t holders_ = 0;        // nodes whose queue holds something
+  std::uint64_t last_serial_ = 0;
   std::shared_ptr<std::atomic<std::size_t>> total_ = std::make_shared<std::atomic<std::size_t>>(0);
   struct traffic {
     std::uint64_t messages = 0, bytes = 0;

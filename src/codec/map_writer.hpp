@@ -66,6 +66,14 @@ class map_writer {
     for (const auto& item : items) buf_.bytes->append(item);
     return *this;
   }
+  /// An array of strings.
+  template <class Strings>
+  map_writer& strings(std::string_view k, const Strings& items) {
+    pk_.pack(k);
+    pk_.pack_array(static_cast<std::uint32_t>(std::size(items)));
+    for (const auto& item : items) pk_.pack(std::string_view(item));
+    return *this;
+  }
   /// The map, moved out: call once, last.
   [[nodiscard]] blob done() { return std::move(own_); }
 

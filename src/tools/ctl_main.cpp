@@ -212,11 +212,25 @@ void print_topics(const json& r) {
                 r.at("topics_total").dump().c_str());
   std::puts("");
   rows.clear();
-  for (const auto& n : r.at("nodes"))
+  for (const auto& n : r.at("nodes")) {
+    // As a publisher: held back by whom; as a subscriber: stalled, or holding whom back.
+    std::string credit = "-";
+    if (n.at("held_back").get<bool>())
+      credit = n.at("held_by").get<std::string>().empty()
+                   ? "held back"
+                   : "held back by " + text_of(n.at("held_by"));
+    std::string holding = n.at("stalled").get<bool>() ? "stalled" : "-";
+    if (!n.at("holding_back").empty()) {
+      holding = "holds back " + text_of(n.at("holding_back").at(0));
+      if (n.at("holding_back").size() > 1)
+        holding += fmt::format(" and {} more", n.at("holding_back").size() - 1);
+    }
     rows.push_back({text_of(n.at("id")), n.at("subscriptions").dump(), n.at("queued").dump(),
-                    n.at("queued_bytes").dump(), n.at("published").dump(),
-                    n.at("held_back").get<bool>() ? "held back" : "-"});
-  table({"NODE", "SUBSCRIPTIONS", "LAG", "LAG BYTES", "PUBLISHED", "CREDIT"}, rows);
+                    n.at("queued_bytes").dump(), n.at("dropped").dump(), n.at("published").dump(),
+                    credit, holding});
+  }
+  table({"NODE", "SUBSCRIPTIONS", "LAG", "LAG BYTES", "DROPPED", "PUBLISHED", "CREDIT", "QUEUE"},
+        rows);
   if (r.at("nodes_total").get<std::size_t>() > rows.size())
     std::printf("(%zu of %s nodes shown, the laggiest first: --limit)\n", rows.size(),
                 r.at("nodes_total").dump().c_str());
