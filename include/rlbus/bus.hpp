@@ -54,8 +54,8 @@ struct bus_options {
   /// unset: plain.
   std::optional<rlbus::curve_keys> curve;
   /// The bytes of fragmented publications this node holds while they are incomplete; past
-  /// it the largest is dropped and counted in lost().
-  std::size_t max_partial_bytes = std::size_t{1} << 31;
+  /// it the largest is dropped, logged and counted in lost(). 256 MiB fits a small machine.
+  std::size_t max_partial_bytes = std::size_t{256} << 20U;
 };
 
 /// One publication as a subscriber gets it.
@@ -137,9 +137,12 @@ class bus {
   /// bus_errc::closed once closed. Throws std::invalid_argument for a bad topic.
   bus_result publish(std::string_view topic, std::string_view payload, publish_options o = {},
                      std::chrono::milliseconds timeout = std::chrono::seconds(60));
-  /// Waits until the broker has taken everything published so far; false after `timeout`,
-  /// or when the connection was refused or stopped.
+  /// Waits until the broker has taken everything published so far; false after `timeout`
+  /// (logged, with how many are not taken: unsent()), or when the connection was refused or
+  /// stopped.
   bool flush(std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  /// Publications the broker has not taken yet (queued here, or sent and not taken).
+  [[nodiscard]] std::size_t unsent() const;
 
   /// The next publication for this node, waiting as long as it takes; nullopt once closed
   /// (and what was received before is handed out).
@@ -148,9 +151,10 @@ class bus {
   std::optional<bus_message> recv(std::chrono::milliseconds timeout);
 
   /// Flushes (for up to `timeout`, when connected), says DISCONNECT and stops; a blocked
-  /// recv() returns nullopt, and waiting subscribe/publish calls fail with closed.
-  /// Idempotent.
-  void close(std::chrono::milliseconds timeout = std::chrono::seconds(5));
+  /// recv() returns nullopt, and waiting subscribe/publish calls fail with closed. Returns
+  /// how many publications the broker had not taken by then: they are dropped, logged and
+  /// counted in lost() (0: everything was handed over). Idempotent (again: 0).
+  std::size_t close(std::chrono::milliseconds timeout = std::chrono::seconds(5));
   [[nodiscard]] bool closed() const;
 
   [[nodiscard]] connection_state state() const;
@@ -162,8 +166,9 @@ class bus {
   [[nodiscard]] std::uint64_t welcomes() const;
   /// The last error or refusal the broker sent, "" if none.
   [[nodiscard]] std::string last_error() const;
-  /// Deliveries and publications the broker reported lost (a gap), or that this node
-  /// dropped (an incomplete publication past max_partial_bytes, or whose end never came).
+  /// Deliveries and publications the broker reported lost (a gap), that this node dropped
+  /// (an incomplete publication past max_partial_bytes, or whose end never came), and its
+  /// own publications that close() could not hand over.
   [[nodiscard]] std::uint64_t lost() const;
   /// New sessions after the first: the broker held nothing of this node any more, so what
   /// was in flight is gone, and how much of it is not known.

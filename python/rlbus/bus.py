@@ -27,7 +27,7 @@ import logging
 import struct
 import threading
 import time
-from typing import Any, Deque, Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 import zmq
 
@@ -52,6 +52,7 @@ _BATCH_ITEMS = 256
 _BATCH_ITEM_BYTES = 8 * 1024
 _BATCH_BYTES = 64 * 1024
 _LENGTH = struct.Struct(">I")
+_MAX_PARTIAL_BYTES = 256 << 20  # incomplete publications held, by default (fits a small machine)
 
 
 class BusMessage(NamedTuple):
@@ -110,18 +111,25 @@ class Bus:
     block); see the module's doc for what each call guarantees.
 
     ``id`` names the node (peer id rule: 1..128 of ``A-Z a-z 0-9 . _ : @ / -``); unique among
-    live sessions. ``max_partial_bytes`` bounds the bytes of fragmented publications this
-    node holds while they are incomplete; past it the largest is dropped and counted lost.
+    live sessions. ``max_partial_bytes`` (default 256 MiB) bounds the bytes of fragmented
+    publications this node holds while they are incomplete; past it the largest is dropped,
+    logged and counted lost. ``accept``, when given, says which topics this node wants: a
+    publication on any other topic is dropped as it arrives (counted in :attr:`ignored`),
+    and its fragments are never held.
     """
 
     def __init__(self, endpoint: str, id: str, *, heartbeat: float = 1.0,
                  reconnect_min: float = 0.1, reconnect_max: float = 2.0,
                  curve: Optional[CurveKeys] = None, context: Optional[zmq.Context] = None,
-                 max_partial_bytes: int = 1 << 31) -> None:
+                 max_partial_bytes: int = _MAX_PARTIAL_BYTES,
+                 accept: Optional[Callable[[str], bool]] = None) -> None:
         if not isinstance(max_partial_bytes, int) or max_partial_bytes < 1:
             raise ValueError(f"max_partial_bytes: expected a positive int, got "
                              f"{max_partial_bytes!r}")
+        if accept is not None and not callable(accept):
+            raise TypeError(f"accept: expected a callable or None, got {accept!r}")
         self._max_partial = max_partial_bytes
+        self._accept = accept
         # One lock, two conditions: publish() and flush() wait on _cv (credit, room, taken),
         # recv() on _arrived, so that neither side's events wake the other's waiters.
         lock = threading.Lock()
@@ -150,7 +158,8 @@ class Bus:
         self._ack_posted = False  # an _io_ack is posted to the I/O thread
         self._ack_lazy = False    # an ack is owed: sent on the I/O thread's next turn
         self._owed_bytes = 0      # payload bytes handed out since the last BUS_ACK
-        self.lost = 0           # deliveries and publications reported lost
+        self.lost = 0           # deliveries and publications reported lost, or not handed over
+        self.ignored = 0        # publications on topics ``accept`` refused
         self.sessions_lost = 0  # new sessions after the first: in-flight messages gone
         self.errors = 0         # ERRORs the broker answered this node with
         self._closed = False
@@ -287,30 +296,55 @@ class Bus:
                 return
             yield msg
 
+    @property
+    def unsent(self) -> int:
+        """Publications the broker has not taken yet (queued here, or sent and not taken)."""
+        with self._cv:
+            return self._not_taken()
+
+    def _not_taken(self) -> int:
+        """Under _cv: publications not taken. A fragmented one counts once (its last part,
+        or its rest still queued); a batch counts its publications."""
+        return len(self._outq) + sum(fields.get("count", 1)
+                                     for _, fields, _ in self._unacked
+                                     if not fields.get("more", False))
+
     def flush(self, timeout: float = 10.0) -> bool:
         """Waits until the broker has taken everything published so far; false after
-        ``timeout`` seconds."""
+        ``timeout`` seconds (logged, with how many are not taken: :attr:`unsent`)."""
         deadline = time.monotonic() + timeout
         with self._cv:
             while self._outq or self._unacked:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._core.state == STOPPED:
+                    log.warning("bus %s: flush gave up after %.1f s with %d publications not "
+                                "taken by the broker (%s)", self.id, timeout, self._not_taken(),
+                                "held back" if self._core.state == READY else
+                                self._core.state)
                     return False
                 self._cv.wait(left)
         return True
 
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = 5.0) -> int:
         """Flushes what was published (for up to ``timeout`` seconds), says DISCONNECT and
-        stops; a blocked :meth:`recv` returns None. Idempotent."""
+        stops; a blocked :meth:`recv` returns None. Returns how many publications the broker
+        had not taken by then: they are dropped, logged and counted in :attr:`lost` (0:
+        everything was handed over). Idempotent (a second call returns 0)."""
         if not self._closed and self._core.state == READY:
             self.flush(timeout)
         with self._cv:
+            dropped = 0 if self._closed else self._not_taken()
+            if dropped:
+                self.lost += dropped
+                log.error("bus %s: closed with %d publications the broker had not taken: "
+                          "they are lost", self.id, dropped)
             self._closed = True
             self._cv.notify_all()
             self._arrived.notify_all()
             for r in self._requests.values():
                 r.done.set()
         self._core.close(timeout)
+        return dropped
 
     def __enter__(self) -> "Bus":
         return self
@@ -534,6 +568,9 @@ class Bus:
         sender, topic = msg["from"], msg["topic"]
         if self._drop_partial(sender):
             self.lost += 1  # a batch begins no fragment: an open publication ended
+        if self._accept is not None and not self._accept(topic):
+            self.ignored += count
+            return []
         data = bytes(msg.payload or b"")
         out: List[BusMessage] = []
         pos, end, unpack = 0, len(data), _LENGTH.unpack_from
@@ -566,6 +603,9 @@ class Bus:
         if part == 0:
             if self._drop_partial(sender):
                 self.lost += 1  # its end never came
+            if self._accept is not None and not self._accept(msg["topic"]):
+                self.ignored += 1  # not wanted: neither handed out nor held (nor its rest)
+                return None
             if not more:
                 return BusMessage(msg["topic"], bytes(payload), sender,
                                   msg.get("retained", False))

@@ -13,10 +13,12 @@ import time
 from typing import List
 
 import pytest
+import zmq
 
 from conftest import BUILD_DIR, Broker, wait_until
 from relay import Relay
 from rlbus import Bus, BusError
+from test_bus_wire import Node
 
 
 def _node(endpoint: str, id: str, **kw) -> Bus:
@@ -212,6 +214,71 @@ def test_close_flushes_and_releases_a_blocked_recv(nodes) -> None:
     t.join(2)
     assert not t.is_alive() and box == [None]
     assert time.monotonic() - start < 1.0
+
+
+def test_close_says_how_many_publications_were_not_taken(broker_factory) -> None:
+    """A publisher held back by a subscriber that reads nothing: close() cannot hand over
+    everything, and says how many it could not (returned, counted in ``lost``, logged);
+    every other publication reaches the subscriber once it reads."""
+    # (a queue of 1 MiB: the least grant, two batches of 64 KiB, stays within a quarter)
+    br = broker_factory("--bus-queue-bytes", str(1 << 20), "--bus-stall-timeout", "0")
+    slow, pub = _node(br.router, "slow"), _node(br.router, "pub")
+    try:
+        slow.subscribe("t")
+        # The SDK acknowledges what the caller took: not reading holds the publisher back.
+        published = 0
+        body = b"p" * 4096
+        with pytest.raises(TimeoutError):
+            while True:
+                pub.publish("t", published.to_bytes(4, "big") + body, timeout=0.5)
+                published += 1
+        assert pub.unsent > 0
+        dropped = pub.close(0.5)
+        assert dropped > 0 and pub.lost == dropped
+        assert pub.close() == 0  # idempotent
+        got = []
+        while True:
+            m = slow.recv(timeout=2)
+            if m is None:
+                break
+            got.append(int.from_bytes(m.payload[:4], "big"))
+        assert got == list(range(len(got)))
+        assert len(got) + dropped == published
+        assert slow.lost == 0
+    finally:
+        slow.close(1)
+        pub.close(0)
+
+
+def test_fragments_of_topics_a_node_does_not_accept_are_never_held(broker: Broker) -> None:
+    """A node that subscribes to everything and filters with ``accept``: fragments of a
+    publication on another topic that never ends are dropped as they come (counted in
+    ``ignored``), not hoarded; what it accepts arrives whole."""
+    sink = _node(broker.router, "sink", accept=lambda t: t.startswith("wanted."),
+                 max_partial_bytes=1 << 20)
+    ctx = zmq.Context()
+    spam = Node(ctx, broker.router, "spam")
+    try:
+        sink.subscribe("", prefix=True)
+        chunk = b"h" * (64 * 1024)
+        limit = spam.credit["limit"]
+        for part in range(64):  # 4 MiB, four times max_partial_bytes, never completed
+            while part + 1 > limit:
+                limit = max(limit, spam.recv("PUBLISH_CREDIT")["limit"])
+            spam.send("PUBLISH", {"seq": part + 1, "topic": "noise", "part": part,
+                                  "more": True}, chunk)
+        while spam.recv("PUBLISH_CREDIT")["acked"] < 64:
+            pass
+        friend = _node(broker.router, "friend")
+        friend.publish("wanted.x", b"kept")
+        friend.close(2)
+        m = sink.recv(timeout=10)
+        assert m is not None and (m.topic, m.payload) == ("wanted.x", b"kept")
+        assert sink.ignored == 1 and sink.lost == 0  # one publication, none of it held
+    finally:
+        spam.close()
+        ctx.term()
+        sink.close(1)
 
 
 def test_subscribe_refused_past_the_limit(broker_factory) -> None:

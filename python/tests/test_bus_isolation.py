@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 import rlbus
-from conftest import BUILD_DIR, Broker, wait_until
+from conftest import BUILD_DIR, wait_until
 from test_bus import _node
 from test_bus_wire import Node, pub
 from test_limits import rss_mib

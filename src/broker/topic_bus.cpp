@@ -77,7 +77,7 @@ void topic_bus::node_joined(const std::string& id) {
 void topic_bus::node_resumed(const std::string& id) {
   node* n = find(id);
   if (n == nullptr) return node_joined(id);
-  grant(*n, true);  // what it holds, and what the broker took of what it sent
+  grant(*n, true);         // what it holds, and what the broker took of what it sent
   n->quiet_since.reset();  // a new connection: its silence begins again
   if (n->cursor > n->acked) counts_.resent += n->cursor - n->acked;
   n->cursor = n->acked;  // the old connection took what it was sent with it
@@ -628,8 +628,8 @@ bus_counts topic_bus::counts() const {
   auto c = counts_;
   c.nodes = nodes_.size();
   c.held_back = waiting_.size();
-  c.stalled = static_cast<std::uint64_t>(std::count_if(
-      nodes_.begin(), nodes_.end(), [](const auto& n) { return n.second->stalled; }));
+  c.stalled = static_cast<std::uint64_t>(
+      std::count_if(nodes_.begin(), nodes_.end(), [](const auto& n) { return n.second->stalled; }));
   c.queued_bytes = held();
   c.retained = retained_.size();
   c.retained_bytes = retained_bytes_;

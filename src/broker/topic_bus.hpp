@@ -111,8 +111,8 @@ struct node_stats {
   std::uint64_t stalls = 0;                    // times it was found stalled
   bool held_back = false;                      // as a publisher: waiting for credit
   std::string held_by;                         // ... for this node most (empty: no one)
-  bool stalled = false;  // holding no one back until it acknowledges again
-  std::vector<std::string> holding_back;  // the publishers waiting for it now (at most 8)
+  bool stalled = false;                        // holding no one back until it acknowledges again
+  std::vector<std::string> holding_back;       // the publishers waiting for it now (at most 8)
 };
 
 class topic_bus {
@@ -189,13 +189,13 @@ class topic_bus {
   struct replay {
     std::string prefix;
     bool echo = false;
-    std::string next;         // the first topic not considered yet
-    std::uint64_t before = 0;  // values retained later came as live publications
+    std::string next;                          // the first topic not considered yet
+    std::uint64_t before = 0;                  // values retained later came as live publications
     std::set<std::string, std::less<>> early;  // topics delivered out of turn
   };
   struct node {
     std::string id;
-    std::uint64_t serial = 0;  // which session of its id
+    std::uint64_t serial = 0;                           // which session of its id
     std::map<std::pair<bool, std::string>, bool> subs;  // (prefix, topic) -> echo
     // as a publisher
     std::uint64_t pub_acked = 0, pub_limit = 0;

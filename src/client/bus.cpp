@@ -198,13 +198,28 @@ struct bus::impl {
 
   bool flush(std::chrono::milliseconds timeout) {
     std::unique_lock lock(io.mu());
-    return credit.wait_for(lock, timeout,
-                           [&] {
-                             return (outq.empty() && unacked.empty()) ||
-                                    seen_state == connection_state::refused ||
-                                    seen_state == connection_state::stopped;
-                           }) &&
-           outq.empty() && unacked.empty();
+    const bool done = credit.wait_for(lock, timeout,
+                                      [&] {
+                                        return (outq.empty() && unacked.empty()) ||
+                                               seen_state == connection_state::refused ||
+                                               seen_state == connection_state::stopped;
+                                      }) &&
+                      outq.empty() && unacked.empty();
+    if (!done)
+      spdlog::warn("bus {}: flush gave up with {} publications not taken by the broker ({})",
+                   opts.id, not_taken(),
+                   seen_state == connection_state::ready ? std::string_view("held back")
+                                                         : to_string(seen_state));
+    return done;
+  }
+
+  // The lock held: publications not taken. A fragmented one counts once (its last part, or
+  // its rest still queued); a batch counts its publications.
+  [[nodiscard]] std::size_t not_taken() const {
+    std::size_t n = outq.size();
+    for (const auto& s : unacked)
+      if (!s.msg.more) n += s.msg.count.value_or(1);
+    return n;
   }
 
   std::optional<bus_message> recv(std::chrono::milliseconds timeout) {
@@ -219,7 +234,7 @@ struct bus::impl {
     return m;
   }
 
-  void close(std::chrono::milliseconds timeout) {
+  std::size_t close(std::chrono::milliseconds timeout) {
     const auto st = io.state();
     bool first = false;
     {
@@ -230,14 +245,24 @@ struct bus::impl {
     // A node that is reconnecting may still resume and hand over what it kept.
     if (first && (st == connection_state::ready || st == connection_state::reconnecting))
       (void)flush(timeout);
+    std::size_t dropped = 0;
     {
       std::lock_guard lock(io.mu());
+      if (first) dropped = not_taken();
+      if (dropped > 0) {
+        inbox.count_lost(dropped);
+        spdlog::error(
+            "bus {}: closed with {} publications the broker had not taken: they are "
+            "lost",
+            opts.id, dropped);
+      }
       closed = true;
       answers.notify_all();
       credit.notify_all();
       arrived.notify_all();
     }
     io.stop();  // sends the last BUS_ACK (the flush hook), then DISCONNECT
+    return dropped;
   }
 
   // ---- the I/O thread ----
@@ -508,8 +533,13 @@ std::optional<bus_message> bus::recv(std::chrono::milliseconds timeout) {
   return impl_->recv(timeout);
 }
 
-void bus::close(std::chrono::milliseconds timeout) {
-  if (impl_) impl_->close(timeout);
+std::size_t bus::unsent() const {
+  const std::lock_guard lock(impl_->io.mu());
+  return impl_->not_taken();
+}
+
+std::size_t bus::close(std::chrono::milliseconds timeout) {
+  return impl_ ? impl_->close(timeout) : 0;
 }
 
 bool bus::closed() const {

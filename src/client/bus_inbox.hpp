@@ -52,6 +52,8 @@ class bus_inbox {
   }
 
   [[nodiscard]] std::uint64_t lost() const noexcept { return lost_; }
+  /// Publications of this node's own that it could not hand over, counted as lost too.
+  void count_lost(std::uint64_t n) noexcept { lost_ += n; }
   [[nodiscard]] std::size_t partials() const noexcept { return partial_.size(); }
   [[nodiscard]] std::size_t partial_bytes() const noexcept { return partial_bytes_; }
 

@@ -9,7 +9,12 @@ queues:
   falls behind slows its publishers down;
 - a node hears everything published from the moment ``listen()`` has returned, whatever it
   subscribes to later (as DI-engine's nng queue does), and never its own messages; the latest
-  model a learner sent (``LATEST_WINS`` topics) reaches a node that listens after it too;
+  model a learner sent (``LATEST_WINS`` topics) reaches a node that listens after it too, and
+  one that subscribes to its topic only after it arrived (the framework's ``task.on`` comes
+  once the process has built its policy);
+- what arrives on a topic the framework has not subscribed to is dropped at once and counted
+  (:attr:`RlbusMQ.ignored`), fragments included: another node cannot make this one hold
+  publications nobody here asked for;
 - ``publish`` may be called before ``listen()`` (it is sent once connected), from any thread,
   and does not raise when peers are gone;
 - ``unsubscribe`` takes glob patterns (``task.*``); ``stop()`` flushes what was published
@@ -23,6 +28,7 @@ this machine for the run, and its workers find it through the environment.
 
 from __future__ import annotations
 
+import collections
 import fnmatch
 import functools
 import logging
@@ -30,7 +36,7 @@ import os
 import socket
 import threading
 import uuid
-from typing import Any, Optional, Set, Tuple
+from typing import Any, Deque, Dict, Optional, Set, Tuple
 
 from ._util import DEFAULT_ENDPOINT, DEFAULT_PORT, ENDPOINT_ENV, curve_kwargs
 
@@ -79,14 +85,28 @@ class RlbusMQ:
         self.id = _node_id()
         self._bus: Any = None
         self._lock = threading.Lock()
-        self._topics: Set[str] = set()
+        self._topics: Set[str] = set()  # replaced, never changed in place (read unlocked)
         self._early: list = []
+        # The latest message of each LATEST_WINS topic not subscribed yet, and what a
+        # subscribe() made due (handed out before anything else).
+        self._latest: Dict[str, bytes] = {}
+        self._due: Deque[Tuple[str, bytes]] = collections.deque()
         self._stopping = threading.Event()
+
+    @property
+    def ignored(self) -> int:
+        """Messages dropped on arrival: their topic was not subscribed to."""
+        bus = self._bus
+        return bus.ignored if bus is not None else 0
+
+    def _accept(self, topic: str) -> bool:
+        """What the node keeps of what arrives (on its I/O thread)."""
+        return topic in self._topics or topic in LATEST_WINS
 
     def listen(self) -> None:
         """Connects, and subscribes to every topic (filtered here) before it returns."""
         from ..bus import Bus
-        bus = Bus(self.endpoint, self.id, **curve_kwargs())
+        bus = Bus(self.endpoint, self.id, accept=self._accept, **curve_kwargs())
         if not bus.wait_ready(_CONNECT_TIMEOUT_S):
             log.warning("rlbus MQ %s: no session with the broker at %s after %.0f s (%s); "
                         "still trying", self.id, self.endpoint, _CONNECT_TIMEOUT_S,
@@ -124,8 +144,13 @@ class RlbusMQ:
             log.debug("rlbus MQ %s: publish on %r after stop", self.id, topic)
 
     def subscribe(self, topic: str) -> None:
+        """From now on ``recv`` returns what arrives on ``topic``; for a LATEST_WINS topic,
+        first the latest message that arrived before."""
         with self._lock:
-            self._topics.add(topic)
+            self._topics = self._topics | {topic}
+            latest = self._latest.pop(topic, None)
+            if latest is not None:
+                self._due.append((topic, latest))
 
     def unsubscribe(self, topic: str) -> None:
         """Drops ``topic``, or every topic a glob pattern (``task.*``) matches."""
@@ -140,13 +165,20 @@ class RlbusMQ:
             if bus is None:  # pragma: no cover - Parallel calls listen() first
                 self._stopping.wait(0.05)
                 continue
+            with self._lock:
+                if self._due:
+                    return self._due.popleft()
             msg = bus.recv(timeout=0.25)
             if msg is None:
                 continue
             with self._lock:
-                wanted = msg.topic in self._topics
-            if wanted:
-                return msg.topic, msg.payload
+                if msg.topic in self._topics:
+                    if self._due:  # a subscribe() meanwhile: what it made due comes first
+                        self._due.append((msg.topic, msg.payload))
+                        return self._due.popleft()
+                    return msg.topic, msg.payload
+                if msg.topic in LATEST_WINS:  # kept for a subscribe() to come
+                    self._latest[msg.topic] = msg.payload
         return None
 
     def stop(self) -> None:

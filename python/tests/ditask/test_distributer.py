@@ -11,7 +11,7 @@ import pytest
 from ding.framework import Role, task
 from ding.framework.middleware import ContextExchanger, ModelExchanger
 
-from .helpers import Side, node_id, run
+from .helpers import Side, node_id, run, wait_until
 
 STEPS = 3
 
@@ -115,3 +115,38 @@ def test_model_exchanger(mq, tmp_path):
     run(mq, 2, model_main, str(tmp_path), startup_interval=0)
     predictions = Side(tmp_path).read("predictions")
     assert predictions[0] == 0 and predictions[-1] > 0, predictions
+
+
+def late_model_main(side_dir):
+    """The learner publishes all its models before the collector builds its exchanger (as a
+    collector that imports torch and builds its policy first would), and stays until the
+    collector is done (its finish would end the collector's run)."""
+    side = Side(side_dir)
+    me = node_id()
+    model = TinyModel()
+    with task.start():
+        task.add_role(Role.LEARNER if me == 0 else Role.COLLECTOR)
+        if me == 0:
+            task.use(ModelExchanger(model, timeout=10))
+
+            def train(ctx):
+                model.version += 1
+            task.use(train)
+            task.run(max_step=STEPS)
+            side.mark("learner_done")
+            assert wait_until(lambda: side.has("versions"), 60)
+            return
+        assert wait_until(lambda: side.has("learner_done"), 30)
+        task.use(ModelExchanger(model, timeout=10))
+        versions = []
+        task.use(lambda ctx: versions.append(model.predict()))
+        task.run(max_step=2)
+    side.mark("versions", versions)
+
+
+@pytest.mark.mq_xfail("redis", reason="Redis pub/sub keeps no last value")
+@pytest.mark.mq_xfail("zmqpubsub", reason="a forwarder keeps no last value")
+def test_a_model_published_before_the_collector_subscribed_reaches_it(mq, tmp_path):
+    run(mq, 2, late_model_main, str(tmp_path), startup_interval=0)
+    versions = Side(tmp_path).read("versions")
+    assert versions[-1] == STEPS, versions  # the learner's last model, loaded at step 1
