@@ -140,6 +140,22 @@ def test_a_stranger_is_told_why_and_a_revoked_key_comes_back_when_it_is_put_back
         b.stop()
 
 
+def test_insecure_with_only_the_metrics_beyond_loopback_says_so() -> None:
+    """SPEC §15.1: --insecure with any socket reachable from other machines logs a warning,
+    the metrics endpoint included."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    b = Broker(["--insecure", "--metrics-port", str(port), "--metrics-address", "0.0.0.0"])
+    try:
+        assert wait_until(lambda: any("--insecure: serving other machines" in line
+                                      and f"0.0.0.0:{port}" in line for line in b.lines), 10), \
+            "".join(b.lines)
+    finally:
+        b.stop()
+
+
 def test_key_files_are_checked_before_anything_connects(tmp_path, keys: Dict[str, str]) -> None:
     pub = keys["broker"] + ".pub"
     with pytest.raises(ValueError, match="no secret-key"):

@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -149,13 +151,32 @@ bool plausible_torn_tail(std::string_view data, std::size_t at, const framed& f)
 
 }  // namespace
 
+namespace {
+
+// The file a journal path names, through any symlinks: its lock and its compactions are the
+// real file's, whatever name a broker was given.
+std::string real_path(const std::string& path) {
+  std::error_code ec;
+  auto real = std::filesystem::weakly_canonical(path, ec);
+  return ec || real.empty() ? path : real.string();
+}
+
+}  // namespace
+
 journal::journal(std::string path, fsync_policy fsync, const codec::decode_limits& limits,
                  std::size_t compact_bytes)
-    : path_(std::move(path)), fsync_(fsync), compact_bytes_(compact_bytes) {
+    : path_(real_path(path)), fsync_(fsync), compact_bytes_(compact_bytes) {
+  if (path_ != path) spdlog::info("journal {}: the file {} names", path_, path);
   lock();
-  load(limits);
   fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
   if (fd_ < 0) throw journal_error(fmt::format("journal {}: cannot open: {}", path_, errno_text()));
+  lock_file(fd_);  // before anything is read: a hard link of a live journal is refused here
+  try {
+    load(limits);
+  } catch (...) {
+    ::close(fd_);  // and its lock with it: no destructor runs for a journal not made
+    throw;
+  }
   if (loaded_.short_signature && ::ftruncate(fd_, 0) != 0)
     throw journal_error(fmt::format("journal {}: cannot empty it: {}", path_, errno_text()));
   if (loaded_.bytes == 0) {
@@ -180,9 +201,25 @@ journal::owned_fd::~owned_fd() {
   if (fd >= 0) ::close(fd);
 }
 
+// The journal file itself (its inode) is locked too, for as long as it is the journal: a name
+// that is not PATH (a hard link) has another PATH.lock, but not another file.
+void journal::lock_file(int fd) {
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return;
+  const auto why = errno;
+  ::close(fd);
+  fd_ = -1;
+  if (why == EWOULDBLOCK)
+    throw journal_in_use(fmt::format(
+        "journal {}: another broker is using this file under another name (a hard link); two "
+        "brokers on one journal would both run its tasks. Stop that one first, or give this "
+        "one a journal of its own",
+        path_));
+  throw journal_error(fmt::format("journal {}: cannot lock it: {}", path_, std::strerror(why)));
+}
+
 // One broker per journal: an exclusive lock on PATH.lock, held for the journal's life (the
-// journal itself is replaced at each compaction, so it cannot carry the lock). The file says
-// which process holds it.
+// journal itself is replaced at each compaction, so the lock on it moves with each new file).
+// The file says which process holds it.
 void journal::lock() {
   const auto lock_path = path_ + ".lock";
   lock_.fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -559,6 +596,8 @@ void journal::compact(const std::function<void(journal&)>& fill) {
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0)
     throw journal_error(fmt::format("journal {}: cannot create {}: {}", path_, tmp, errno_text()));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0)  // the new file carries the journal's lock on
+    spdlog::warn("journal {}: cannot lock {}: {}", path_, tmp, errno_text());
   const int old_fd = fd_;
   const auto old_size = size_;
   fd_ = fd;

@@ -140,6 +140,7 @@ class journal {
 
  private:
   void lock();
+  void lock_file(int fd);
   void load(const codec::decode_limits& limits);
   void keep_torn(std::string_view data);
   void append(std::uint8_t type, const std::string& body, bool through);

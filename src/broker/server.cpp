@@ -132,10 +132,15 @@ void server::run() {
     spdlog::info("CURVE on: broker public key {}; allowlist {}", gate_.public_key(),
                  cfg_.allowlist_path);
   else if (cfg_.insecure &&
-           !(loopback_endpoint(cfg_.router_endpoint) && loopback_endpoint(cfg_.events_endpoint)))
+           !(loopback_endpoint(cfg_.router_endpoint) && loopback_endpoint(cfg_.events_endpoint) &&
+             (cfg_.metrics_port == 0 || loopback_host(cfg_.metrics_address))))
     spdlog::warn(
         "--insecure: serving other machines without CURVE; anyone who can reach the ports can "
-        "join as any peer, submit tasks and read every event");
+        "join as any peer, submit tasks, read every event and the metrics (router {}, events "
+        "{}, metrics {})",
+        router_endpoint_, events_endpoint_,
+        cfg_.metrics_port == 0 ? std::string("off")
+                               : fmt::format("{}:{}", cfg_.metrics_address, cfg_.metrics_port));
   started_ = util::clock::now();
   next_status_ = started_;
   std::vector<zmq::pollitem_t> items;
@@ -177,7 +182,8 @@ void server::run() {
     // Subscriptions first: an event made in this round goes to whoever asked by now.
     if ((items[2].revents & ZMQ_POLLIN) != 0) events_.read_subscriptions();
     now = util::clock::now();
-    if ((items[0].revents & ZMQ_POLLIN) != 0) drain_router(now);
+    if ((items[0].revents & ZMQ_POLLIN) != 0) drain_router();
+    now = util::clock::now();
     bus_.end_of_turn();
     peers_.expire(now, [this](const peer& p) {
       const util::log_scope log(about(p.id, p.role));
@@ -206,7 +212,9 @@ void server::run() {
   shutdown(why_stopped);
 }
 
-void server::drain_router(util::time_point now) {
+// Each message is handled at the time it was read: a deadline it starts (a step's timeout, a
+// session's liveness) never begins before its message came, however long the batch.
+void server::drain_router() {
   std::array<zmq::message_t, max_frames> frames;
   for (std::size_t n = 0; n < max_batch; ++n) {
     if (!util::try_recv(router_, frames[0])) return;
@@ -224,7 +232,7 @@ void server::drain_router(util::time_point now) {
         overflow = true;
     }
     counters_.messages_in.fetch_add(1, std::memory_order_relaxed);
-    on_frames(frames.data(), count, overflow, now);
+    on_frames(frames.data(), count, overflow, util::clock::now());
   }
 }
 

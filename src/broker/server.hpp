@@ -99,7 +99,7 @@ class server : private task_sink, private bus_sink {
   void open_journal();
   void compact_journal();
 
-  void drain_router(util::time_point now);
+  void drain_router();
   void on_frames(zmq::message_t* frames, std::size_t count, bool overflow, util::time_point now);
   void on_hello(const std::string& routing_id, peer* current, codec::hello&& h, std::string key,
                 util::time_point now);

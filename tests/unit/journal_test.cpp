@@ -301,6 +301,32 @@ TEST_CASE("journal: one broker per journal, across compactions", "[unit][journal
   CHECK_THROWS_AS(open(s), broker::journal_in_use);  // the lock is not the journal's inode
 }
 
+TEST_CASE("journal: the same file under another name is refused too", "[unit][journal]") {
+  scratch s;
+  const auto link = s.path + ".symlink";
+  const auto hard = s.path + ".hardlink";
+  const auto done = [&] {
+    for (const auto& p : {link, hard, hard + ".lock"}) ::unlink(p.c_str());
+  };
+  auto first = open(s);
+  first.submitted(task("t1", "coord", 1));
+  first.flush();
+  REQUIRE(::symlink(s.path.c_str(), link.c_str()) == 0);
+  REQUIRE(::link(s.path.c_str(), hard.c_str()) == 0);
+  const auto by = [](const std::string& p) {
+    return journal(p, broker::fsync_policy::none, codec::decode_limits{});
+  };
+  CHECK_THROWS_AS(by(link), broker::journal_in_use);
+  CHECK_THROWS_WITH(by(hard), Catch::Contains("under another name"));
+  // After a compaction the live journal is a new file: a hard link made to it now is refused
+  first.compact([](journal& out) { out.submitted(task("t1", "coord", 1)); });
+  ::unlink(hard.c_str());
+  REQUIRE(::link(s.path.c_str(), hard.c_str()) == 0);
+  CHECK_THROWS_AS(by(hard), broker::journal_in_use);
+  CHECK_THROWS_AS(by(link), broker::journal_in_use);
+  done();
+}
+
 TEST_CASE("journal: a file that holds part of the signature only is taken as empty",
           "[unit][journal]") {
   scratch s;
