@@ -399,3 +399,38 @@ def test_a_long_replay_goes_on_as_the_node_reads_and_keeps_each_topics_order(
         p.close()
         s.close()
         ctx.term()
+
+
+def test_what_the_bus_does_not_keep_or_name_is_still_counted(broker_factory) -> None:
+    """A retained value that alone costs more than bus-retain-bytes is counted as forgotten;
+    topics past the 1024 the broker names are counted together under a name no topic can
+    have, and `topics_total` counts only the named ones."""
+    br = broker_factory("--bus-retain-bytes", "4096")
+    ctx = zmq.Context()
+    p = Node(ctx, br.router, "p")
+    try:
+        limit, seq = p.credit["limit"], 0
+
+        def send(topic: str, payload: bytes, **opts: Any) -> None:
+            nonlocal limit, seq
+            seq += 1
+            while seq > limit:
+                limit = max(limit, p.recv("PUBLISH_CREDIT")["limit"])
+            p.send("PUBLISH", pub(seq, topic, **opts), payload)
+        send("big", b"b" * 8192, retain=True)
+        for k in range(1030):
+            send(f"t.{k:04d}", b"x")
+        while p.recv("PUBLISH_CREDIT")["acked"] < seq:
+            pass
+        status = bus_status(br.router)
+        assert status["retained"] == 0 and status["retain_evicted"] == 1, status
+        out = subprocess.run([os.path.join(BUILD_DIR, "src", "rlbus-ctl"), "--broker",
+                              br.router, "--json", "topics", "--limit", "1000"],
+                             capture_output=True, text=True, timeout=30)
+        view = json.loads(out.stdout)
+        assert view["topics_total"] == 1024
+        other = [t for t in view["topics"] if " " in t["topic"]]
+        assert [t["topic"] for t in other] == ["(other topics)"] and other[0]["messages"] == 7
+    finally:
+        p.close()
+        ctx.term()

@@ -17,6 +17,8 @@ constexpr std::size_t delivery_overhead = 64;  // what a delivery costs a queue 
 constexpr std::size_t max_topic_cost = codec::max_topic_length + delivery_overhead;
 constexpr std::size_t max_tracked_topics = 1024;  // topics counted by name; the rest as one
 constexpr std::size_t max_holders_named = 8;      // publishers a node's stats name as waiting
+// The topics past max_tracked_topics, counted together: a name with a space, which no topic has.
+constexpr std::string_view other_topics = "(other topics)";
 
 // What the broker really holds besides payload bytes (measured against RSS: see the limits
 // tests): each publication's own record, its payload's and libzmq's (with their allocator
@@ -593,7 +595,11 @@ void topic_bus::retain(const pub_ref& pub) {
     retained_.erase(it);
   }
   const auto size = pub->retained_cost();
-  if (pub->payload->size() == 0 || size > cfg_.bus_retain_bytes) return;  // empty clears
+  if (pub->payload->size() == 0) return;  // empty clears
+  if (size > cfg_.bus_retain_bytes) {     // never kept: counted as forgotten at once
+    counts_.retain_evicted++;
+    return;
+  }
   const auto order = ++retain_clock_;
   retained_.emplace(pub->topic, retained_value{pub, order});
   retain_order_.emplace(order, pub->topic);
@@ -643,7 +649,7 @@ std::vector<topic_stats> topic_bus::topics(std::size_t limit) const {
   for (const auto& [topic, t] : traffic_)
     out.push_back({topic, t.messages, t.bytes, recipients(topic, nobody).size()});
   if (other_traffic_.messages > 0)
-    out.push_back({"(other)", other_traffic_.messages, other_traffic_.bytes, 0});
+    out.push_back({std::string(other_topics), other_traffic_.messages, other_traffic_.bytes, 0});
   std::sort(out.begin(), out.end(), [](const topic_stats& a, const topic_stats& b) {
     return a.messages != b.messages ? a.messages > b.messages : a.topic < b.topic;
   });

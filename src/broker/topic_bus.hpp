@@ -147,10 +147,8 @@ class topic_bus {
   [[nodiscard]] bus_counts counts() const;
   /// The busiest topics first (by messages), at most `limit`.
   [[nodiscard]] std::vector<topic_stats> topics(std::size_t limit) const;
-  /// How many topics topics() can list (those counted by name, and "(other)" if any).
-  [[nodiscard]] std::size_t topics_tracked() const noexcept {
-    return traffic_.size() + (other_traffic_.messages > 0 ? 1 : 0);
-  }
+  /// How many topics topics() lists by name (the rest go together as "(other topics)").
+  [[nodiscard]] std::size_t topics_tracked() const noexcept { return traffic_.size(); }
   /// The nodes that lag most first (most bytes queued), then by id; at most `limit`.
   [[nodiscard]] std::vector<node_stats> nodes(std::size_t limit) const;
   /// The publisher `id` is held back by (when it is): the laggard, for its log and OPS.
