@@ -100,14 +100,16 @@ def test_a_vanished_subscriber_holds_publishers_back_only_until_its_stall_timeou
                         "--status-interval", "100", "--log-level", "info")
     ctx = zmq.Context()
     try:
+        alone = innocent_pair(br.router, 2000, 4096, within=60, prefix="alone")
         ghost = Node(ctx, br.router, "ghost")
         ghost.subscribe("", prefix=True)
         ghost.sock.close(0)  # gone, without a word: the broker keeps its session for 180 s
         # 8 MiB through a node whose queue holds 256 KiB: without the stall bound the
         # publisher waits for the ghost's session to expire, three minutes.
         seen = innocent_pair(br.router, 2000, 4096, within=60)
-        print(f"\ninnocent pair beside a vanished subscriber: {seen['rate']:.0f} msgs/s, "
-              f"longest wait {seen['longest_wait'] * 1000:.0f} ms")
+        print(f"\ninnocent pair beside a vanished subscriber: {seen['rate']:.0f} msgs/s "
+              f"({seen['rate'] / alone['rate']:.2f} x its rate alone), longest wait "
+              f"{seen['longest_wait'] * 1000:.0f} ms")
         view = node_view(br.router, "ghost")
         assert view["stalled"] and view["stalls"] >= 1 and view["dropped"] > 0, view
         assert view["queued_bytes"] <= 256 * 1024, view  # held no more than its bound
@@ -197,6 +199,7 @@ def test_confined_nodes_that_never_acknowledge_do_not_freeze_the_rest_of_the_bus
     br = broker_factory(*args)
     ctx = zmq.Context()
     stop = threading.Event()
+    alone = innocent_pair(br.router, 500, 1024, within=30, curve=good, prefix="good.alone")
     made = _attack(br.router, ctx, stop, evil)
     try:
         def short() -> bool:
@@ -206,7 +209,8 @@ def test_confined_nodes_that_never_acknowledge_do_not_freeze_the_rest_of_the_bus
         assert wait_until(short, 30, 0.2), topics_view(br.router, ctl)
         seen = innocent_pair(br.router, 500, 1024, within=30, curve=good)
         print(f"\ninnocent pair beside three nodes that never acknowledge ({mode}): "
-              f"{seen['rate']:.0f} msgs/s, longest wait {seen['longest_wait'] * 1000:.0f} ms")
+              f"{seen['rate']:.0f} msgs/s ({seen['rate'] / alone['rate']:.2f} x its rate "
+              f"alone), longest wait {seen['longest_wait'] * 1000:.0f} ms")
         nodes = {n["id"]: n for n in topics_view(br.router, ctl)["nodes"]}
         assert any(nodes[f"evil-pub-{k}"]["held_back"] for k in range(3)), nodes
         for k in range(3):  # each attacker's queue within its bound
@@ -433,4 +437,31 @@ def test_what_the_bus_does_not_keep_or_name_is_still_counted(broker_factory) -> 
         assert [t["topic"] for t in other] == ["(other topics)"] and other[0]["messages"] == 7
     finally:
         p.close()
+        ctx.term()
+
+
+def test_a_thousand_nodes_that_subscribe_to_everything_and_vanish(broker_factory) -> None:
+    """1,000 nodes connect, subscribe to every topic and vanish without a word (their sessions
+    live three minutes): the publishers they hold back go on after bus-stall-timeout, and the
+    broker's RSS grows by no more than bus-memory and a fixed overhead."""
+    bus_memory = 32 * MiB
+    br = broker_factory("--bus-memory", str(bus_memory), "--bus-queue-bytes", str(1 << 20),
+                        "--bus-stall-timeout", "1000", "--status-interval", "100")
+    ctx = zmq.Context()
+    try:
+        base = rss_mib(br.proc.pid)
+        for k in range(1000):
+            ghost = Node(ctx, br.router, f"gone-{k}")
+            ghost.subscribe("", prefix=True)
+            ghost.close()
+        seen = innocent_pair(br.router, 2000, 4096, within=120)
+        after = rss_mib(br.proc.pid)
+        status = bus_status(br.router)
+        print(f"\nbeside 1000 vanished nodes: {seen['rate']:.0f} msgs/s, longest wait "
+              f"{seen['longest_wait'] * 1000:.0f} ms; {status['stalled']} stalled; bus holds "
+              f"{status['queued_bytes'] / MiB:.1f} MiB; RSS {base:.0f} -> {after:.0f} MiB")
+        assert status["stalled"] >= 1
+        assert status["queued_bytes"] <= bus_memory
+        assert after - base <= bus_memory / MiB + 48, (base, after)
+    finally:
         ctx.term()

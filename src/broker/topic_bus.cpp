@@ -364,11 +364,14 @@ void topic_bus::forget(node& to, const entry& e) {
   }
 }
 
-// The node's queue past bus-queue-bytes (half of it while the node is stalled: it holds no one
-// back, so no more than one that does), or all of them past bus-memory: the oldest deliveries
-// not sent yet go, their seqs kept for the gap (SPEC §17.6).
+// The node's queue past bus-queue-bytes, or all of them past bus-memory: the oldest deliveries
+// not sent yet go, their seqs kept for the gap (SPEC §17.6). A stalled node holds no one back,
+// so it keeps no more than one that does would: half of bus-queue-bytes, and its share of half
+// of bus-memory (so that many stalled nodes never press on the bus as a whole).
 void topic_bus::enforce_bounds(node& to) {
-  const auto bound = to.stalled ? cfg_.bus_queue_bytes / 2 : cfg_.bus_queue_bytes;
+  const auto bound = to.stalled ? std::min(cfg_.bus_queue_bytes / 2,
+                                           cfg_.bus_memory / 2 / std::max<std::size_t>(holders_, 1))
+                                : cfg_.bus_queue_bytes;
   while (to.queue_bytes > bound)
     if (!drop_oldest_unsent(to)) break;
   while (held() > cfg_.bus_memory) {
