@@ -144,6 +144,7 @@ class Bus:
         self._pub_limit = 0     # and we may send up to here
         self._resend = False    # a resumption: send what is not taken again, first
         self._credit_known = False
+        self._held_by: Optional[str] = None  # who the broker last said holds this node back
         # subscriptions: (prefix, topic) -> (echo, last); requests waiting for SUBSCRIBED
         self._subs: Dict[Tuple[bool, str], Tuple[bool, bool]] = {}
         self._requests: Dict[int, _Request] = {}
@@ -250,8 +251,10 @@ class Bus:
                     and not self._closed:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
+                    who = (f"node {self._held_by} does not keep up" if self._held_by
+                           else "a subscriber does not keep up")
                     raise TimeoutError(f"publish on {topic!r}: the broker held this node back "
-                                       f"for {timeout} s (a subscriber does not keep up)")
+                                       f"for {timeout} s ({who})")
                 self._cv.wait(left)
             if self._closed:
                 raise RuntimeError("publish: the bus is closed")
@@ -429,7 +432,7 @@ class Bus:
         if name == "DELIVER":
             self._io_deliver(msg)
         elif name == "PUBLISH_CREDIT":
-            self._io_credit(msg["acked"], msg["limit"])
+            self._io_credit(msg["acked"], msg["limit"], msg.get("held_by"))
         elif name == "SUBSCRIBED":
             with self._cv:
                 req = self._requests.pop(msg["req"], None)
@@ -460,8 +463,9 @@ class Bus:
         if self._core.ready:  # else on_ready sends it
             self._core.send(req.name, req.fields)
 
-    def _io_credit(self, acked: int, limit: int) -> None:
+    def _io_credit(self, acked: int, limit: int, held_by: Optional[str] = None) -> None:
         with self._cv:
+            self._held_by = held_by
             while self._unacked and self._unacked[0][0] <= acked:
                 self._unacked.popleft()
             self._pub_acked = max(self._pub_acked, acked)

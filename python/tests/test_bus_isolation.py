@@ -121,16 +121,18 @@ def test_a_vanished_subscriber_holds_publishers_back_only_until_its_stall_timeou
 
 
 def test_a_held_back_publisher_learns_who_holds_it(broker_factory) -> None:
-    """OPS `topics` names the laggard beside the publisher it holds back, and the other way."""
+    """The publisher's TimeoutError names the node that holds it back (PUBLISH_CREDIT's
+    held_by), and OPS `topics` names the laggard beside the publisher, and the other way."""
     br = broker_factory("--bus-queue-bytes", str(64 * 1024), "--bus-stall-timeout", "0")
     ctx = zmq.Context()
     p = _node(br.router, "talker")
     slow = Node(ctx, br.router, "sleeper")
     try:
         slow.subscribe("t")
-        with pytest.raises(TimeoutError):
+        with pytest.raises(TimeoutError) as held:
             for _ in range(2000):  # past what the SDK queues while held back (256)
                 p.publish("t", b"z" * 8192, timeout=1.0)
+        assert "node sleeper does not keep up" in str(held.value), held.value
 
         def named() -> bool:
             v = topics_view(br.router)

@@ -558,9 +558,16 @@ bool topic_bus::grant(node& publisher, bool always_send) {
   }
   if (!always_send) return false;
   acks_due_.erase(publisher.id);
-  (void)sink_.send_bus(publisher.id,
-                       codec::publish_credit{publisher.pub_acked, publisher.pub_limit});
+  (void)sink_.send_bus(publisher.id, credit_of(publisher));
   return true;
+}
+
+// What the publisher has been granted, and while it is held back, by whom (SPEC §17.3.5).
+codec::publish_credit topic_bus::credit_of(const node& publisher) const {
+  codec::publish_credit c{publisher.pub_acked, publisher.pub_limit, std::nullopt};
+  if (waiting_.count(publisher.id) > 0)
+    if (auto holder = holder_of(publisher.id); !holder.empty()) c.held_by = std::move(holder);
+  return c;
 }
 
 // A publisher hears what the broker took once per turn of the loop, in one PUBLISH_CREDIT,
@@ -570,8 +577,7 @@ void topic_bus::end_of_turn() {
   const std::vector<std::string> due(acks_due_.begin(), acks_due_.end());
   acks_due_.clear();
   for (const auto& id : due)
-    if (node* n = find(id))
-      (void)sink_.send_bus(n->id, codec::publish_credit{n->pub_acked, n->pub_limit});
+    if (node* n = find(id)) (void)sink_.send_bus(n->id, credit_of(*n));
 }
 
 void topic_bus::retry_waiting() {

@@ -184,10 +184,12 @@ struct bus::impl {
     });
     if (closed) return failed(bus_errc::closed, "publish: the bus is closed");
     if (!room)
-      return failed(bus_errc::timeout,
-                    fmt::format("publish on '{}': the broker held this node back for {} ms (a "
-                                "subscriber does not keep up)",
-                                topic, timeout.count()));
+      return failed(
+          bus_errc::timeout,
+          fmt::format("publish on '{}': the broker held this node back for {} ms ({})", topic,
+                      timeout.count(),
+                      held_by.empty() ? std::string("a subscriber does not keep up")
+                                      : fmt::format("node {} does not keep up", held_by)));
     const bool first = outq.empty();
     queued_bytes += bytes->size();
     outq.push_back(outgoing{std::string(topic), std::move(bytes), o.retain});
@@ -369,6 +371,7 @@ struct bus::impl {
       }
       pub_acked = std::max(pub_acked, c->acked);
       pub_limit = std::max(pub_limit, c->limit);
+      held_by = c->held_by.value_or(std::string());
       if (!credit_known) {  // the first credit of this connection: resend what it did not take
         credit_known = true;
         if (resend_pending) {
@@ -485,6 +488,7 @@ struct bus::impl {
   client::detail::bus_inbox inbox;
   std::uint64_t errors = 0;
   std::uint64_t sessions_lost = 0;
+  std::string held_by;  // the subscriber the broker last said holds this node back
 };
 
 bus::bus(bus_options opts) : impl_(std::make_unique<impl>(std::move(opts))) {}

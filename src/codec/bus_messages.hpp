@@ -110,15 +110,18 @@ struct publish {
 };
 
 /// PUBLISH_CREDIT (broker -> node): the broker has taken every PUBLISH up to `acked` and the
-/// node may send up to `limit` (a running total that never decreases within a session).
+/// node may send up to `limit` (a running total that never decreases within a session);
+/// `held_by`, when the node is held back, names the subscriber that holds it.
 struct publish_credit {
   std::uint64_t acked = 0;
   std::uint64_t limit = 0;
+  std::optional<std::string> held_by;
   RLBUS_BUS_MESSAGE(publish_credit, publish_credit)
   template <class S, class F>
   static void fields(S& s, F&& f) {
     f("acked", s.acked, rule::u64);
     f("limit", s.limit, rule::u64);
+    f("held_by", s.held_by, rule::id{});
   }
 };
 

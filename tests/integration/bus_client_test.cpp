@@ -277,7 +277,10 @@ TEST_CASE("bus: close says how many publications the broker had not taken, and c
   REQUIRE(pub.wait_for(connection_state::ready, 5s));
   const std::string body(4096, 'p');
   std::size_t published = 0;
-  while (pub.publish("t", std::to_string(published) + body, {}, 500ms).ok()) ++published;
+  bus_result r;
+  while ((r = pub.publish("t", std::to_string(published) + body, {}, 500ms)).ok()) ++published;
+  CHECK(r.error == bus_errc::timeout);
+  CHECK_THAT(r.reason, Catch::Contains("node slow does not keep up"));  // PUBLISH_CREDIT held_by
   REQUIRE(pub.unsent() > 0);
   const auto dropped = pub.close(500ms);
   INFO(published << " published, " << dropped << " not taken");
