@@ -38,6 +38,7 @@ std::optional<refusal> coordinator_stream::replay(std::uint64_t from_seq) {
                                from_seq, seq, seq + 1)};
   // "Everything before from_seq is processed, nothing from it on": the stream restarts there.
   windowed = true;
+  awaiting_resume = false;
   set_acked(from_seq - 1);
   next = from_seq;
   return std::nullopt;
@@ -48,6 +49,7 @@ std::optional<refusal> coordinator_stream::ack(std::uint64_t s) {
     return refusal{codec::error_code::bad_seq,
                    fmt::format("ACK of {}: your stream's last event is {}", s, seq)};
   windowed = true;
+  awaiting_resume = false;
   if (s > acked) set_acked(s);  // an older ACK tells nothing new
   if (next <= acked) next = acked + 1;
   return std::nullopt;
@@ -74,7 +76,7 @@ void coordinator_stream::set_acked(std::uint64_t seq) {
 
 void coordinator_stream::pump(task_sink& sink, const std::string& owner, std::size_t window_events,
                               task_counts& counts) {
-  if (!windowed) return;
+  if (!windowed || awaiting_resume) return;
   const auto window = static_cast<std::uint64_t>(window_events);
   const auto limit = [&] {
     return acked > ~std::uint64_t{0} - window ? ~std::uint64_t{0} : acked + window;

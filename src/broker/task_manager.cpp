@@ -109,7 +109,8 @@ std::optional<std::uint64_t> task_manager::adopt(const std::string& id) {
   if (o == orphans_.end()) return std::nullopt;
   orphans_.erase(o);
   ++counts_.adoptions;
-  const auto& s = streams_[id];
+  auto& s = streams_[id];
+  s.awaiting_resume = s.windowed;  // until the new session's REPLAY says from where
   spdlog::info("coordinator {}: the new session adopts its tasks; the stream goes on after {}", id,
                s.acked);
   return s.acked;
