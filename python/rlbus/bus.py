@@ -114,8 +114,9 @@ class Bus:
     live sessions. ``max_partial_bytes`` (default 256 MiB) bounds the bytes of fragmented
     publications this node holds while they are incomplete; past it the largest is dropped,
     logged and counted lost. ``accept``, when given, says which topics this node wants: a
-    publication on any other topic is dropped as it arrives (counted in :attr:`ignored`),
-    and its fragments are never held.
+    fragmented publication on any other topic is dropped as its first fragment arrives
+    (counted in :attr:`ignored`) and its fragments are never held; whole ones are handed out
+    as ever, for the caller to filter.
     """
 
     def __init__(self, endpoint: str, id: str, *, heartbeat: float = 1.0,
@@ -160,7 +161,7 @@ class Bus:
         self._ack_lazy = False    # an ack is owed: sent on the I/O thread's next turn
         self._owed_bytes = 0      # payload bytes handed out since the last BUS_ACK
         self.lost = 0           # deliveries and publications reported lost, or not handed over
-        self.ignored = 0        # publications on topics ``accept`` refused
+        self.ignored = 0        # fragmented publications on topics ``accept`` refused
         self.sessions_lost = 0  # new sessions after the first: in-flight messages gone
         self.errors = 0         # ERRORs the broker answered this node with
         self._closed = False
@@ -572,9 +573,6 @@ class Bus:
         sender, topic = msg["from"], msg["topic"]
         if self._drop_partial(sender):
             self.lost += 1  # a batch begins no fragment: an open publication ended
-        if self._accept is not None and not self._accept(topic):
-            self.ignored += count
-            return []
         data = bytes(msg.payload or b"")
         out: List[BusMessage] = []
         pos, end, unpack = 0, len(data), _LENGTH.unpack_from
@@ -607,12 +605,12 @@ class Bus:
         if part == 0:
             if self._drop_partial(sender):
                 self.lost += 1  # its end never came
-            if self._accept is not None and not self._accept(msg["topic"]):
-                self.ignored += 1  # not wanted: neither handed out nor held (nor its rest)
-                return None
             if not more:
                 return BusMessage(msg["topic"], bytes(payload), sender,
                                   msg.get("retained", False))
+            if self._accept is not None and not self._accept(msg["topic"]):
+                self.ignored += 1  # not wanted: never held, nor its rest
+                return None
             self._partial[sender] = (msg["topic"], 1, [bytes(payload)], len(payload))
             self._partial_bytes += len(payload)
             self._bound_partials()

@@ -12,9 +12,10 @@ queues:
   model a learner sent (``LATEST_WINS`` topics) reaches a node that listens after it too, and
   one that subscribes to its topic only after it arrived (the framework's ``task.on`` comes
   once the process has built its policy);
-- what arrives on a topic the framework has not subscribed to is dropped at once and counted
-  (:attr:`RlbusMQ.ignored`), fragments included: another node cannot make this one hold
-  publications nobody here asked for;
+- what arrives on a topic the framework has not subscribed to is dropped (as DI-engine's own
+  queues do), a fragmented publication as its first fragment arrives (counted in
+  :attr:`RlbusMQ.ignored`): another node cannot make this one hold fragments nobody here
+  asked for;
 - ``publish`` may be called before ``listen()`` (it is sent once connected), from any thread,
   and does not raise when peers are gone;
 - ``unsubscribe`` takes glob patterns (``task.*``); ``stop()`` flushes what was published
@@ -95,7 +96,7 @@ class RlbusMQ:
 
     @property
     def ignored(self) -> int:
-        """Messages dropped on arrival: their topic was not subscribed to."""
+        """Fragmented publications dropped on arrival: their topic was not subscribed to."""
         bus = self._bus
         return bus.ignored if bus is not None else 0
 
