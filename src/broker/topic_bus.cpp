@@ -460,10 +460,7 @@ void topic_bus::pump(util::time_point now) {
       n->quiet_since = now;
     } else if (!n->stalled && cfg_.bus_stall_ms > 0 &&
                now - *n->quiet_since >= util::milliseconds(cfg_.bus_stall_ms) && holds_back(*n) &&
-               std::any_of(waiting_.begin(), waiting_.end(), [&](const std::string& p) {
-                 const node* w = find(p);
-                 return w != nullptr && w->held_by.count(n->id) > 0;
-               })) {
+               !waiting_on(*n, 1).empty()) {
       stall(*n, now);
     }
   }
@@ -474,10 +471,7 @@ void topic_bus::pump(util::time_point now) {
 // §17.6.1): what it has not been sent is dropped (a gap), and it holds no one back until it
 // acknowledges again.
 void topic_bus::stall(node& n, util::time_point now) {
-  std::vector<std::string> waiting;
-  for (const auto& p : waiting_)
-    if (const node* w = find(p); w != nullptr && w->held_by.count(n.id) > 0) waiting.push_back(p);
-  std::sort(waiting.begin(), waiting.end());
+  const auto waiting = waiting_on(n, waiting_.size());
   const auto bytes = n.queue_bytes;
   const auto before = n.dropped;
   n.stalled = true;
@@ -498,6 +492,19 @@ void topic_bus::stall(node& n, util::time_point now) {
 }
 
 // ---- credit in ----------------------------------------------------------------------------
+
+// The publishers waiting for credit whose publications `subscriber` holds: at most `limit`,
+// the first by id.
+std::vector<std::string> topic_bus::waiting_on(const node& subscriber, std::size_t limit) const {
+  std::vector<std::string> out;
+  for (const auto& p : waiting_)
+    if (const auto w = nodes_.find(p);
+        w != nodes_.end() && w->second->held_by.count(subscriber.id) > 0)
+      out.push_back(p);
+  std::sort(out.begin(), out.end());
+  if (out.size() > limit) out.resize(limit);
+  return out;
+}
 
 // A subscriber holds its publishers back while its queue holds more than half of
 // bus-queue-bytes, or, while the bus as a whole holds more than half of bus-memory, more than
@@ -682,12 +689,7 @@ std::vector<node_stats> topic_bus::nodes(std::size_t limit) const {
     s.stalls = n->stalls;
     s.held_back = waiting_.count(id) > 0;
     s.stalled = n->stalled;
-    if (holds_back(*n))
-      for (const auto& p : waiting_)
-        if (const auto w = nodes_.find(p); w != nodes_.end() && w->second->held_by.count(id) > 0 &&
-                                           s.holding_back.size() < max_holders_named)
-          s.holding_back.push_back(p);
-    std::sort(s.holding_back.begin(), s.holding_back.end());
+    if (holds_back(*n)) s.holding_back = waiting_on(*n, max_holders_named);
     if (s.held_back) s.held_by = holder_of(id);
     out.push_back(std::move(s));
   }

@@ -261,6 +261,8 @@ class topic_bus {
   /// The PUBLISH a grant tops `publisher` up by (SPEC §17.4.2).
   [[nodiscard]] std::uint64_t chunk(const node& publisher) const;
   [[nodiscard]] bool held_back(const node& publisher) const;
+  [[nodiscard]] std::vector<std::string> waiting_on(const node& subscriber,
+                                                    std::size_t limit) const;
   [[nodiscard]] codec::publish_credit credit_of(const node& publisher) const;
   void retry_waiting();
   void retain(const pub_ref& pub);
