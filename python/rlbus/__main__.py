@@ -4,11 +4,20 @@ found and none is named (a program would have nowhere to go)."""
 
 import argparse
 import os
+import socket
 import sys
 
 from . import __version__
 from ._broker import BROKER_ENV, find_broker
-from .compat._util import DEFAULT_ENDPOINT, ENDPOINT_ENV, broker_listening
+from .compat._util import DEFAULT_ENDPOINT, DEFAULT_PORT, ENDPOINT_ENV
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
 
 
 def main(argv=None) -> int:
@@ -30,12 +39,12 @@ def main(argv=None) -> int:
     if named:
         print(f"endpoint: {named} (${ENDPOINT_ENV})")
     else:
-        here_now = "a broker listens there" if broker_listening(DEFAULT_ENDPOINT) else \
+        here_now = "something listens there" if _listening(DEFAULT_PORT) else \
             "nothing listens there now"
         print(f"endpoint: {DEFAULT_ENDPOINT} for rlbus.Worker, Coordinator and Bus given no "
-              f"other (${ENDPOINT_ENV} unset; {here_now}); for DI-engine, patch_dingengine() "
-              f"uses a broker listening there or else starts one on free loopback ports, and "
-              f"a runner with mq_type=\"rlbus\" starts one for its run"
+              f"other (${ENDPOINT_ENV} unset; {here_now}); a DI-engine run (patch_dingengine() "
+              f"or a runner with mq_type=\"rlbus\") that names none starts a broker of its "
+              f"own, private to this user, that lives as long as the run"
               + ("" if binary else ", which needs a broker binary"))
     return 0 if binary or named else 1
 

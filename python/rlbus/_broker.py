@@ -6,6 +6,7 @@ broker of :mod:`rlbus.compat.ditask`); tests start theirs with it too.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -63,17 +64,24 @@ class Broker:
 
     ``with Broker() as b:`` starts it and waits until it listens (its start-up line names the
     endpoints it bound: :attr:`router`, :attr:`events`); leaving the block stops it (SIGTERM,
-    then SIGKILL after ``stop_timeout`` seconds). ``args`` are extra broker flags."""
+    then SIGKILL after ``stop_timeout`` seconds). ``args`` are extra broker flags.
+
+    With ``log_path`` its output goes to that file (appended) instead of a pipe this process
+    reads, so it never waits on a reader that is gone; with ``own_session`` it is not in this
+    process's session (a Ctrl-C or a hangup of the terminal does not reach it)."""
 
     def __init__(self, args: Sequence[str] = (), *, router: str = "tcp://127.0.0.1:0",
                  events: str = "tcp://127.0.0.1:0", binary: Optional[str] = None,
-                 start_timeout: float = 10.0, stop_timeout: float = 10.0) -> None:
+                 start_timeout: float = 10.0, stop_timeout: float = 10.0,
+                 log_path: Optional[str] = None, own_session: bool = False) -> None:
         self.binary = binary or find_broker()
         self.args = list(args)
         self.router = router
         self.events = events
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
+        self.log_path = log_path
+        self.own_session = own_session
         self.lines: List[str] = []
         self.proc: Optional[subprocess.Popen] = None
         self._listening = threading.Event()
@@ -85,16 +93,43 @@ class Broker:
         cmd = [self.binary, "--router", self.router, "--events", self.events] + extra
         self.lines = []
         self._listening.clear()
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, text=True)
-        threading.Thread(target=self._read, args=(self.proc,), daemon=True,
-                         name="rlbus-broker-output").start()
+        if self.log_path is None:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, text=True,
+                                         start_new_session=self.own_session)
+            threading.Thread(target=self._read, args=(self.proc,), daemon=True,
+                             name="rlbus-broker-output").start()
+            wait = self._listening.wait
+        else:
+            with open(self.log_path, "ab") as out:
+                start = out.tell()
+                self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL,
+                                             start_new_session=self.own_session)
+            wait = functools.partial(self._read_log, start)
         deadline = time.monotonic() + self.start_timeout
-        while not self._listening.wait(0.05):
+        while not wait(0.05):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
+                if self.log_path is not None:
+                    self._read_log(start, 0)
                 raise RuntimeError("rlbus-broker did not start: " + "".join(self.lines[-20:]))
         return self
+
+    def _read_log(self, start: int, pause: float) -> bool:
+        """Reads the log file from `start` into :attr:`lines`; whether it says the broker
+        listens (waiting `pause` seconds first when not)."""
+        assert self.log_path is not None
+        with open(self.log_path, "r", errors="replace") as f:
+            f.seek(start)
+            self.lines = f.readlines()[-_KEPT_LINES:]
+        for line in self.lines:
+            m = _LISTENING.match(line)
+            if m:
+                self.router, self.events = m.group(1), m.group(2)
+                return True
+        time.sleep(pause)
+        return False
 
     def _read(self, proc: subprocess.Popen) -> None:
         assert proc.stdout is not None

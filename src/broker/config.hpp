@@ -46,6 +46,9 @@ struct config {
   /// On the first stop request the broker drains (SPEC §11): no new sessions or tasks, but
   /// running tasks may end on their own for this long before they are aborted. 0 stops at once.
   std::uint32_t drain_ms = 10'000;
+  /// The broker of one run: a file the run's processes hold a shared lock (flock) on. Once
+  /// none holds it the broker stops as on SIGTERM. Empty: it runs until it is signalled.
+  std::string run_lock_path;
   /// Limits for every msgpack body the broker decodes.
   codec::decode_limits limits{};
 

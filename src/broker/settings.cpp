@@ -56,6 +56,11 @@ std::vector<setting> make_table() {
        "on the first SIGINT/SIGTERM, time that running tasks get to end on their "
        "own before they are aborted (0 = stop at once)",
        &c::drain_ms, 0, day_ms, any, "ms"},
+      {"", "run-lock",
+       "file the processes of one run hold a shared lock (flock) on: the broker stops, as on "
+       "SIGTERM, once no process holds it, however they ended (empty: it runs until it is "
+       "signalled)",
+       &c::run_lock_path},
       // ---- tasks ----
       live({"tasks", "max-queue",
             "most tasks waiting for a worker; a SUBMIT past it is refused (412 "

@@ -2,12 +2,15 @@
 // of settings, broker/settings.hpp), signals -> request_stop(), errors at start-up -> a clear
 // message and a non-zero exit code (2: usage or config, 1: cannot bind).
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -25,6 +28,7 @@
 #include "broker/settings.hpp"
 #include "util/curve_keys.hpp"
 #include "util/log.hpp"
+#include "util/run_lock.hpp"
 
 namespace {
 
@@ -64,6 +68,42 @@ class signal_thread {
 
  private:
   sigset_t set_{};
+  std::thread thread_;
+};
+
+// The broker of one run (--run-lock) stops once no process of the run is left, looked at five
+// times a second by a thread of its own. Destroyed before the server it stops.
+class run_watch {
+ public:
+  run_watch(const std::string& path, rlbus::broker::server& server) : lock_(path) {
+    thread_ = std::thread([this, path, &server] {
+      std::unique_lock<std::mutex> hold(mutex_);
+      while (!done_) {
+        if (lock_.released()) {
+          spdlog::info("no process of the run holds {} any more: stopping", path);
+          server.request_stop();
+          return;
+        }
+        wake_.wait_for(hold, std::chrono::milliseconds(200));
+      }
+    });
+  }
+  ~run_watch() {
+    {
+      const std::lock_guard<std::mutex> hold(mutex_);
+      done_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  run_watch(const run_watch&) = delete;
+  run_watch& operator=(const run_watch&) = delete;
+
+ private:
+  rlbus::util::run_lock_watch lock_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool done_ = false;
   std::thread thread_;
 };
 
@@ -213,6 +253,8 @@ int main(int argc, char** argv) {
     if (cfg.metrics_port != 0)
       http = std::make_unique<rlbus::broker::http_endpoint>(
           cfg.metrics_address, cfg.metrics_port, [&server] { return server.snapshot(); });
+    std::unique_ptr<run_watch> run;  // destroyed before `server`, after the line below
+    if (!cfg.run_lock_path.empty()) run = std::make_unique<run_watch>(cfg.run_lock_path, server);
     // One line for whoever started the broker to read the endpoints from (SPEC §1.4.1): a
     // port 0 or * is resolved to the one bound. Written once signals stop the broker cleanly.
     std::printf("rlbus-broker listening router=%s events=%s%s%s\n",

@@ -3,17 +3,15 @@
 They turn DI-engine's loosely typed values into what the rlbus wire accepts: JSON-like
 user data (DI-engine's HTTP transport spoke JSON, so its dicts are JSON-clean but may be
 EasyDicts, tuples or numpy scalars), peer and task ids that obey the id rule, numeric
-resources, and the broker endpoint from config or environment (or a broker started for a
-run on one machine that names none).
+resources, and the broker endpoint from config or environment (or the broker of a run on one
+machine that names none, see rlbus._run).
 """
 
-import atexit
 import importlib
 import logging
 import math
 import os
 import re
-import socket
 
 DEFAULT_PORT = 7235  # the broker's ROUTER port when none is given
 DEFAULT_ENDPOINT = f"tcp://127.0.0.1:{DEFAULT_PORT}"
@@ -22,6 +20,7 @@ WORKER_ID_ENV = "RLBUS_WORKER_ID"
 COORDINATOR_ID_ENV = "RLBUS_COORDINATOR_ID"  # a stable coordinator id, to adopt a run's tasks
 CURVE_KEY_ENV = "RLBUS_CURVE_KEY"    # this process's .key file, for a broker with CURVE on
 BROKER_KEY_ENV = "RLBUS_BROKER_KEY"  # the broker's .pub file
+RUN_LOCK_ENV = "RLBUS_RUN_LOCK"  # set for the processes of a run that started its own broker
 
 _ID_RE = re.compile(r"^[A-Za-z0-9._:@/-]{1,128}$")
 _ID_BAD_CHAR = re.compile(r"[^A-Za-z0-9._:@/-]")
@@ -64,7 +63,9 @@ def cfg_get(cfg, *keys, default=None):
 
 def resolve_endpoint(cfg=None, explicit=None):
     """The broker's ROUTER endpoint: an explicit argument, then the config's `broker`
-    (or `rlbus.endpoint`), then $RLBUS_ENDPOINT, then tcp://127.0.0.1:7235."""
+    (or `rlbus.endpoint`), then $RLBUS_ENDPOINT, then tcp://127.0.0.1:7235. When that is the
+    broker of the run this process belongs to (patch_dingengine() prepared one), the broker
+    is started now if no process of the run has started it yet."""
     if explicit:
         return str(explicit)
     value = cfg_get(cfg, "broker", "rlbus_endpoint")
@@ -72,68 +73,11 @@ def resolve_endpoint(cfg=None, explicit=None):
         value = cfg_get(cfg_get(cfg, "rlbus"), "endpoint")
     if not value:
         value = os.environ.get(ENDPOINT_ENV)
+        if value and os.environ.get(RUN_LOCK_ENV):
+            from .. import _run
+            if value == _run.run_endpoint():
+                return _run.ensure_broker()
     return str(value) if value else DEFAULT_ENDPOINT
-
-
-# The broker ensure_local_broker() started, and the process that started it (its forked
-# children inherit the object, not the duty to stop it).
-_local = {"broker": None, "pid": None}
-
-
-def broker_listening(endpoint, timeout=0.2):
-    """Whether a TCP endpoint accepts connections (tcp://HOST:PORT only)."""
-    m = re.match(r"^tcp://([^:/]+):(\d+)$", endpoint)
-    if not m:
-        return False
-    try:
-        with socket.create_connection((m.group(1), int(m.group(2))), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def ensure_local_broker():
-    """For a run that names no broker ($RLBUS_ENDPOINT unset): the broker at the default
-    endpoint when one listens there, else one started now on free loopback ports, named in
-    $RLBUS_ENDPOINT so that this process and every worker it starts afterwards (forked or
-    spawned) find it, and stopped when this process exits. Returns the endpoint the workers
-    will use. Without a broker binary (find_broker) the default endpoint stays, with a
-    warning."""
-    named = os.environ.get(ENDPOINT_ENV)
-    if named:
-        return named
-    if _local["broker"] is not None and _local["pid"] == os.getpid():
-        return _local["broker"].router
-    if broker_listening(DEFAULT_ENDPOINT):
-        log.info("rlbus: no broker named ($%s); using the one listening at %s", ENDPOINT_ENV,
-                 DEFAULT_ENDPOINT)
-        return DEFAULT_ENDPOINT
-    from .._broker import Broker
-    try:
-        broker = Broker(stop_timeout=5.0).start()
-    except (FileNotFoundError, RuntimeError) as exc:
-        log.warning("rlbus: no broker named ($%s) and none could be started (%s); workers "
-                    "will look for one at %s", ENDPOINT_ENV, exc, DEFAULT_ENDPOINT)
-        return DEFAULT_ENDPOINT
-    if _local["pid"] is None:
-        atexit.register(stop_local_broker)
-    _local["broker"], _local["pid"] = broker, os.getpid()
-    os.environ[ENDPOINT_ENV] = broker.router
-    log.info("rlbus: no broker named ($%s): started one for this run at %s (pid %d); it stops "
-             "when this process exits", ENDPOINT_ENV, broker.router, broker.proc.pid)
-    return broker.router
-
-
-def stop_local_broker():
-    """Stops the broker ensure_local_broker() started in this process, if any, and forgets
-    its endpoint."""
-    broker = _local["broker"]
-    if broker is None or _local["pid"] != os.getpid():
-        return
-    _local["broker"] = None
-    broker.stop()
-    if os.environ.get(ENDPOINT_ENV) == broker.router:
-        del os.environ[ENDPOINT_ENV]
 
 
 def curve_kwargs():

@@ -24,7 +24,9 @@ queues:
 :func:`install` registers it as ``mq_type="rlbus"`` (``patch_dingengine()`` calls it). The
 broker is named by ``$RLBUS_ENDPOINT``, else by the runner's ``address`` and ``ports`` (the
 ``ditask --address --ports`` flags); with neither, the runner starts a broker of its own on
-this machine for the run, and its workers find it through the environment.
+this machine for the run (``rlbus._run``: private to this user, logging to a file, living
+until the last process of the run has ended), and its workers find it through the
+environment.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import threading
 import uuid
 from typing import Any, Deque, Dict, Optional, Set, Tuple
 
+from .. import _run
 from ._util import DEFAULT_ENDPOINT, DEFAULT_PORT, ENDPOINT_ENV, curve_kwargs
 
 log = logging.getLogger("rlbus.compat.ditask")
@@ -52,7 +55,7 @@ _MAX_EARLY = 100_000  # publications kept before listen() connected
 # one, and a node whose listen() comes after it still gets it.
 LATEST_WINS = ("task.model_exchanger",)
 
-# The broker the last runner started for itself (None if it named one): for tests and tools.
+# The broker the last runner started for its run (None if it named one): for tests and tools.
 last_embedded: Any = None
 
 
@@ -202,17 +205,20 @@ class RlbusMQ:
 class _Main:
     """The user's ``main`` as the runner hands it to its workers. A spawned worker unpickles
     it before it builds its queue, which imports this module there: with the marker in its
-    environment, the worker installs the rlbus MQ even if nothing else in it did."""
+    environment, the worker installs the rlbus MQ even if nothing else in it did. It also
+    carries the runner's share of the run (rlbus._run), so the run's broker lives as long as
+    the worker, even if the runner is killed before the worker has imported anything."""
 
-    def __init__(self, main: Any) -> None:
+    def __init__(self, main: Any, run_hold: Any = None) -> None:
         self.main = main
         functools.update_wrapper(self, main)
+        _run.adopt(run_hold)  # a spawned worker shares the run from the moment it exists
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.main(*args, **kwargs)
 
     def __reduce__(self) -> Any:
-        return (_Main, (self.main,))
+        return (_Main, (self.main, _run.for_child()))
 
 
 def _patched_runner(original: Any) -> Any:
@@ -230,22 +236,20 @@ def _patched_runner(original: Any) -> Any:
 
         @functools.wraps(inner)
         def run(main: Any, *a: Any, **k: Any) -> Any:
-            from .._broker import Broker
+            global last_embedded
             marked = os.environ.get(_MARK_ENV)
             os.environ[_MARK_ENV] = MQ_TYPE
-            embedded = None
+            own_run = False
             try:
-                if endpoint_from(kwargs.get("address"), kwargs.get("ports")) is None:
-                    global last_embedded
-                    embedded = last_embedded = Broker().start()
-                    os.environ[ENDPOINT_ENV] = embedded.router
-                    log.info("rlbus: no broker named ($%s, address): started one for this run "
-                             "at %s", ENDPOINT_ENV, embedded.router)
+                named = endpoint_from(kwargs.get("address"), kwargs.get("ports"))
+                if named is None or named == _run.run_endpoint():
+                    own_run = _run.current() is None
+                    _run.ensure_broker()
+                    last_embedded = _run.last_started
                 return inner(_Main(main), *a, **k)
             finally:
-                if embedded is not None:
-                    embedded.stop()
-                    os.environ.pop(ENDPOINT_ENV, None)
+                if own_run:  # its broker stops once the workers still running are gone
+                    _run.leave()
                 if marked is None:
                     os.environ.pop(_MARK_ENV, None)
                 else:

@@ -11,17 +11,22 @@ then the coordinator module is imported (which imports the comm classes, now bui
 rlbus Slave) and its CommCoordinator name is swapped. Call it before anything imports
 ding.worker. Without DI-engine installed it does nothing and returns False.
 
-A legacy run on one machine needs no broker set up: when no broker is named ($RLBUS_ENDPOINT)
-and none listens at the default endpoint, patch_dingengine() starts one and names it in the
-environment, which the workers parallel_pipeline starts afterwards inherit.
+A legacy run on one machine needs no broker set up: when no broker is named ($RLBUS_ENDPOINT),
+patch_dingengine() makes this process the first of a run of its own (rlbus._run) and names
+the run's broker in the environment, which the workers parallel_pipeline forks afterwards
+inherit. The broker itself is started when the coordinator or a worker first needs it, and
+it stops once the last process of the run has ended. Whatever listens at the default
+endpoint is never taken for it.
 """
 
 import importlib
 import importlib.util
 import logging
+import os
 import sys
 
-from ._util import ensure_local_broker, stop_local_broker
+from .. import _run
+from ._util import ENDPOINT_ENV
 from .coordinator import CommCoordinator
 from .slave import Slave
 
@@ -68,7 +73,8 @@ def _has_module(name):
 def patch_dingengine(local_broker=True):
     """Installs the rlbus MQ (mq_type "rlbus") into an importable `ding.framework`, and the
     rlbus Slave and CommCoordinator into its legacy parallel mode; with `local_broker`, for
-    the legacy mode, a broker for this run when none is named (see the module's doc).
+    the legacy mode, a run of its own with a broker started at first use when none is named
+    (see the module's doc).
 
     Returns True when either took (ditask can use mq_type "rlbus", or DI-engine's coordinator
     now builds the rlbus CommCoordinator), False when there is no DI-engine (nothing is
@@ -100,15 +106,18 @@ def patch_dingengine(local_broker=True):
             swapped = True
     if not swapped:
         log.warning("patch_dingengine: no CommCoordinator found to replace")
-    if swapped and local_broker:
-        ensure_local_broker()
+    if swapped and local_broker and not os.environ.get(ENDPOINT_ENV):
+        folder = _run.prepare()
+        log.debug("patch_dingengine: no broker named ($%s); this run's starts at first use, "
+                  "in %s", ENDPOINT_ENV, folder)
     return swapped or framework
 
 
 def unpatch_dingengine():
-    """Puts back what patch_dingengine() replaced (classes built meanwhile keep theirs) and
-    stops the broker it started, if any."""
-    stop_local_broker()
+    """Puts back what patch_dingengine() replaced (classes built meanwhile keep theirs); this
+    process leaves the run patch_dingengine() made, if any (its broker stops once no process
+    of the run is left)."""
+    _run.leave()
     for (modname, name), value in list(_saved.items()):
         module = sys.modules.get(modname)
         if module is not None:

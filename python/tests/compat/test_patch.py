@@ -126,10 +126,10 @@ print("done", flush=True)
 
 def test_a_pipeline_on_one_machine_with_no_broker_named_gets_one_that_its_workers_find(
         tmp_path):
-    """patch_dingengine() with no $RLBUS_ENDPOINT and no broker at the default endpoint
-    starts a broker and names it in the environment, says so in the log, and the learner
-    process forked afterwards (parallel_pipeline's shape) finds it: a learner task runs end
-    to end. The broker stops when the process that started it exits."""
+    """patch_dingengine() with no $RLBUS_ENDPOINT names a broker of the run's own in the
+    environment; the coordinator starts it when it first needs it and says so in the log,
+    and the learner process forked before (parallel_pipeline's shape) finds it: a learner
+    task runs end to end. The broker stops once the last process of the run has exited."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([PYTHON_DIR, STANDIN]))
     env.pop("RLBUS_ENDPOINT", None)
     env.pop("RLBUS_WORKER_ID", None)
@@ -156,21 +156,3 @@ def _zombie(pid):
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
-
-
-def test_a_broker_listening_at_the_default_endpoint_is_used_rather_than_a_new_one():
-    from rlbus import Broker
-    with Broker() as broker:
-        out = run_python("""
-            import logging, os, sys
-            logging.basicConfig(level=logging.INFO, stream=sys.stdout)
-            import rlbus.compat._util as util
-            util.DEFAULT_ENDPOINT = sys.argv[1]
-            import rlbus.compat as compat
-            os.environ.pop("RLBUS_ENDPOINT", None)
-            assert compat.patch_dingengine() is True
-            assert "RLBUS_ENDPOINT" not in os.environ
-            assert compat.resolve_endpoint() == sys.argv[1]
-            print('ok')
-        """, args=[broker.router])
-    assert "ok" in out and "using the one listening at " + broker.router in out, out
