@@ -89,7 +89,7 @@ def build(valid, invalid_body, event, envelope, pack):
                                                 "count": 65535},
            "the largest count a batch may have (its payload is not checked by the codec)"),
         ok("publish_credit_first", "PUBLISH_CREDIT", {"acked": 0, "limit": 64},
-           "after WELCOME: nothing taken yet, up to seq 64 may come"),
+           "after WELCOME: nothing taken yet, up to seq 64 may come (the broker decides the limit, SPEC 17.4.2)"),
         ok("publish_credit_topped_up", "PUBLISH_CREDIT", {"acked": 100, "limit": 164},
            "100 taken, topped up to acked + 64"),
         ok("publish_credit_held_back", "PUBLISH_CREDIT",

@@ -144,6 +144,25 @@ def test_17_4_2_credit_after_welcome_and_seq_rules(bus) -> None:
     p.quiet()
 
 
+def test_17_4_2_the_grant_as_the_spec_computes_it_and_again_after_a_repeated_hello(
+        bus) -> None:
+    """Default settings: the first grant is what a quarter of bus-queue-bytes holds of
+    PUBLISH counted at max-message plus the id, the longest topic and 64 bytes (15); once its
+    publications are small, bus-credit (64). A HELLO again on the session's connection is
+    WELCOMEd again and credited again."""
+    p = bus("p")
+    quarter, counted = 64 * 1024 * 1024 // 4, 1024 * 1024 + len("p") + 256 + 64
+    assert p.credit["limit"] == quarter // counted == 15, p.credit.fields
+    p.send("PUBLISH", pub(1, "t"), b"1")
+    credit = p.recv("PUBLISH_CREDIT")
+    assert (credit["acked"], credit["limit"]) == (1, 1 + 64), credit.fields
+    p.send("HELLO", {"role": "bus", "id": "p", "heartbeat_ms": 60000})
+    again = p.recv("WELCOME")
+    assert again["resumed"] and again["session"] == p.welcome["session"], again.fields
+    credit = p.recv("PUBLISH_CREDIT")
+    assert (credit["acked"], credit["limit"]) == (1, 65), credit.fields
+
+
 def test_17_4_3_window_ack_and_resumption(broker_factory) -> None:
     br = broker_factory("--bus-window", "2")
     ctx = zmq.Context()

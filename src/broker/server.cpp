@@ -394,6 +394,7 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
     }
     renew(*current);
     (void)send(routing_id, welcome_for(*current, true));
+    if (current->role == rlbus::role::bus) bus_.node_welcomed_again(current->id);
     return;
   }
   if (auto why = hello_forbidden(h, key)) {

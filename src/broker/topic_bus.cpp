@@ -86,6 +86,10 @@ void topic_bus::node_resumed(const std::string& id) {
   flush(*n);
 }
 
+void topic_bus::node_welcomed_again(const std::string& id) {
+  if (node* n = find(id)) grant(*n, true);
+}
+
 void topic_bus::node_gone(const std::string& id) {
   const auto it = nodes_.find(id);
   if (it == nodes_.end()) return;

@@ -126,6 +126,9 @@ class topic_bus {
   /// It resumed on a new connection (after the WELCOME): credit again, and every delivery
   /// it has not acknowledged is sent again.
   void node_resumed(const std::string& id);
+  /// It said HELLO again on the connection of its session (after the WELCOME): its credit
+  /// again (SPEC §17.4.2), nothing sent again.
+  void node_welcomed_again(const std::string& id);
   /// Its session ended: its subscriptions and queue go, its open publication is abandoned.
   void node_gone(const std::string& id);
 
