@@ -68,6 +68,25 @@ def test_each_package_holds_its_part(debs, tmp_path):
     assert "adduser --system" in scripts and "keygen /etc/rlbus/broker" in scripts
 
 
+def test_an_upgrade_restarts_a_running_broker_and_a_fresh_install_starts_none(debs):
+    """An enabled or running service was stopped by an upgrade and never started again. Now
+    postinst restarts it on upgrade (configure with the old version) through
+    deb-systemd-invoke, which leaves a disabled, stopped unit alone (so a fresh install
+    starts nothing), and no maintainer script stops it for an upgrade."""
+    deb = debs["debs"]["rlbus-broker"]
+    postinst = run(["dpkg-deb", "-I", deb, "postinst"]).stdout
+    assert "_dh_action=restart" in postinst and "_dh_action=start" in postinst, postinst
+    assert "deb-systemd-invoke $_dh_action 'rlbus-broker.service'" in postinst, postinst
+    assert "deb-systemd-helper enable" not in postinst  # installed disabled
+    for script in ("prerm", "preinst"):
+        lines = subprocess.run(["dpkg-deb", "-I", deb, script], capture_output=True,
+                               text=True).stdout.splitlines()
+        for i, line in enumerate(lines):
+            if "deb-systemd-invoke stop" in line:  # only when the package is removed
+                guard = next(g for g in reversed(lines[:i]) if g.lstrip().startswith("if "))
+                assert '"$1" = remove' in guard, (script, guard)
+
+
 def test_the_packaged_broker_serves_the_packaged_python_client(debs, tmp_path):
     root = tmp_path / "root"
     for deb in debs["debs"].values():
