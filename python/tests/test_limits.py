@@ -358,3 +358,56 @@ def test_coordinators_that_never_ack_while_collectors_stream_stay_within_the_bud
             s.close(0)
         ctx.term()
         b.stop()
+
+
+def test_a_subscriber_that_reads_its_stream_is_served_while_non_readers_fill_the_budget(
+        closing) -> None:
+    """Connections that read nothing fill the three quarters of memory-budget they may hold
+    (nothing is cut for not reading here). A bus subscriber receiving a stream always has
+    something in flight, so it was no "connection that holds nothing": its deliveries were
+    refused for the budget, one after another, and its pair fell from thousands of messages a
+    second to a hundred or two. A connection whose queue is moving is served from the
+    reserve, up to a 64th of the budget (384 KiB here: the subscriber's window of 256
+    deliveries of 512 bytes fits)."""
+    from test_bus_isolation import innocent_pair
+    b = Broker(["--max-connection-bytes", str(PER_CONNECTION), "--memory-budget", str(BUDGET),
+                "--max-queue", str(TASKS), "--stalled-timeout", "0"])
+    ctx = zmq.Context()
+    hogs: List[zmq.Socket] = []
+    try:
+        op = queue_tasks_and_operator(b, closing)
+        polls = [0]
+
+        def counters():
+            polls[0] += 1
+            return answer(op, polls[0], verb="status")["counters"]
+        before = counters()["messages_in"]
+        hogs = [non_reader(ctx, b.router) for _ in range(NON_READERS)]
+        for n in range(ASKS):
+            for s in hogs:
+                ops(s, n + 1, verb="tasks", limit=1000)
+        # every ask has been read (and answered or refused) once the broker has read them
+        # all and the operator's polls since
+        assert wait_until(lambda: counters()["messages_in"] >= before + NON_READERS * ASKS
+                          + polls[0] - 1, 60), "the asks did not all arrive"
+        c = counters()
+        held, refused = c["send_queue_bytes"], c["over_bytes"]
+        assert held >= BUDGET * 3 // 4 - 2 * MIB and refused > 0, c  # three quarters full
+        seen = innocent_pair(b.router, 10_000, 512, within=60)
+        # no message to the pair was refused for the budget (before: hundreds, each a
+        # delivery put off until the subscriber's queue was empty again)
+        assert counters()["over_bytes"] == refused
+        for s in hogs:
+            s.close(0)
+        hogs = []
+        assert wait_until(lambda: counters()["send_queue_bytes"] < MIB, 30)
+        alone = innocent_pair(b.router, 10_000, 512, within=120, prefix="alone")
+        print(f"\na bus pair beside {NON_READERS} connections holding {held / MIB:.1f} MiB of "
+              f"a {BUDGET // MIB} MiB budget: {seen['rate']:.0f} msgs/s (alone "
+              f"{alone['rate']:.0f}, ratio {seen['rate'] / alone['rate']:.2f}), longest wait "
+              f"{seen['longest_wait'] * 1000:.0f} ms")
+    finally:
+        for s in hogs:
+            s.close(0)
+        ctx.term()
+        b.stop()

@@ -198,7 +198,8 @@ std::vector<setting> make_table() {
        "bytes the broker holds for its peers: the answers and events queued to all "
        "connections and the coordinators' event rings together (a message past it is not "
        "sent and counted; at least max-connection-bytes); the rings hold at most half of it, "
-       "and a quarter is kept for peers that read",
+       "and a quarter is kept for peers that read (half of it for those whose queues move, "
+       "all of it for a short answer to one that holds nothing)",
        &c::memory_budget, 4096, std::uint64_t{1} << 44U, any, "bytes"},
       {"security", "stalled-timeout",
        "while more than half of memory-budget is held, a connection that has read "

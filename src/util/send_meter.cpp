@@ -28,7 +28,9 @@ void send_meter::account::charge(std::size_t n) noexcept {
 }
 
 void send_meter::account::refund(std::size_t n) noexcept {
-  moved_.store(clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  const auto now = clock::now().time_since_epoch().count();
+  moved_.store(now, std::memory_order_relaxed);
+  freed_.store(now, std::memory_order_relaxed);
   total_->fetch_sub(n, std::memory_order_relaxed);
   bytes_.fetch_sub(n, std::memory_order_relaxed);
   release();
@@ -66,16 +68,21 @@ std::vector<int> send_meter::stalled(time_point since, std::size_t elsewhere) {
   return fds;
 }
 
-bool send_meter::admits(const account& a, std::size_t body, std::size_t elsewhere) const noexcept {
+bool send_meter::admits(const account& a, std::size_t body, std::size_t elsewhere,
+                        time_point now) const noexcept {
   const auto n = body + per_message;
   const auto held = a.bytes() + n;
   if (held > per_connection_) return false;
   // The queues share the budget with the bytes held elsewhere. Its last quarter is kept for
-  // a short message to a connection that holds nothing unread: one that reads what it is
-  // sent. Connections that never read fill three quarters at most (with what is held
-  // elsewhere), however many there are, and the others are served meanwhile. (A connection
-  // that never reads parks at most one message in the reserve: then it holds something.)
-  const bool reader = a.bytes() == 0 && n <= budget_ / 64;
+  // connections that read: those that never read fill three quarters at most (with what is
+  // held elsewhere), however many there are, and the others are served meanwhile. A
+  // connection reads when it holds nothing (a peer asking something) or when libzmq let go of
+  // one of its messages within moving_window (a subscriber reading its stream always has
+  // some in flight); it may hold up to a 64th of the budget from the reserve. (A connection
+  // that never reads parks at most that much there.)
+  const auto freed = a.freed_.load(std::memory_order_relaxed);
+  const bool moving = freed != 0 && now - time_point(clock::duration(freed)) <= moving_window;
+  const bool reader = (a.bytes() == 0 || moving) && held <= budget_ / 64;
   const auto room = reader ? budget_ : budget_ - budget_ / 4;
   return total() + elsewhere + n <= room;
 }

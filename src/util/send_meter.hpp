@@ -19,6 +19,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -37,6 +38,8 @@ class send_meter {
  public:
   /// Charged on top of each message's body: the frames before it and ZeroMQ's bookkeeping.
   static constexpr std::size_t per_message = 256;
+  /// A connection whose queue moved within this long reads what it is sent (admits()).
+  static constexpr std::chrono::seconds moving_window{5};
 
   class account {
    public:
@@ -60,7 +63,8 @@ class send_meter {
     // When its queue last moved: went from empty to holding something, or libzmq let go of one
     // of its messages (steady clock ticks; written on either thread)
     std::atomic<clock::rep> moved_{0};
-    int fd_ = -1;  // the owner's thread only
+    std::atomic<clock::rep> freed_{0};  // when libzmq last let go of one of its messages
+    int fd_ = -1;                       // the owner's thread only
   };
 
   send_meter(std::size_t per_connection, std::size_t budget)
@@ -79,12 +83,13 @@ class send_meter {
   /// `since`. Each is named once (its account forgets the descriptor), so a descriptor that
   /// libzmq gives to a new connection afterwards is not named for the old one.
   [[nodiscard]] std::vector<int> stalled(time_point since, std::size_t elsewhere = 0);
-  /// Whether a message of `body` bytes may be queued for `a` now: within its connection's
-  /// bound, and, with the `elsewhere` bytes the owner holds outside the queues from the same
-  /// budget (the broker's event rings), within the budget, whose last quarter is kept for a
-  /// message of at most a 64th of it to a connection that holds nothing (one that reads).
-  [[nodiscard]] bool admits(const account& a, std::size_t body,
-                            std::size_t elsewhere = 0) const noexcept;
+  /// Whether a message of `body` bytes may be queued for `a` at `now`: within its
+  /// connection's bound, and, with the `elsewhere` bytes the owner holds outside the queues
+  /// from the same budget (the broker's event rings), within the budget, whose last quarter is
+  /// kept for connections that read (that hold nothing, or of whose messages libzmq let go
+  /// within moving_window), each up to a 64th of the budget.
+  [[nodiscard]] bool admits(const account& a, std::size_t body, std::size_t elsewhere = 0,
+                            time_point now = clock::now()) const noexcept;
   /// Sends `body` as the last frame of a message on `s`, charged to `a` until libzmq frees it.
   /// The frames before it must have been queued; `s` must take it (it is never refused).
   /// With `flags` sndmore it is not the last: another frame follows (a payload frame).

@@ -102,6 +102,50 @@ TEST_CASE("send meter: connections that never read leave the budget's last quart
 }
 
 TEST_CASE(
+    "send meter: a connection whose queue moves is served from the reserve while non-readers "
+    "fill their three quarters",
+    "[unit][meter]") {
+  pipe_pair p;
+  send_meter meter(256 * 1024, 256 * 1024);  // a 64th: 4 KiB
+  auto& hog = meter.of("hog");
+  const int parked = p.fill(meter, hog, std::string(4000, 'h'));  // read by nobody
+  REQUIRE(meter.total() <= 192 * 1024);                           // three quarters
+  // A subscriber with deliveries in flight holds something, so it is no "connection that
+  // holds nothing": until it has read some, it waits as the hog does.
+  zmq::socket_t out2{p.ctx, zmq::socket_type::pair}, in2{p.ctx, zmq::socket_type::pair};
+  in2.bind("inproc://reader");
+  out2.connect("inproc://reader");
+  auto& reader = meter.of("reader");
+  const std::string delivery(1000, 'r');
+  meter.send_last(out2, reader, delivery);  // from the reserve: it held nothing
+  meter.send_last(out2, reader, delivery);
+  CHECK_FALSE(meter.admits(reader, delivery.size()));
+  {
+    zmq::message_t got;
+    REQUIRE(in2.recv(got));  // it reads one: libzmq lets go of it
+  }
+  // Its queue moves: it may hold up to a 64th of the budget from the reserve...
+  CHECK(meter.admits(reader, delivery.size()));
+  int streamed = 0;
+  while (meter.admits(reader, delivery.size())) {
+    meter.send_last(out2, reader, delivery);
+    ++streamed;
+  }
+  CHECK(streamed == 2);  // 3 in flight: 3 x 1256 bytes, within 4 KiB
+  // ... for as long as it goes on reading
+  CHECK_FALSE(meter.admits(
+      reader, 1, 0,
+      rlbus::util::clock::now() + send_meter::moving_window + std::chrono::seconds(1)));
+  CHECK(meter.admits(meter.of("asker"), 700));  // and the reserve still answers another
+  p.drain(parked);
+  for (int i = 0; i < streamed + 1; ++i) {
+    zmq::message_t got;
+    REQUIRE(in2.recv(got));
+  }
+  CHECK(meter.total() == 0);
+}
+
+TEST_CASE(
     "send meter: bytes held elsewhere count against the budget, whose last quarter stays for "
     "readers",
     "[unit][meter]") {
