@@ -28,6 +28,7 @@ An existing subclass becomes an rlbus worker unchanged: patch_dingengine() insta
 class as DI-engine's Slave before the comm classes are imported.
 """
 
+import collections
 import logging
 import os
 import queue
@@ -57,31 +58,53 @@ class StepFailed(Exception):
 
 
 class _Pending:
-    __slots__ = ("step", "task_id", "done", "value", "error", "began", "cancelled")
+    __slots__ = ("step", "task_id", "attempt", "done", "value", "error", "began", "cancelled",
+                 "at_stop")
 
-    def __init__(self, step, task_id):
+    def __init__(self, step, task_id, attempt=None, at_stop=False):
         self.step = step
         self.task_id = task_id
+        self.attempt = attempt
         self.began = self.cancelled = False
+        self.at_stop = at_stop  # runs even once the runner is stopping
         self.done = threading.Event()
         self.value = None
         self.error = None
 
 
+def _kind(step):
+    """'start', 'close' or '' for a step dict (by its DI-engine name)."""
+    name = str(step.get("name", ""))
+    return "start" if name.endswith("_start_task") else "close" if name.endswith(
+        "_close_task") else ""
+
+
+_CLOSED_KEPT = 1024  # task ids whose close step the runner remembers
+
+
 class _StepRunner:
     """One thread that runs steps one after another, as the HTTP slave's task thread did: a
-    step never starts before the one ahead of it returned."""
+    step never starts before the one ahead of it returned. A start step never begins once its
+    task's close step was submitted (it would build what nothing closes any more), and once
+    the runner is stopping no step begins but the close of a start step that was running."""
 
     def __init__(self, call, name):
         self._call = call
         self._queue = queue.Queue()
         self._lock = threading.Lock()
         self._running = None  # (pending, monotonic start) of the step in user code now
+        self._closed = collections.OrderedDict()  # (task id, attempt) whose close was submitted
+        self._stopping = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, step, task_id):
-        pending = _Pending(step, task_id)
+    def submit(self, step, task_id, attempt=None):
+        pending = _Pending(step, task_id, attempt)
+        if _kind(step) == "close":
+            with self._lock:
+                self._closed[(task_id, attempt)] = True
+                while len(self._closed) > _CLOSED_KEPT:
+                    self._closed.popitem(last=False)
         self._queue.put(pending)
         return pending
 
@@ -97,7 +120,18 @@ class _StepRunner:
                 pending.cancelled = True
             return pending.cancelled
 
-    def stop(self):
+    def stop(self, role=None):
+        """No step begins from now on; with `role`, a start step running now is followed by
+        its task's close step, so that what it builds is closed."""
+        with self._lock:
+            self._stopping = True
+            running = self._running
+            ahead = running[0] if running is not None else None
+            late = ahead is not None and role is not None and _kind(ahead.step) == "start" \
+                and (ahead.task_id, ahead.attempt) not in self._closed
+        if late:
+            self._queue.put(_Pending({"name": role + "_close_task"}, ahead.task_id,
+                                     ahead.attempt, at_stop=True))
         self._queue.put(None)
 
     def _loop(self):
@@ -106,7 +140,10 @@ class _StepRunner:
             if pending is None:
                 return
             with self._lock:
-                if pending.cancelled:
+                if pending.cancelled or (self._stopping and not pending.at_stop) or (
+                        _kind(pending.step) == "start"
+                        and (pending.task_id, pending.attempt) in self._closed):
+                    pending.cancelled = True
                     pending.done.set()
                     continue
                 pending.began = True
@@ -256,7 +293,9 @@ class Slave:
         with self._rlbus_runner_lock:
             runner, self._rlbus_runner = self._rlbus_runner, None
         if runner is not None:
-            runner.stop()  # after the step it runs, if any: its thread does not hold the process
+            # after the step it runs, if any (its thread does not hold the process); a start
+            # step running now gets its close after it
+            runner.stop(self._rlbus_role)
         keeper = self._rlbus_keeper
         if keeper is not None and keeper is not threading.current_thread():
             keeper.join()
@@ -361,7 +400,7 @@ class Slave:
         close_wait_s) and drops its result (returns _ABANDONED): the close step never runs
         beside it. Past step_limit_s the attempt fails naming the step."""
         steps = self._rlbus_steps()
-        pending = steps.submit(step, task.id)
+        pending = steps.submit(step, task.id, getattr(task, "attempt", None))
         submitted = last_alive = time.monotonic()
         stopping_since = None
         while not pending.done.wait(0.05):
@@ -391,6 +430,8 @@ class Slave:
                 keep_alive = getattr(task, "keep_alive", None)
                 if keep_alive is not None:
                     keep_alive()
+        if pending.cancelled:  # its task was closed, or the slave stops, before it began
+            return _ABANDONED
         if stopping_since is not None:
             self._rlbus_log.info("slave %s: %s of task %s returned after its stop; its result "
                                  "is dropped", self._rlbus_id, step.get("name"), task.id)
@@ -509,7 +550,8 @@ class Slave:
         info = task.info if isinstance(task.info, dict) else {}
         started = time.monotonic()
         steps = self._rlbus_steps()
-        pending = steps.submit({"name": self._rlbus_role + "_close_task"}, task.id)
+        pending = steps.submit({"name": self._rlbus_role + "_close_task"}, task.id,
+                               getattr(task, "attempt", None))
         if not pending.done.wait(self.close_wait_s):
             raise StepFailed(self._rlbus_stuck(steps, pending, started), {})
         if pending.error is not None:

@@ -379,6 +379,63 @@ def test_the_helpers_a_slow_start_forks_are_stopped_by_the_close_that_waited_for
         s.shutdown()
 
 
+def test_a_start_step_never_begins_after_its_task_was_closed(fake_sdk):
+    # TASK_CLOSE came before the run handler had submitted the start step: the close ran
+    # first, then the start built a collector that nothing closed (DI-engine's teardown
+    # waited 10 s on it).
+    s = Collector("h", 1)
+    s.start()
+    try:
+        w = fake_sdk.Worker.instances[0]
+        task = FakeTask()
+        w.close_handler(task)
+        task.request_stop()
+        w.run(task)
+        assert s.steps == ["resource", "collector_close_task"]
+        # another attempt of the same task is a new start
+        again = FakeTask()
+        again.attempt = 2
+        again.on_info = lambda info: again.request_stop()
+        w.run(again)
+        assert s.steps[2] == "collector_start_task"
+    finally:
+        s.shutdown()
+
+
+def test_a_start_step_running_at_shutdown_is_followed_by_its_close(fake_sdk):
+    release = threading.Event()
+    closed = threading.Event()
+
+    class Slow(Collector):
+        def _process_task(self, task):
+            if task["name"] == "collector_start_task":
+                self.steps.append(task["name"])
+                release.wait(10)  # building envs and the policy
+                self.built = True
+                return {"message": "ok"}
+            if task["name"] == "collector_close_task":
+                self.steps.append(task["name"])
+                closed.set()
+                return {}
+            return super()._process_task(task)
+
+    s = Slow("h", 1)
+    s.start()
+    try:
+        w = fake_sdk.Worker.instances[0]
+        runner = running(w, FakeTask())
+        wait_until(lambda: "collector_start_task" in s.steps, 5, "the start step")
+        s.shutdown()  # does not wait for the step
+        runner.join(5)
+        assert not runner.is_alive() and not closed.is_set()
+        release.set()
+        assert closed.wait(5), "what the start step built was never closed"
+        assert s.steps[-2:] == ["collector_start_task", "collector_close_task"]
+    finally:
+        release.set()
+        s.shutdown()
+
+
 def test_a_step_past_the_step_limit_fails_its_attempt_and_the_next_names_it(fake_sdk):
     release = threading.Event()
     stuck = []
