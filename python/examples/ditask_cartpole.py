@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ding.framework import Parallel, task
+from ding.framework import OnlineRLContext, Parallel, task
 from ding.framework.middleware import ContextExchanger, ModelExchanger
 from ding.framework.task import Role
 
@@ -162,7 +162,7 @@ def learner(model, seed):
     state = {"train_iter": 0}
 
     def _train(ctx):
-        buffer.extend(ctx.get("trajectories") or [])
+        buffer.extend(ctx.trajectories or [])
         del buffer[:-BUFFER]
         if len(buffer) >= BATCH:
             for _ in range(UPDATES_PER_STEP):
@@ -201,8 +201,8 @@ def evaluator(model, seed, args, started):
         task.finish = True
 
     def _evaluate(ctx):
-        env_step = ctx.get("env_step", 0)  # the collectors' increments, summed over the run
-        train_iter = ctx.get("train_iter", state["last_iter"])
+        env_step = ctx.env_step  # the collectors' increments, summed over the run
+        train_iter = ctx.train_iter  # the learner's, as last received
         if train_iter == state["last_iter"]:
             return  # no new model since the last evaluation
         state["last_iter"] = train_iter
@@ -234,7 +234,7 @@ def main(args):
     torch.manual_seed(seed)
     torch.set_num_threads(1)  # several nodes share the machine's cores
     model = DuelingQ()
-    with task.start():
+    with task.start(ctx=OnlineRLContext()):
         if node == 0:
             task.add_role(Role.LEARNER)
         elif node == 1:

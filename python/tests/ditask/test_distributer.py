@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ding.framework import Role, task
+from ding.framework import OnlineRLContext, Role, task
 from ding.framework.middleware import ContextExchanger, ModelExchanger
 
 from .helpers import Side, node_id, run, wait_until
@@ -19,7 +19,7 @@ STEPS = 3
 def context_main(side_dir):
     side = Side(side_dir)
     me = node_id()
-    with task.start():
+    with task.start(ctx=OnlineRLContext()):
         if me == 0:
             task.add_role(Role.LEARNER)
         else:
@@ -30,17 +30,17 @@ def context_main(side_dir):
 
         def learner(ctx):
             for key in ("trajectories", "trajectory_end_idx", "episodes"):
-                seen[key] += len(ctx.get(key, []))
-            seen["env_step"] = ctx.get("env_step", 0)  # a counter: kept across steps
-            ctx.train_iter = ctx.get("train_iter", 0) + 1
+                seen[key] += len(getattr(ctx, key) or [])
+            seen["env_step"] = ctx.env_step  # a counter: kept across steps
+            ctx.train_iter += 1
 
         def collector(ctx):
-            seen["train_iter"] = max(seen["train_iter"], ctx.get("train_iter", 0))
+            seen["train_iter"] = max(seen["train_iter"], ctx.train_iter)
             ctx.trajectories = [{"obs": [0.0] * 4, "action": 1, "reward": 1.0}] * 2
             ctx.trajectory_end_idx = [0, 1]
             ctx.episodes = [[1], [2], [3], [4]]
-            ctx.env_step = ctx.get("env_step", 0) + 8
-            ctx.env_episode = ctx.get("env_episode", 0) + 4
+            ctx.env_step += 8
+            ctx.env_episode += 4
 
         task.use(learner if me == 0 else collector)
         task.run(max_step=STEPS)

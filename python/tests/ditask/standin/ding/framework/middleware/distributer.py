@@ -1,9 +1,11 @@
 """Middleware that moves step data between nodes of different roles.
 
-ContextExchanger: each node sends, after its step, what its role produced (a collector its
-trajectories, episodes and counter increments; a learner its train_iter) on
-``context_exchanger_<role>``; nodes of the other roles merge what arrived (lists extended,
-increments summed) into their context before their step. A learner waits for a context
+ContextExchanger: each node sends, after its step, what its role produced of its context's
+fields (a collector its trajectories, episodes and counter increments; a learner its
+train_iter) on ``context_exchanger_<role>``; nodes of the other roles merge what arrived
+(lists extended, increments added to their own counters) into their context by attribute
+before their step, as DI-engine 0.5's does: a context without those fields (a bare
+``Context``) sends nothing and cannot take increments, so pipelines use ``OnlineRLContext``. A learner waits for a context
 before every step (upstream waits forever; ``learner_timeout`` bounds it here), the others
 from step ``skip_n_iter`` on, at most ``timeout`` seconds, then go on without one. Topic names
 embed ``format()`` of the Role enum, which on Python >= 3.11 reads ``Role.COLLECTOR``: topics
@@ -16,6 +18,7 @@ first, waiting at most ``timeout`` seconds, returning early if the task is finis
 Both are void (do nothing) outside parallel mode or on a node without a role.
 """
 
+import dataclasses
 import logging
 import threading
 import time
@@ -42,28 +45,34 @@ class ContextExchanger:
         self._cond = threading.Condition()
         self._state = {}
         self._received = 0
-        self._sent_counters = {"env_step": 0, "env_episode": 0}
+        self._sent = {"env_step": 0, "env_episode": 0}  # a collector's counters, as last sent
         for role in Role:
             if not task.has_role(role):
                 task.on(role_topic("context_exchanger", role), self.put)
 
-    @staticmethod
-    def _merge(into, new):
-        for key, value in new.items():
-            if isinstance(value, list):
-                into.setdefault(key, []).extend(value)
-            elif key in ("env_step", "env_episode"):
-                into[key] = into.get(key, 0) + value
-            else:
-                into[key] = value
-
     def put(self, payload):
+        """A context from a node of another role: lists are gathered, a collector's counter
+        increments summed (into ``increment_<name>``), anything else replaced."""
         with self._cond:
-            self._merge(self._state, payload)
+            for key, value in payload.items():
+                if key in ("trajectories", "episodes", "trajectory_end_idx"):
+                    if task.has_role(Role.LEARNER):
+                        self._state.setdefault(key, []).extend(value)
+                elif key in ("env_step", "env_episode"):
+                    if not task.has_role(Role.COLLECTOR):
+                        name = "increment_" + key
+                        self._state[name] = self._state.get(name, 0) + value
+                elif key == "train_iter":
+                    if not task.has_role(Role.LEARNER):
+                        self._state[key] = value
+                else:
+                    logging.warning("Receive unexpected key (%s) in context exchanger", key)
             self._received += 1
             self._cond.notify_all()
 
-    def _take(self, ctx, timeout):
+    def merge(self, ctx, timeout):
+        """Waits (at most `timeout` s) for what arrived and sets it on `ctx` by attribute; an
+        increment is added to the attribute of its name, which the context must have."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while not self._received:
@@ -72,32 +81,39 @@ class ContextExchanger:
                     return False
                 self._cond.wait(min(left, 1.0))
             state, self._state, self._received = self._state, {}, 0
-        self._merge(ctx, state)
+        for key, value in state.items():
+            if key.startswith("increment_") and not task.has_role(Role.COLLECTOR):
+                name = key[len("increment_"):]
+                setattr(ctx, name, getattr(ctx, name) + value)
+            else:
+                setattr(ctx, key, value)
         return True
 
-    def _fetch(self, ctx):
+    def fetch(self, ctx):
+        """What this node's role sends of `ctx`: its declared fields only (a value set on the
+        context that is not one of its fields is not sent)."""
         out = {}
-        if task.has_role(Role.LEARNER) and "train_iter" in ctx:
-            out["train_iter"] = ctx.train_iter
-        if task.has_role(Role.COLLECTOR):
-            for key in ("trajectories", "trajectory_end_idx", "episodes"):
-                if ctx.get(key):
-                    out[key] = list(ctx[key])
-            for key in ("env_step", "env_episode"):
-                if key in ctx:
-                    out[key] = ctx[key] - self._sent_counters[key]
-                    self._sent_counters[key] = ctx[key]
+        for field in dataclasses.fields(ctx):
+            key, value = field.name, getattr(ctx, field.name)
+            if key in ("trajectories", "episodes", "trajectory_end_idx"):
+                if task.has_role(Role.COLLECTOR) and value is not None:
+                    out[key] = value
+            elif key in ("env_step", "env_episode"):
+                if task.has_role(Role.COLLECTOR):
+                    out[key], self._sent[key] = value - self._sent[key], value
+            elif key == "train_iter" and task.has_role(Role.LEARNER):
+                out[key] = value
         return out
 
     def __call__(self, ctx):
         if task.has_role(Role.LEARNER):
-            if not self._take(ctx, self._learner_timeout):
+            if not self.merge(ctx, self._learner_timeout):
                 raise TimeoutError("learner: no context within %s s" % self._learner_timeout)
         elif ctx.total_step >= self._skip_n_iter:
-            if not self._take(ctx, self._timeout):
+            if not self.merge(ctx, self._timeout):
                 logging.warning("Timeout when waiting for new context")
         yield
-        payload = self._fetch(ctx)
+        payload = self.fetch(ctx)
         if payload:
             for role in task.roles:
                 task.emit(role_topic("context_exchanger", role), payload, only_remote=True)
