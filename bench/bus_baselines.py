@@ -31,6 +31,11 @@ Measurements, each a row (backend, metric, median, unit):
   lost_slow_sub     messages lost when the subscriber handles them at a tenth of the rate the
                     publisher sends them (16 KiB each), counted by sequence number; the
                     subscriber drains at full speed once the publisher is done
+  listen_s          a DI-engine worker's start-up: seconds from spawning a fresh Python process
+                    (which imports the framework, then builds the MQ as a worker does: for
+                    ditask, patch_dingengine() first) to its listen() returning; beside it the
+                    floor (the same process with no MQ), and what the MQ's imports and listen()
+                    took. redis and ditask only
 
 A rate counts from the moment the publishers start to the last message received; what is
 lost in a rate row is reported beside it. Publishers first send probes until the subscriber
@@ -116,6 +121,10 @@ class Backend:
     def stop(self):
         pass
 
+    # What a fresh DI-engine worker process imports and runs to build this MQ, as Python
+    # statements that end with `mq` (listen_s); None: not measured.
+    worker_code = None
+
 
 class RedisBackend(Backend):
     name = "redis"
@@ -152,6 +161,8 @@ class RedisBackend(Backend):
     @staticmethod
     def open(config):
         return redis_mq.RedisMQ(**config)
+
+    worker_code = "import redis_mq\nmq = redis_mq.RedisMQ(**config)"
 
     def stop(self):
         self.proc.terminate()
@@ -334,7 +345,7 @@ class RlbusBackend(Backend):
 
 class DitaskBackend(RlbusBackend):
     name = "ditask"
-    metrics = ("rtt_64B", "msgs_1to1")
+    metrics = ("rtt_64B", "msgs_1to1", "listen_s")
 
     def nodes(self, n):
         return [{"rlbus_endpoint": self.broker.router}] * n
@@ -343,6 +354,10 @@ class DitaskBackend(RlbusBackend):
     def open(config):
         from rlbus.compat.ditask import RlbusMQ
         return RlbusMQ(**config)
+
+    # what a DI-engine user's worker does: the patch, then the queue the runner builds
+    worker_code = ("import rlbus.compat\nrlbus.compat.patch_dingengine()\n"
+                   "from ding.utils import MQ_REGISTRY\nmq = MQ_REGISTRY.get('rlbus')(**config)")
 
 
 class CppBackend(RlbusBackend):
@@ -646,6 +661,57 @@ def measure_slow(backend, opts):
          "achieved_send_rate": send_rate, "seconds": took, "trials": lost}, reported))]
 
 
+# A fresh worker process: the framework a DI-engine worker imports (its stand-in here), then
+# the backend's code, then listen(); says how long each part took, from its first line.
+STARTUP = """
+import json, os, sys, time
+t0 = time.monotonic()
+sys.path[:0] = json.loads(sys.argv[1])
+config = json.loads(sys.argv[2])
+from ding.framework import Parallel, task  # noqa: F401
+t1 = time.monotonic()
+exec(sys.argv[3])
+t2 = time.monotonic()
+mq.listen()
+t3 = time.monotonic()
+print(json.dumps({"framework": t1 - t0, "mq": t2 - t1, "listen": t3 - t2}), flush=True)
+mq.stop()
+os._exit(0)
+"""
+
+
+def measure_startup(backend, opts):
+    """listen_s: from a worker process's spawn to its MQ's listen() returning, with the
+    imports that takes (the median of opts.startup_trials fresh processes), and the floor: the
+    same process with no MQ at all."""
+    if backend.worker_code is None or not backend.wants("listen_s"):
+        return []
+    paths = json.dumps(sys.path[:3])
+    config = json.dumps(backend.nodes(1)[0])
+    spans, parts = {"mq": [], "floor": []}, []
+    for _ in range(opts.startup_trials):
+        for kind, code in (("floor", "mq = None"), ("mq", backend.worker_code)):
+            if kind == "floor":
+                code = "class _None:\n    listen = stop = lambda self: None\nmq = _None()"
+            t = time.monotonic()
+            out = subprocess.run([sys.executable, "-c", STARTUP, paths, config, code],
+                                 capture_output=True, text=True, timeout=120)
+            took = time.monotonic() - t
+            if out.returncode != 0:
+                raise RuntimeError(f"{backend.name} worker did not start: {out.stderr[-2000:]}")
+            spans[kind].append(took)
+            if kind == "mq":
+                parts.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    med = statistics.median
+    return [("listen_s", med(spans["mq"]), "s", {
+        "lost": 0,
+        "floor_s": round(med(spans["floor"]), 3),
+        "above_floor_s": round(med(spans["mq"]) - med(spans["floor"]), 3),
+        "import_s": round(med(p["mq"] for p in parts), 3),
+        "listen_call_s": round(med(p["listen"] for p in parts), 3),
+        "trials": [round(x, 3) for x in spans["mq"]]})]
+
+
 def run_backend(backend, opts):
     backend.start()
     try:
@@ -657,13 +723,14 @@ def run_backend(backend, opts):
         rows = measure_rtt(backend, opts.round_trips) if backend.wants("rtt_64B") else []
         rows += measure_rates(backend, opts)
         rows += measure_slow(backend, opts)
+        rows += measure_startup(backend, opts)
     finally:
         backend.stop()
     return rows
 
 
 METRICS = ("rtt_64B_median", "rtt_64B_p99", "msgs_1to1", "msgs_4to1", "MBps_1MiB",
-           "MBps_64MiB", "lost_slow_sub")
+           "MBps_64MiB", "lost_slow_sub", "listen_s")
 OURS = ("rlbus", "ditask", "cpp")  # the backends whose ratios and targets the summary shows
 
 
@@ -757,6 +824,12 @@ def summarize(rows):
             else:
                 checks.append((b, "1 MiB MB/s >= 0.7x proxy", f"{mib:.1f} MB/s (no proxy row)",
                                None))
+        up, red_up = med(b, "listen_s"), med("redis", "listen_s")
+        if up is not None:
+            checks.append((b, "worker start-up <= redis's",
+                           f"{up:.2f} s" + (f" = {up / red_up:.2f}x redis ({red_up:.2f} s)"
+                                            if red_up else " (no redis row)"),
+                           up <= red_up if red_up else None))
         mine = [r for r in rows if r["backend"] == b]
         if mine:
             total = sum(_lost_total(r) or 0 for r in mine)
@@ -800,6 +873,7 @@ def main(argv=None):
     opts.count = 400 if opts.smoke else 4000 if short else 20000
     opts.mib_count = 4 if opts.smoke else 20 if short else 100
     opts.slow_rate = 4000
+    opts.startup_trials = 2 if opts.smoke else 5 if short else 11
     opts.slow_seconds = 0.1 if opts.smoke else 1.0 if short else 3.0
     _quiet()
     report = {"host": socket.gethostname(), "cpus": os.cpu_count(), "quick": opts.quick,
@@ -817,8 +891,9 @@ def main(argv=None):
             shown = "-" if value is None else f"{value:12.1f}"
             notes = ", ".join(f"{k}={v}" for k, v in extra.items()
                               if k in ("lost", "sent", "achieved_send_rate", "reported_lost",
-                                       "seconds")
-                              and not isinstance(v, float))
+                                       "seconds", "floor_s", "above_floor_s", "import_s",
+                                       "listen_call_s")
+                              and (not isinstance(v, float) or k.endswith("_s")))
             print(f"{name:<8} {metric:<16} {shown:>12}  {unit:<6}  {notes}", flush=True)
             report["rows"].append({"backend": name, "metric": metric, "median": value,
                                    "unit": unit, **extra})

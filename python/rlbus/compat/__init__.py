@@ -2,16 +2,18 @@
 
 - CommCoordinator: drop-in for ding.worker.coordinator.comm_coordinator.CommCoordinator.
 - Slave: drop-in for ding.interaction.Slave (comm collector/learner slaves, test doubles).
-- patch_dingengine(): installs both into an importable DI-engine.
+- patch_dingengine(): installs both into an importable DI-engine, as its modules are imported.
+
+CommCoordinator and Slave are imported on first use.
 
 See python/README.md for configuration and the differences from DI-engine's HTTP mode.
 """
 
+from typing import Any
+
 from ._util import DEFAULT_ENDPOINT, ENDPOINT_ENV, coerce_resources, resolve_endpoint
-from .coordinator import CommCoordinator
 from .exceptions import ConnectionRefuse, DisconnectionRefuse, TaskFail, TaskRefuse
 from .patch import patch_dingengine, unpatch_dingengine
-from .slave import Slave
 
 __all__ = [
     "CommCoordinator",
@@ -27,3 +29,15 @@ __all__ = [
     "resolve_endpoint",
     "unpatch_dingengine",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The legacy classes (and the client machinery under them) load on first use: a ditask
+    # process that only calls patch_dingengine() never imports them.
+    if name == "CommCoordinator":
+        from .coordinator import CommCoordinator
+        return CommCoordinator
+    if name == "Slave":
+        from .slave import Slave
+        return Slave
+    raise AttributeError(f"module 'rlbus.compat' has no attribute {name!r}")

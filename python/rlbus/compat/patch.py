@@ -6,10 +6,13 @@ mq_type "rlbus" (rlbus.compat.ditask). For its legacy parallel mode:
 DI-engine binds the classes this layer replaces at import time: the comm collector and
 learner slaves subclass ding.interaction.Slave when their modules are imported, and
 ding.worker.coordinator.coordinator imports CommCoordinator into its own namespace. So the
-order matters: first ding.interaction (and ding.interaction.slave) get the rlbus Slave,
-then the coordinator module is imported (which imports the comm classes, now built on the
-rlbus Slave) and its CommCoordinator name is swapped. Call it before anything imports
-ding.worker. Without DI-engine installed it does nothing and returns False.
+rlbus Slave must be in ding.interaction (and ding.interaction.slave) before any comm module
+is imported, and the rlbus CommCoordinator in the coordinator modules before anything builds
+one. patch_dingengine() imports none of them: it swaps the class in a module as soon as that
+module has been executed, when the process first imports it (or at once, for a module already
+imported). A ditask process, which never imports DI-engine's legacy workers, pays nothing for
+them. Call it before anything imports ding.worker. Without DI-engine installed it does
+nothing and returns False.
 
 A legacy run on one machine needs no broker set up: when no broker is named ($RLBUS_ENDPOINT),
 patch_dingengine() makes this process the first of a run of its own (rlbus._run) and names
@@ -20,21 +23,36 @@ endpoint is never taken for it.
 """
 
 import importlib
+import importlib.abc
 import importlib.util
 import logging
 import os
 import sys
+import threading
 
 from .. import _run
 from ._util import ENDPOINT_ENV
-from .coordinator import CommCoordinator
-from .slave import Slave
 
 log = logging.getLogger("rlbus.compat")
 
-_SLAVE_MODULES = ("ding.interaction", "ding.interaction.slave")
-_COORDINATOR_MODULES = ("ding.worker.coordinator.coordinator",
-                        "ding.worker.coordinator.comm_coordinator")
+
+def _slave():
+    from .slave import Slave
+    return Slave
+
+
+def _comm_coordinator():
+    from .coordinator import CommCoordinator
+    return CommCoordinator
+
+
+# Module -> (the name swapped in it, what replaces it).
+_SWAPS = {
+    "ding.interaction": ("Slave", _slave),
+    "ding.interaction.slave": ("Slave", _slave),
+    "ding.worker.coordinator.coordinator": ("CommCoordinator", _comm_coordinator),
+    "ding.worker.coordinator.comm_coordinator": ("CommCoordinator", _comm_coordinator),
+}
 # Modules whose classes subclass Slave at import time.
 _COMM_MODULES = ("ding.worker.collector.comm.flask_fs_collector",
                  "ding.worker.learner.comm.flask_fs_learner",
@@ -42,15 +60,63 @@ _COMM_MODULES = ("ding.worker.collector.comm.flask_fs_collector",
                  "ding.worker.learner.comm.utils")
 
 _saved = {}  # (module, name) -> original value
+_lock = threading.RLock()
 
 
-def _swap(module, name, value):
-    key = (module.__name__, name)
-    current = getattr(module, name, None)
-    if current is value:
-        return
-    _saved.setdefault(key, current)
-    setattr(module, name, value)
+def _swap(module):
+    """Puts the rlbus class into `module` (one of _SWAPS), once it has been executed."""
+    name, replacement = _SWAPS[module.__name__]
+    value = replacement()
+    with _lock:
+        current = getattr(module, name, None)
+        if current is value:
+            # imported from a module swapped before (the coordinator's comm_coordinator):
+            # what unpatch puts back is that module's original
+            original = next((v for (_, n), v in _saved.items() if n == name), None)
+            _saved.setdefault((module.__name__, name), original)
+            return
+        if current is None:
+            log.warning("patch_dingengine: %s has no %s to replace", module.__name__, name)
+        _saved.setdefault((module.__name__, name), current)
+        setattr(module, name, value)
+
+
+class _SwapAfterExec(importlib.abc.Loader):
+    """The loader of one of _SWAPS's modules: the module's own, then the swap."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module):
+        self.inner.exec_module(module)
+        _swap(module)
+
+    def __getattr__(self, name):  # get_data, get_filename, is_package ... as the module's own
+        return getattr(self.inner, name)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds _SWAPS's modules as the finders after it would, and has them swapped once
+    executed."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in _SWAPS:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _SwapAfterExec(spec.loader)
+                return spec
+        return None
+
+
+_finder = _Finder()
 
 
 def _try_import(name):
@@ -62,8 +128,7 @@ def _try_import(name):
 
 
 def _has_module(name):
-    """Whether `name` can be imported, without importing it (ding.worker must not be
-    imported before the Slave is swapped)."""
+    """Whether `name` can be imported, without importing it (only its parent package)."""
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
@@ -72,13 +137,13 @@ def _has_module(name):
 
 def patch_dingengine(local_broker=True):
     """Installs the rlbus MQ (mq_type "rlbus") into an importable `ding.framework`, and the
-    rlbus Slave and CommCoordinator into its legacy parallel mode; with `local_broker`, for
-    the legacy mode, a run of its own with a broker started at first use when none is named
-    (see the module's doc).
+    rlbus Slave and CommCoordinator into its legacy parallel mode as its modules are imported;
+    with `local_broker`, for the legacy mode, a run of its own with a broker started at first
+    use when none is named (see the module's doc).
 
-    Returns True when either took (ditask can use mq_type "rlbus", or DI-engine's coordinator
-    now builds the rlbus CommCoordinator), False when there is no DI-engine (nothing is
-    changed then). Idempotent."""
+    Returns True when either took (ditask can use mq_type "rlbus", or DI-engine's legacy mode
+    will build the rlbus classes), False when there is no DI-engine (nothing is changed then).
+    Idempotent."""
     if _try_import("ding") is None:
         return False
     from . import ditask
@@ -90,36 +155,30 @@ def patch_dingengine(local_broker=True):
         log.warning("patch_dingengine: %s already imported; classes there keep the HTTP "
                     "Slave base (call patch_dingengine() before importing ding.worker)",
                     ", ".join(late))
-    patched = False
-    for name in _SLAVE_MODULES:
-        module = _try_import(name)
-        if module is not None and hasattr(module, "Slave"):
-            _swap(module, "Slave", Slave)
-            patched = True
-    if not patched:
-        log.warning("patch_dingengine: ding.interaction has no Slave to replace")
-    swapped = False
-    for name in _COORDINATOR_MODULES:
-        module = _try_import(name)
-        if module is not None and hasattr(module, "CommCoordinator"):
-            _swap(module, "CommCoordinator", CommCoordinator)
-            swapped = True
-    if not swapped:
-        log.warning("patch_dingengine: no CommCoordinator found to replace")
-    if swapped and local_broker and not os.environ.get(ENDPOINT_ENV):
+    with _lock:
+        if _finder not in sys.meta_path:
+            sys.meta_path.insert(0, _finder)
+        for name in _SWAPS:  # what was imported before
+            module = sys.modules.get(name)
+            if module is not None:
+                _swap(module)
+    if local_broker and not os.environ.get(ENDPOINT_ENV):
         folder = _run.prepare()
         log.debug("patch_dingengine: no broker named ($%s); this run's starts at first use, "
                   "in %s", ENDPOINT_ENV, folder)
-    return swapped or framework
+    return True
 
 
 def unpatch_dingengine():
-    """Puts back what patch_dingengine() replaced (classes built meanwhile keep theirs); this
-    process leaves the run patch_dingengine() made, if any (its broker stops once no process
-    of the run is left)."""
+    """Puts back what patch_dingengine() replaced (classes built meanwhile keep theirs) and
+    stops swapping modules imported later; this process leaves the run patch_dingengine()
+    made, if any (its broker stops once no process of the run is left)."""
     _run.leave()
-    for (modname, name), value in list(_saved.items()):
-        module = sys.modules.get(modname)
-        if module is not None:
-            setattr(module, name, value)
-    _saved.clear()
+    with _lock:
+        if _finder in sys.meta_path:
+            sys.meta_path.remove(_finder)
+        for (modname, name), value in list(_saved.items()):
+            module = sys.modules.get(modname)
+            if module is not None:
+                setattr(module, name, value)
+        _saved.clear()

@@ -33,9 +33,16 @@ def test_without_ding_patch_does_nothing():
 
 def test_patch_swaps_coordinator_and_slave_before_comm_classes_are_built():
     out = run_python("""
+        import sys
         import rlbus.compat as compat
         assert compat.patch_dingengine() is True
         assert compat.patch_dingengine() is True  # idempotent
+        # nothing of the legacy mode is imported until the process imports it itself (a
+        # ditask worker never does), nor rlbus's classes for it
+        loaded = [m for m in sys.modules if m.startswith(("ding.worker", "ding.interaction",
+                                                           "rlbus.compat.slave",
+                                                           "rlbus.compat.coordinator"))]
+        assert not loaded, loaded
         import ding.interaction, ding.interaction.slave
         from ding.worker.coordinator import coordinator, comm_coordinator
         from ding.worker.collector.comm import NaiveCollector
