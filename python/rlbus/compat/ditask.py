@@ -19,7 +19,12 @@ queues:
 - ``publish`` may be called before ``listen()`` (it is sent once connected), from any thread,
   and does not raise when peers are gone;
 - ``unsubscribe`` takes glob patterns (``task.*``); ``stop()`` flushes what was published
-  and makes a blocked ``recv`` return None at once.
+  and makes a blocked ``recv`` return None at once;
+- with a runner's topology (``star``, ``mesh``, ``alone`` with ``attach_to``), a node hears
+  only the nodes it is linked to, as over nng, where a node's messages reach the nodes it
+  dialled and the ones that dialled it: each node announces its addresses and whom it
+  dialled (a retained ``rlbus.ditask.edges.<id>``), and drops what comes from a node it has
+  no link with (counted in :attr:`RlbusMQ.off_edges`).
 
 :func:`install` registers it as ``mq_type="rlbus"`` (``patch_dingengine()`` calls it). The
 broker is named by ``$RLBUS_ENDPOINT``, else by the runner's ``address`` and ``ports`` (the
@@ -34,6 +39,7 @@ from __future__ import annotations
 import collections
 import fnmatch
 import functools
+import json
 import logging
 import os
 import socket
@@ -54,6 +60,10 @@ _MAX_EARLY = 100_000  # publications kept before listen() connected
 # Topics where only the latest message matters (a learner's weights): the broker keeps the last
 # one, and a node whose listen() comes after it still gets it.
 LATEST_WINS = ("task.model_exchanger",)
+
+# A node's links (see the module's doc): a retained topic per node.
+EDGES = "rlbus.ditask.edges."
+_RUN_TAG_ENV = "RLBUS_DITASK_RUN"  # names one runner's workers in their synthetic addresses
 
 # The broker the last runner started for its run (None if it named one): for tests and tools.
 last_embedded: Any = None
@@ -80,7 +90,8 @@ class RlbusMQ:
     """One ditask process's message queue: an rlbus bus node (see the module's doc)."""
 
     def __init__(self, attach_to: Any = None, rlbus_endpoint: Optional[str] = None,
-                 address: Any = None, ports: Any = None, **kwargs: Any) -> None:
+                 address: Any = None, ports: Any = None, edges: Any = None,
+                 **kwargs: Any) -> None:
         # DI-engine's parsers pass their own keys (protocol, topology, redis_host, ...):
         # accepted and ignored, as its queues do.
         self.endpoint = rlbus_endpoint or endpoint_from(address, ports) \
@@ -96,6 +107,29 @@ class RlbusMQ:
         self._latest: Dict[str, bytes] = {}
         self._due: Deque[Tuple[str, bytes]] = collections.deque()
         self._stopping = threading.Event()
+        # This node's links (the runner's topology): {"addresses": [...], "attach_to": [...]};
+        # None: it hears every node. The others' as announced: id -> (addresses, dialled).
+        self._edges = edges
+        self._peers: Dict[str, Tuple[frozenset, frozenset]] = {}
+        self.off_edges = 0  # messages dropped: from a node this one has no link with
+
+    def _linked(self, sender: str) -> bool:
+        """Whether this node hears `sender`: one of them dialled the other (a node that
+        announced nothing, or this node without a topology: yes)."""
+        peer = self._peers.get(sender)
+        if self._edges is None or peer is None:
+            return True
+        addresses, dialled = peer
+        return bool(addresses & frozenset(self._edges["attach_to"])) or bool(
+            dialled & frozenset(self._edges["addresses"]))
+
+    def _note_edges(self, topic: str, payload: bytes) -> None:
+        try:
+            said = json.loads(payload)
+            self._peers[topic[len(EDGES):]] = (frozenset(said["addresses"]),
+                                               frozenset(said["attach_to"]))
+        except (ValueError, KeyError, TypeError):
+            log.warning("rlbus MQ %s: a bad announcement on %s: dropped", self.id, topic)
 
     @property
     def ignored(self) -> int:
@@ -105,7 +139,7 @@ class RlbusMQ:
 
     def _accept(self, topic: str) -> bool:
         """What the node keeps of what arrives (on its I/O thread)."""
-        return topic in self._topics or topic in LATEST_WINS
+        return topic in self._topics or topic in LATEST_WINS or topic.startswith(EDGES)
 
     def listen(self) -> None:
         """Connects, and subscribes to every topic (filtered here) before it returns."""
@@ -119,6 +153,8 @@ class RlbusMQ:
             bus.subscribe("", prefix=True, last=True, timeout=_CONNECT_TIMEOUT_S)
         except TimeoutError as exc:
             log.warning("rlbus MQ %s: %s", self.id, exc)
+        if self._edges is not None:  # before anything else it sends, so heard first
+            self._publish_retained(bus, EDGES + self.id, json.dumps(self._edges).encode())
         with self._lock:
             self._bus = bus
             early, self._early = self._early, []
@@ -142,8 +178,11 @@ class RlbusMQ:
         self._publish(bus, topic, data)
 
     def _publish(self, bus: Any, topic: str, data: bytes) -> None:
+        self._publish_retained(bus, topic, data, topic in LATEST_WINS)
+
+    def _publish_retained(self, bus: Any, topic: str, data: bytes, retain: bool = True) -> None:
         try:
-            bus.publish(topic, data, retain=topic in LATEST_WINS, timeout=None)
+            bus.publish(topic, data, retain=retain, timeout=None)
         except RuntimeError:
             log.debug("rlbus MQ %s: publish on %r after stop", self.id, topic)
 
@@ -174,6 +213,12 @@ class RlbusMQ:
                     return self._due.popleft()
             msg = bus.recv(timeout=0.25)
             if msg is None:
+                continue
+            if msg.topic.startswith(EDGES):
+                self._note_edges(msg.topic, msg.payload)
+                continue
+            if not self._linked(msg.sender):
+                self.off_edges += 1
                 continue
             with self._lock:
                 if msg.topic in self._topics:
@@ -240,6 +285,8 @@ def _patched_runner(original: Any) -> Any:
             marked = os.environ.get(_MARK_ENV)
             os.environ[_MARK_ENV] = MQ_TYPE
             own_run = False
+            tagged = os.environ.get(_RUN_TAG_ENV)
+            os.environ[_RUN_TAG_ENV] = uuid.uuid4().hex[:12]
             try:
                 named = endpoint_from(kwargs.get("address"), kwargs.get("ports"))
                 if named is None or named == _run.run_endpoint():
@@ -250,26 +297,64 @@ def _patched_runner(original: Any) -> Any:
             finally:
                 if own_run:  # its broker stops once the workers still running are gone
                     _run.leave()
-                if marked is None:
-                    os.environ.pop(_MARK_ENV, None)
-                else:
-                    os.environ[_MARK_ENV] = marked
+                for name, was in ((_MARK_ENV, marked), (_RUN_TAG_ENV, tagged)):
+                    if was is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = was
         return run
     runner.__rlbus__ = True  # type: ignore[attr-defined]
     return runner
 
 
-def nng_attach_to(local_id: int, topology: Any, attach_to: Any) -> list:
+def _synthetic(tag: str, k: int) -> str:
+    return f"rlbus:{tag}:worker{k}"
+
+
+def nng_attach_to(local_id: int, topology: Any, attach_to: Any, tag: str = "") -> list:
     """What DI-engine's nng parser would give a worker as ``attach_to``: the workers before it
-    in a mesh, the first one in a star, none when alone, then the caller's own. The broker
-    connects everyone, so only its length matters (Parallel counts a Barrier's peers by it);
-    the runner's own workers stand in as ``rlbus:worker<k>``."""
+    in a mesh, the first one in a star, none when alone, then the caller's own. The runner's
+    own workers stand in as ``rlbus:<run>:worker<k>`` (the run a tag of the runner's);
+    Parallel counts a Barrier's peers by its length."""
     own = list(attach_to or [])
     if topology == "mesh":
-        return [f"rlbus:worker{k}" for k in range(local_id)] + own
+        return [_synthetic(tag, k) for k in range(local_id)] + own
     if topology == "star" and local_id > 0:
-        return ["rlbus:worker0"] + own
+        return [_synthetic(tag, 0)] + own
     return own
+
+
+def _this_host() -> list:
+    """The addresses another node on this machine may dial this one at (nng's default is the
+    host's outward address)."""
+    found = ["127.0.0.1", "localhost"]
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))  # no packet is sent: it picks the route
+            found.append(s.getsockname()[0])
+    except OSError:
+        pass
+    try:
+        found.append(socket.gethostbyname(socket.gethostname()))
+    except OSError:
+        pass
+    return found
+
+
+def nng_addresses(local_id: int, protocol: Any, address: Any, ports: Any, tag: str) -> list:
+    """The addresses a worker would listen at over nng (so that a runner elsewhere may name
+    it in ``attach_to``): its synthetic one, and over tcp ``tcp://<address>:<port>``, the
+    port the ``ports`` list's or the first port plus the worker's index."""
+    out = [_synthetic(tag, local_id)]
+    if protocol == "tcp" and ports is not None:
+        if isinstance(ports, (list, tuple)):
+            port = int(ports[local_id]) if local_id < len(ports) else None
+        else:
+            port = int(ports) + local_id
+        if port is not None:
+            hosts = [address] if address else _this_host()
+            out += [f"tcp://{h}:{port}" for h in hosts]
+    return out
 
 
 def _patched_run(original: Any) -> Any:
@@ -277,8 +362,13 @@ def _patched_run(original: Any) -> Any:
     def _run(self: Any, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("mq_type") == _CARRIER and os.environ.get(_MARK_ENV) == MQ_TYPE:
             kwargs["mq_type"] = MQ_TYPE
-            kwargs["attach_to"] = nng_attach_to(kwargs.get("local_id", 0),
-                                                kwargs.get("topology"), kwargs.get("attach_to"))
+            local_id, tag = kwargs.get("local_id", 0), os.environ.get(_RUN_TAG_ENV, "")
+            kwargs["attach_to"] = nng_attach_to(local_id, kwargs.get("topology"),
+                                                kwargs.get("attach_to"), tag)
+            kwargs["edges"] = {
+                "addresses": nng_addresses(local_id, kwargs.get("protocol"),
+                                           kwargs.get("address"), kwargs.get("ports"), tag),
+                "attach_to": kwargs["attach_to"]}
         return original(self, *args, **kwargs)
     _run.__rlbus__ = True  # type: ignore[attr-defined]
     return _run

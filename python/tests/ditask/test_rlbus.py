@@ -39,6 +39,25 @@ def test_other_mq_types_are_left_alone():
         Parallel.runner(n_parallel_workers=1, mq_type="no-such-mq")(lambda: None)
 
 
+def test_a_node_hears_only_the_nodes_it_is_linked_to():
+    """Links as nng makes them: a node dialled another, or was dialled by it. A node that
+    announced no links (not a runner's) is heard by everyone."""
+    hub = ditask.RlbusMQ(edges={"addresses": ["rlbus:r:worker0"], "attach_to": []})
+    leaf = ditask.RlbusMQ(edges={"addresses": ["rlbus:r:worker1"],
+                                 "attach_to": ["rlbus:r:worker0"]})
+    for mq, others in ((hub, ("leaf1", "leaf2")), (leaf, ("hub", "leaf2"))):
+        mq._note_edges(ditask.EDGES + "hub", b'{"addresses": ["rlbus:r:worker0"], '
+                                              b'"attach_to": []}')
+        for k in (1, 2):
+            mq._note_edges(ditask.EDGES + f"leaf{k}",
+                           ('{"addresses": ["rlbus:r:worker%d"], "attach_to": '
+                            '["rlbus:r:worker0"]}' % k).encode())
+    assert hub._linked("leaf1") and hub._linked("leaf2")
+    assert leaf._linked("hub") and not leaf._linked("leaf2")
+    assert leaf._linked("someone-unannounced")
+    assert ditask.RlbusMQ()._linked("leaf2")  # no topology: hears everyone
+
+
 def test_nng_lengths_of_attach_to():
     assert ditask.nng_attach_to(0, "mesh", None) == []
     assert len(ditask.nng_attach_to(3, "mesh", ["tcp://x:1"])) == 4
