@@ -25,9 +25,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import shutil
 import stat
-import tempfile
 import threading
 from typing import Any, Dict, List, Optional
 
@@ -50,6 +48,7 @@ _held: Dict[str, Any] = {"dir": None, "fd": None}
 def _base_dir() -> str:
     """$XDG_RUNTIME_DIR/rlbus when that folder is this user's and private, else
     <tmp>/rlbus-<uid>; made (0700) when missing; an unsafe existing one is refused."""
+    import tempfile
     uid = os.getuid()
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime:
@@ -110,6 +109,7 @@ def _prune(base: str, keep: str) -> None:
         finally:
             os.close(fd)
     finished.sort(reverse=True)
+    import shutil
     for _, path in finished[_KEPT_FINISHED:]:
         shutil.rmtree(path, ignore_errors=True)
 
@@ -141,6 +141,7 @@ def prepare() -> str:
     with _lock:
         if _held["dir"] is not None:
             return _held["dir"]
+        import tempfile
         base = _base_dir()
         folder = tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=base)
         lock_path = os.path.join(folder, "run.lock")
