@@ -62,7 +62,10 @@ def test_bus_rows_from_python_and_cpp_are_printed(tmp_path) -> None:
     assert {m for b, m in rows if b == "rlbus"} == every
     assert {m for b, m in rows if b == "cpp"} == every  # --smoke: no 64 MiB row
     assert {m for b, m in rows if b == "ditask"} == {"rtt_64B_median", "rtt_64B_p99",
-                                                     "msgs_1to1"}
+                                                     "msgs_1to1", "listen_s"}
+    # a worker's start-up: above the floor of a process with no MQ
+    start = rows[("ditask", "listen_s")]
+    assert start["median"] >= start["floor_s"] > 0, start
     for (backend, metric), row in rows.items():
         assert row["median"] is not None and row["median"] >= 0, (backend, metric)
         assert "lost" in row or metric == "lost_slow_sub", (backend, metric)

@@ -109,15 +109,17 @@ def _runner_process(runner_kwargs, n, side_dir):
 
 
 def test_broadcast_finish(mq, tmp_path):
-    """Two independent runners meet on one MQ: node 0 alone, nodes 1 and 2 together
-    (attach_to names node 0 as DI-engine's test does; a broker MQ only counts it). Node 1
-    finishes at step 1; its finish must stop all three."""
+    """Two independent runners meet on one MQ: node 0 alone at tcp://127.0.0.1:50555, nodes 1
+    and 2 (alone too) dialling it, as DI-engine's test has them: over nng 1 and 2 hear node 0
+    only, and so they do over rlbus. Node 1 finishes at step 1; its finish stops node 0, whose
+    own finish then stops node 2: all three stop."""
     ctx = multiprocessing.get_context("spawn")
     first = ctx.Process(target=_runner_process, args=(
-        dict(mq.runner_kwargs, topology="alone", node_ids=0, startup_interval=0), 1,
-        str(tmp_path)))
+        dict(mq.runner_kwargs, topology="alone", node_ids=0, startup_interval=0,
+             protocol="tcp", address="127.0.0.1", ports=50555), 1, str(tmp_path)))
     second = ctx.Process(target=_runner_process, args=(
         dict(mq.runner_kwargs, topology="alone", node_ids=[1, 2], startup_interval=0.1,
+             protocol="tcp", address="127.0.0.1", ports=50556,
              attach_to=["tcp://127.0.0.1:50555"]), 2, str(tmp_path)))
     first.start()
     second.start()
