@@ -145,9 +145,8 @@ def prepare() -> str:
         base = _base_dir()
         folder = tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=base)
         lock_path = os.path.join(folder, "run.lock")
-        os.close(os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
-        fd = _hold(lock_path)
-        assert fd is not None, lock_path  # nobody else knows the folder yet
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_SH)  # waits out another process's _prune looking at it
         _held.update(dir=folder, fd=fd)
         os.environ[ENDPOINT_ENV] = "ipc://" + os.path.join(folder, "router")
         os.environ[RUN_LOCK_ENV] = lock_path
