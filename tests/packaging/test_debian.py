@@ -77,7 +77,12 @@ def test_an_upgrade_restarts_a_running_broker_and_a_fresh_install_starts_none(de
     postinst = run(["dpkg-deb", "-I", deb, "postinst"]).stdout
     assert "_dh_action=restart" in postinst and "_dh_action=start" in postinst, postinst
     assert "deb-systemd-invoke $_dh_action 'rlbus-broker.service'" in postinst, postinst
-    assert "deb-systemd-helper enable" not in postinst  # installed disabled
+    # installed disabled: a unit is enabled again only where it was enabled before
+    lines = postinst.splitlines()
+    for i, line in enumerate(lines):
+        if "deb-systemd-helper enable" in line:
+            guard = next(g for g in reversed(lines[:i]) if g.lstrip().startswith("if "))
+            assert "was-enabled" in guard, guard
     for script in ("prerm", "preinst"):
         lines = subprocess.run(["dpkg-deb", "-I", deb, script], capture_output=True,
                                text=True).stdout.splitlines()
