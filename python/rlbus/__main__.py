@@ -4,20 +4,12 @@ found and none is named (a program would have nowhere to go)."""
 
 import argparse
 import os
-import socket
 import sys
 
 from . import __version__
 from ._broker import BROKER_ENV, find_broker
+from ._run import listening
 from .compat._util import DEFAULT_ENDPOINT, DEFAULT_PORT, ENDPOINT_ENV
-
-
-def _listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
 
 
 def main(argv=None) -> int:
@@ -39,7 +31,7 @@ def main(argv=None) -> int:
     if named:
         print(f"endpoint: {named} (${ENDPOINT_ENV})")
     else:
-        here_now = "something listens there" if _listening(DEFAULT_PORT) else \
+        here_now = "something listens there" if listening(DEFAULT_PORT) else \
             "nothing listens there now"
         print(f"endpoint: {DEFAULT_ENDPOINT} for rlbus.Worker, Coordinator and Bus given no "
               f"other (${ENDPOINT_ENV} unset; {here_now}); a DI-engine run (patch_dingengine() "

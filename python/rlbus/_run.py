@@ -148,7 +148,7 @@ def prepare() -> str:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         fcntl.flock(fd, fcntl.LOCK_SH)  # waits out another process's _prune looking at it
         _held.update(dir=folder, fd=fd)
-        os.environ[ENDPOINT_ENV] = "ipc://" + os.path.join(folder, "router")
+        os.environ[ENDPOINT_ENV] = _endpoints(folder)[0]
         os.environ[RUN_LOCK_ENV] = lock_path
         try:
             _prune(base, folder)
@@ -208,16 +208,23 @@ def ensure_broker() -> str:
         os.close(fd)
 
 
+def listening(port: int) -> bool:
+    """Whether something accepts TCP connections at 127.0.0.1:`port`."""
+    import socket
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
 def _default_port_note() -> str:
     """Says so when something listens at the default endpoint (a broker the user meant, or
     anything else): a run that names no broker never hands its tasks to it."""
-    import socket
-    try:
-        with socket.create_connection(("127.0.0.1", 7235), timeout=0.2):
-            pass
-    except OSError:
+    from .compat._util import DEFAULT_ENDPOINT, DEFAULT_PORT
+    if not listening(DEFAULT_PORT):
         return ""
-    return ("; something listens at tcp://127.0.0.1:7235 and is not used (name it in "
+    return (f"; something listens at {DEFAULT_ENDPOINT} and is not used (name it in "
             f"${ENDPOINT_ENV} to use it)")
 
 

@@ -80,10 +80,24 @@ def non_reader(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
     return s
 
 
+def bounded_broker() -> Broker:
+    """A broker with this file's bounds that cuts nobody for not reading: the bounds alone
+    are measured."""
+    return Broker(["--max-connection-bytes", str(PER_CONNECTION), "--memory-budget",
+                   str(BUDGET), "--max-queue", str(TASKS), "--stalled-timeout", "0"])
+
+
+def ask_and_never_read(ctx: zmq.Context, endpoint: str) -> List[zmq.Socket]:
+    """NON_READERS connections that each ask ASKS times for a page of 1000 tasks."""
+    hogs = [non_reader(ctx, endpoint) for _ in range(NON_READERS)]
+    for n in range(ASKS):
+        for s in hogs:
+            ops(s, n + 1, verb="tasks", limit=1000)
+    return hogs
+
+
 def test_peers_that_never_read_are_held_to_their_bytes_and_the_budget(closing) -> None:
-    # (nothing is cut for not reading: the bounds alone are measured)
-    b = Broker(["--max-connection-bytes", str(PER_CONNECTION), "--memory-budget", str(BUDGET),
-                "--max-queue", str(TASKS), "--stalled-timeout", "0"])
+    b = bounded_broker()
     ctx = zmq.Context()
     hogs: List[zmq.Socket] = []
     try:
@@ -91,10 +105,7 @@ def test_peers_that_never_read_are_held_to_their_bytes_and_the_budget(closing) -
         assert answer(op, 1, verb="status")["queue_depth"] == TASKS
         before = rss_mib(b.proc.pid)
 
-        hogs = [non_reader(ctx, b.router) for _ in range(NON_READERS)]
-        for n in range(ASKS):
-            for s in hogs:
-                ops(s, n + 1, verb="tasks", limit=1000)
+        hogs = ask_and_never_read(ctx, b.router)
         # every ask has reached the broker once the good operator's answer (asked after
         # them, on a connection of its own) says so by the counters
         assert wait_until(lambda: answer(op, 2, verb="status")["counters"]["over_bytes"] > 0,
@@ -369,9 +380,8 @@ def test_a_subscriber_that_reads_its_stream_is_served_while_non_readers_fill_the
     second to a hundred or two. A connection whose queue is moving is served from the
     reserve, up to a 64th of the budget (384 KiB here: the subscriber's window of 256
     deliveries of 512 bytes fits)."""
-    from test_bus_isolation import innocent_pair
-    b = Broker(["--max-connection-bytes", str(PER_CONNECTION), "--memory-budget", str(BUDGET),
-                "--max-queue", str(TASKS), "--stalled-timeout", "0"])
+    from test_bus_isolation import innocent_pair  # which imports this module
+    b = bounded_broker()
     ctx = zmq.Context()
     hogs: List[zmq.Socket] = []
     try:
@@ -382,10 +392,7 @@ def test_a_subscriber_that_reads_its_stream_is_served_while_non_readers_fill_the
             polls[0] += 1
             return answer(op, polls[0], verb="status")["counters"]
         before = counters()["messages_in"]
-        hogs = [non_reader(ctx, b.router) for _ in range(NON_READERS)]
-        for n in range(ASKS):
-            for s in hogs:
-                ops(s, n + 1, verb="tasks", limit=1000)
+        hogs = ask_and_never_read(ctx, b.router)
         # every ask has been read (and answered or refused) once the broker has read them
         # all and the operator's polls since
         assert wait_until(lambda: counters()["messages_in"] >= before + NON_READERS * ASKS

@@ -87,9 +87,10 @@ class send_meter {
   /// connection's bound, and, with the `elsewhere` bytes the owner holds outside the queues
   /// from the same budget (the broker's event rings), within the budget, whose last quarter is
   /// kept for connections that read (that hold nothing, or of whose messages libzmq let go
-  /// within moving_window), each up to a 64th of the budget.
+  /// within moving_window), each up to a 64th of the budget. `now` is read from the clock
+  /// when not given, and only when the answer depends on it.
   [[nodiscard]] bool admits(const account& a, std::size_t body, std::size_t elsewhere = 0,
-                            time_point now = clock::now()) const noexcept;
+                            time_point now = {}) const noexcept;
   /// Sends `body` as the last frame of a message on `s`, charged to `a` until libzmq frees it.
   /// The frames before it must have been queued; `s` must take it (it is never refused).
   /// With `flags` sndmore it is not the last: another frame follows (a payload frame).

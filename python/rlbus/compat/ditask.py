@@ -110,6 +110,8 @@ class RlbusMQ:
         # This node's links (the runner's topology): {"addresses": [...], "attach_to": [...]};
         # None: it hears every node. The others' as announced: id -> (addresses, dialled).
         self._edges = edges
+        self._mine = frozenset(edges["addresses"]) if edges else frozenset()
+        self._dialled = frozenset(edges["attach_to"]) if edges else frozenset()
         self._peers: Dict[str, Tuple[frozenset, frozenset]] = {}
         self.off_edges = 0  # messages dropped: from a node this one has no link with
 
@@ -120,8 +122,7 @@ class RlbusMQ:
         if self._edges is None or peer is None:
             return True
         addresses, dialled = peer
-        return bool(addresses & frozenset(self._edges["attach_to"])) or bool(
-            dialled & frozenset(self._edges["addresses"]))
+        return bool(addresses & self._dialled) or bool(dialled & self._mine)
 
     def _note_edges(self, topic: str, payload: bytes) -> None:
         try:

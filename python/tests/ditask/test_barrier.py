@@ -19,11 +19,9 @@ from .helpers import Side, node_id, run
 N = 3
 
 
-def mesh_main(side_dir):
-    side = Side(side_dir)
-    me = node_id()
-    assert Parallel().get_attch_to_len() == me  # nng's mesh: every earlier node
-    barrier = Barrier(N - 1 - me, timeout=20)
+def _meet_twice(side_dir, me, barrier):
+    """Meets at `barrier` twice, arriving at random moments; marks when it arrived and when
+    it passed, each time."""
     times = []
     with task.start():
         for epoch in range(2):
@@ -31,20 +29,29 @@ def mesh_main(side_dir):
             arrived = time.time()
             barrier(task.ctx)
             times.append((arrived, time.time()))
-    side.mark(f"times_{me}", times)
+    Side(side_dir).mark(f"times_{me}", times)
+
+
+def mesh_main(side_dir):
+    me = node_id()
+    assert Parallel().get_attch_to_len() == me  # nng's mesh: every earlier node
+    _meet_twice(side_dir, me, Barrier(N - 1 - me, timeout=20))
+
+
+def _check_mesh(side, n):
+    times = [side.read(f"times_{i}") for i in range(n)]
+    for epoch in range(2):
+        last_arrival = max(t[epoch][0] for t in times)
+        for i in range(n):
+            # nobody passes before the last one arrived (same host clock)
+            assert times[i][epoch][1] >= last_arrival, (epoch, i, times)
 
 
 @pytest.mark.mq_xfail("redis", reason="RedisMQ has no attach_to: every node expects fewer "
                       "peers than it hears and the detection never matches")
 def test_mesh_barrier(mq, tmp_path):
     run(mq, N, mesh_main, str(tmp_path), startup_interval=0.1)
-    side = Side(tmp_path)
-    times = [side.read(f"times_{i}") for i in range(N)]
-    for epoch in range(2):
-        last_arrival = max(t[epoch][0] for t in times)
-        for i in range(N):
-            # nobody passes before the last one arrived (same host clock)
-            assert times[i][epoch][1] >= last_arrival, (epoch, i, times)
+    _check_mesh(Side(tmp_path), N)
 
 
 def unmatched_main(side_dir):
@@ -70,17 +77,8 @@ def test_unmatched_barrier(mq, tmp_path):
 def star_main(side_dir, n):
     """Node 0 the hub (the others dial it), the others leaves: a leaf hears only the hub, the
     hub hears every leaf, as over nng."""
-    side = Side(side_dir)
     me = node_id()
-    barrier = Barrier(n - 1 if me == 0 else 0, timeout=15)
-    times = []
-    with task.start():
-        for epoch in range(2):
-            time.sleep(random.uniform(0, 0.3))
-            arrived = time.time()
-            barrier(task.ctx)
-            times.append((arrived, time.time()))
-    side.mark(f"times_{me}", times)
+    _meet_twice(side_dir, me, Barrier(n - 1 if me == 0 else 0, timeout=15))
 
 
 def _check_star(side, n):
@@ -128,11 +126,4 @@ def test_separate_runners_linked_by_attach_to(mq, tmp_path, shape):
     with ctx.Pool(processes=n) as pool:
         pool.map(launch_alone, [(i, shape, str(tmp_path), mq.runner_kwargs, 12350)
                                 for i in range(n)])
-    side = Side(tmp_path)
-    if shape == "star":
-        _check_star(side, n)
-    else:
-        times = [side.read(f"times_{i}") for i in range(n)]
-        for epoch in range(2):
-            last_arrival = max(t[epoch][0] for t in times)
-            assert all(times[i][epoch][1] >= last_arrival for i in range(n)), times
+    (_check_star if shape == "star" else _check_mesh)(Side(tmp_path), n)

@@ -15,7 +15,7 @@ from rlbus import Bus
 from rlbus.compat import ditask
 
 from . import STANDIN
-from .test_parallel import ping_main
+from .test_parallel import _gone, ping_main
 from .helpers import Side, wait_until
 
 
@@ -93,14 +93,6 @@ def main(folder):
 if __name__ == "__main__":
     Parallel.runner(n_parallel_workers=2, mq_type="rlbus", startup_interval=0)(main, sys.argv[1])
 """
-
-
-def _gone(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except OSError:
-        return True
 
 
 def test_the_run_broker_outlives_a_killed_runner_and_worker_and_goes_with_the_last(tmp_path):
