@@ -86,7 +86,9 @@ int gatekeeper::secure(zmq::socket_t& s, std::string_view domain) {
   mon.set(zmq::sockopt::linger, 0);
   mon.connect(endpoint);
   monitor_fds_.push_back(mon.get(zmq::sockopt::fd));
-  return static_cast<int>(monitors_.size() - 1);
+  const auto handle = static_cast<int>(monitors_.size() - 1);
+  if (domain == zap_domain_router) router_monitor_ = handle;
+  return handle;
 }
 
 void gatekeeper::release(zmq::socket_t& s, int handle) {
@@ -138,7 +140,12 @@ void gatekeeper::on_monitor(int handle) {
     std::memcpy(&event, head.data(), sizeof event);
     std::memcpy(&fd, head.data<char>() + 2, sizeof fd);
     if (event == ZMQ_EVENT_ACCEPTED) {
-      if (const auto old = connections_.find(fd); old != connections_.end()) forget(old);
+      if (const auto old = connections_.find(fd); old != connections_.end()) {
+        // Its end not read yet (another socket's monitor can be read first).
+        if (old->second.cut && old->second.monitor == router_monitor_) cut_gone_.insert(fd);
+        forget(old);
+      }
+      const bool unread = handle == router_monitor_ && cut_gone_.erase(fd) != 0;
       auto address = peer_address(fd);
       const auto n = ++per_address_[address];
       ++counts_.connections;
@@ -157,16 +164,20 @@ void gatekeeper::on_monitor(int handle) {
         cut = true;
         ++(over_total ? counts_.refused_total : counts_.refused_address);
         note_refusal(address, over_total ? "max-connections" : "max-connections-per-address");
+      } else if (unread) {
+        cut = true;
+        (void)::shutdown(fd, SHUT_RDWR);
+        ++counts_.bounced;
       } else if (!curve_) {
         ++counts_.admitted;  // plain mode has no handshake to pass: admitted at accept
       }
-      cut_gone_.erase(fd);  // a new connection on the descriptor
       connections_[fd] = {handle, std::move(address), cut};
     } else if (event == ZMQ_EVENT_DISCONNECTED) {
-      if (const auto it = connections_.find(fd); it != connections_.end()) {
-        // What a cut connection said before the cut can still be queued: remembered until
-        // the descriptor is taken by a new connection.
-        if (it->second.cut) cut_gone_.insert(fd);
+      if (const auto it = connections_.find(fd);
+          it != connections_.end() && it->second.monitor == handle) {
+        // What a cut connection said before the cut can still be queued in the ROUTER:
+        // remembered until the ROUTER has been read to the end (router_drained).
+        if (it->second.cut && handle == router_monitor_) cut_gone_.insert(fd);
         forget(it);
       }
     }
@@ -175,8 +186,9 @@ void gatekeeper::on_monitor(int handle) {
 
 bool gatekeeper::cut_off(int fd) {
   read_monitors();
+  if (cut_gone_.count(fd) != 0) return true;
   const auto it = connections_.find(fd);
-  return it != connections_.end() ? it->second.cut : cut_gone_.count(fd) != 0;
+  return it != connections_.end() && it->second.cut;
 }
 
 std::optional<std::string> gatekeeper::cut_stalled(int fd) {

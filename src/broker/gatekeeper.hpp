@@ -43,8 +43,9 @@ struct gate_counts {
   std::uint64_t refused_subscriber = 0;  // listed key without the subscriber role (events)
   std::uint64_t refused_address = 0;     // past max-connections-per-address
   std::uint64_t refused_total = 0;       // past max-connections
-  std::uint64_t allowlist_reloads = 0;   // successful loads after the first
-  std::uint64_t allowlist_errors = 0;    // reloads refused (the old list stays)
+  std::uint64_t bounced = 0;  // cut at accept: its descriptor's cut connection had unread messages
+  std::uint64_t allowlist_reloads = 0;  // successful loads after the first
+  std::uint64_t allowlist_errors = 0;   // reloads refused (the old list stays)
 };
 
 class gatekeeper {
@@ -77,6 +78,10 @@ class gatekeeper {
   /// limit: its messages must never make a session. Reads the monitors first, as a message
   /// can reach the broker before the event of its connection's accept does.
   [[nodiscard]] bool cut_off(int fd);
+  /// The ROUTER had nothing more to read: whatever a connection cut and gone said before its
+  /// end has been read by now (libzmq hands a connection's messages on before it tells the
+  /// monitor of the end), so its descriptor may serve a new connection.
+  void router_drained() { cut_gone_.clear(); }
   /// Cuts the live connection on descriptor `fd` (one that has stopped reading, SPEC §15.5):
   /// libzmq sees it end and drops what was queued for it; its peer may connect again. Returns
   /// the connection's source address, or nothing when no connection of ours has that
@@ -134,7 +139,12 @@ class gatekeeper {
   };
   void forget(std::unordered_map<int, connection>::iterator it);
   std::unordered_map<int, connection> connections_;  // by fd
-  std::unordered_set<int> cut_gone_;  // fds of cut connections since gone, not yet reused
+  // Descriptors of the ROUTER's cut connections since gone, whose messages may still wait in
+  // the ROUTER: a message carries only its descriptor, so a new connection on one of them
+  // before the ROUTER has been read to the end would be taken for the cut one (or the cut one
+  // for it); such a connection is cut too, and its peer connects again.
+  std::unordered_set<int> cut_gone_;
+  int router_monitor_ = -1;  // the handle of the ROUTER's monitor
   std::unordered_map<std::string, std::uint32_t> per_address_;  // live connections
   std::set<std::string> subscriber_keys_;                       // keys let in on the event socket
   gate_counts counts_;

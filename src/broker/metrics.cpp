@@ -217,6 +217,7 @@ std::string prometheus_text(const stats& s) {
   e.sample("rlbus_connections_refused_total", "reason", "max_per_address", s.refused_address);
   e.sample("rlbus_connections_refused_total", "reason", "key", s.refused_key);
   e.sample("rlbus_connections_refused_total", "reason", "subscriber", s.refused_subscriber);
+  e.sample("rlbus_connections_refused_total", "reason", "descriptor_unread", s.connections_bounced);
   e.one("rlbus_allowlist_errors_total", "counter", "allowlist reloads refused", s.allowlist_errors);
   e.one("rlbus_draining", "gauge", "1 while the broker drains before it stops", s.draining ? 1 : 0);
   bus_families(e, s);
@@ -293,6 +294,7 @@ stats server::snapshot() const {
   s.refused_subscriber = c.refused_subscriber.load();
   s.refused_address = c.refused_address.load();
   s.refused_connections = c.refused_connections.load();
+  s.connections_bounced = c.bounced.load();
   s.refused_unauthorized = c.refused_unauthorized.load();
   s.refused_role_limit = c.refused_role_limit.load();
   s.refused_task_limit = c.refused_task_limit.load();
@@ -337,6 +339,7 @@ void server::store_counters() {
   c.refused_subscriber.store(g.refused_subscriber, std::memory_order_relaxed);
   c.refused_address.store(g.refused_address, std::memory_order_relaxed);
   c.refused_connections.store(g.refused_total, std::memory_order_relaxed);
+  c.bounced.store(g.bounced, std::memory_order_relaxed);
   c.allowlist_reloads.store(g.allowlist_reloads, std::memory_order_relaxed);
   c.allowlist_errors.store(g.allowlist_errors, std::memory_order_relaxed);
   if (journal_) {

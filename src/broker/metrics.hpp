@@ -72,6 +72,8 @@ struct stats {
   std::uint64_t refused_subscriber = 0;    // event connections: key may not subscribe
   std::uint64_t refused_address = 0;       // connections past max-connections-per-address
   std::uint64_t refused_connections = 0;   // connections past max-connections
+  std::uint64_t connections_bounced = 0;   // cut at accept: a cut connection's messages on its
+                                           // descriptor were not all read yet; it connects again
   std::uint64_t refused_unauthorized = 0;  // HELLOs the key may not make (431)
   std::uint64_t refused_role_limit = 0;    // HELLOs past a role's session limit (503)
   std::uint64_t refused_task_limit = 0;    // SUBMITs past max-tasks-per-coordinator (416)
@@ -105,8 +107,9 @@ struct server_counters {
       quarantined{0}, quarantines{0}, orphaned{0}, adoptions{0}, restored{0}, journal_torn{0},
       journal_records{0}, journal_bytes{0}, journal_fsyncs{0}, journal_compactions{0},
       connections{0}, admitted{0}, refused_key{0}, refused_subscriber{0}, refused_address{0},
-      refused_connections{0}, refused_unauthorized{0}, refused_role_limit{0}, refused_task_limit{0},
-      revoked{0}, allowlist_reloads{0}, allowlist_errors{0}, unanswered{0}, nodes{0};
+      refused_connections{0}, bounced{0}, refused_unauthorized{0}, refused_role_limit{0},
+      refused_task_limit{0}, revoked{0}, allowlist_reloads{0}, allowlist_errors{0}, unanswered{0},
+      nodes{0};
   std::atomic<bool> draining{false};
   std::array<std::atomic<std::uint64_t>, 256> received_by_type{}, sent_by_type{};
   std::array<std::atomic<std::uint64_t>, 200> errors_by_code{};

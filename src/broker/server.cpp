@@ -217,7 +217,10 @@ void server::run() {
 void server::drain_router() {
   std::array<zmq::message_t, max_frames> frames;
   for (std::size_t n = 0; n < max_batch; ++n) {
-    if (!util::try_recv(router_, frames[0])) return;
+    if (!util::try_recv(router_, frames[0])) {
+      gate_.router_drained();
+      return;
+    }
     std::size_t count = 1;
     bool overflow = false;
     bool more = frames[0].more();
@@ -817,12 +820,13 @@ void server::shutdown(const std::string& reason) {
   const auto& g = gate_.counts();
   spdlog::info(
       "connections: {} admitted; refused {} past max-connections, {} past "
-      "max-connections-per-address, {} unlisted keys, {} non-subscriber keys; {} HELLOs "
-      "unauthorized, {} past a role's limit, {} from connections cut at accept; {} SUBMITs past "
-      "the task limit; {} faults unanswered; {} messages not sent past max-connection-bytes or "
-      "memory-budget; {} connections cut for reading nothing while memory-budget ran short",
+      "max-connections-per-address, {} unlisted keys, {} non-subscriber keys, {} on a descriptor "
+      "whose cut connection was not read to the end; {} HELLOs unauthorized, {} past a role's "
+      "limit, {} from connections cut at accept; {} SUBMITs past the task limit; {} faults "
+      "unanswered; {} messages not sent past max-connection-bytes or memory-budget; {} "
+      "connections cut for reading nothing while memory-budget ran short",
       g.admitted, g.refused_total, g.refused_address, g.refused_key, g.refused_subscriber,
-      counters_.refused_unauthorized.load(), counters_.refused_role_limit.load(),
+      g.bounced, counters_.refused_unauthorized.load(), counters_.refused_role_limit.load(),
       counters_.cut_hellos.load(), counters_.refused_task_limit.load(), counters_.unanswered.load(),
       counters_.over_bytes.load(), counters_.stalled_cut.load());
 }
