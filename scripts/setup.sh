@@ -17,6 +17,7 @@ packages=(
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libspdlog-dev libfmt-dev libsodium-dev
   libcli11-dev nlohmann-json3-dev libtomlplusplus-dev zlib1g-dev
   libcpp-httplib-dev              # the broker's HTTP endpoint (/metrics, /healthz, /readyz)
+  libssl-dev                      # base64 for etcd's API (standby brokers)
 )
 # And for the test suites:
 if [ "$mode" = all ]; then
@@ -28,6 +29,7 @@ if [ "$mode" = all ]; then
     python3-pip python3-wheel       # the test that installs the package with pip
     python3-flask python3-requests  # rlbus-bench's HTTP baseline (bench/http_baseline.py)
     valgrind                        # rlbus-bench cost (callgrind), in the bench suite
+    etcd-server                     # the cluster tests: a real etcd elects the leading broker
     clang-format pyflakes3          # the lint suite (tests/lint/lint.py)
     clang-tidy                      # its tidy suite (meson test --setup tidy --suite tidy)
   )
