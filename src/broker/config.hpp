@@ -139,6 +139,17 @@ struct config {
   /// The journal is compacted when it grows past this (or twice its last compacted size).
   std::size_t journal_compact_bytes = std::size_t{64} * 1024 * 1024;
 
+  // ---- a group of brokers, one leading (SPEC §14.6) ----
+  /// etcd's client URLs, comma-separated; empty: a broker alone.
+  std::string cluster_etcd;
+  std::string cluster_name = "rlbus";
+  /// This broker's name in the group; empty: its advertised endpoint.
+  std::string cluster_member;
+  /// Where peers reach this broker when it leads (its router endpoint as seen from them).
+  std::string advertise;
+  std::uint32_t cluster_lease_ms = 2000;
+  std::uint32_t cluster_margin_ms = 500;
+
   // ---- policies (SPEC §13) ----
   /// Most policy ids the broker keeps a latest version of.
   std::size_t policy_max_ids = 64;

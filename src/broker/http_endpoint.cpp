@@ -30,7 +30,11 @@ http_endpoint::http_endpoint(const std::string& address, std::uint32_t port,
     res.set_content("ok\n", "text/plain");
   });
   h.Get("/readyz", [snapshot](const httplib::Request&, httplib::Response& res) {
-    if (snapshot().draining) {
+    const auto s = snapshot();
+    if (s.standby) {
+      res.status = 503;
+      res.set_content("standby: another broker of the group leads\n", "text/plain");
+    } else if (s.draining) {
       res.status = 503;
       res.set_content("draining: the broker is stopping\n", "text/plain");
     } else {

@@ -220,6 +220,8 @@ std::string prometheus_text(const stats& s) {
   e.sample("rlbus_connections_refused_total", "reason", "descriptor_unread", s.connections_bounced);
   e.one("rlbus_allowlist_errors_total", "counter", "allowlist reloads refused", s.allowlist_errors);
   e.one("rlbus_draining", "gauge", "1 while the broker drains before it stops", s.draining ? 1 : 0);
+  e.one("rlbus_standby", "gauge", "1 while the broker stands by for its group's leader",
+        s.standby ? 1 : 0);
   bus_families(e, s);
   return e.done();
 }

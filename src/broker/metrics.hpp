@@ -43,6 +43,7 @@ struct stats {
   std::uint64_t nodes = 0;           // live sessions of role bus (SPEC §17)
   std::uint64_t coordinators = 0;    // live coordinator sessions (the rest of `peers`)
   bool draining = false;             // a stop was requested; waiting for running tasks
+  bool standby = false;              // a broker of a group that does not lead: it serves no peer
   std::uint64_t stream_replays = 0;  // REPLAYs served (SPEC §12.9)
   std::uint64_t stream_resent = 0;   // TASK_EVENTs sent again (replays)
   std::uint64_t stream_lost = 0;     // events reported gone with STREAM_GAP

@@ -147,6 +147,7 @@ void server::run() {
   std::string why_stopped;
   while (true) {
     auto now = util::clock::now();
+    if (past_fence()) break;
     const auto stops = stop_requests_.load(std::memory_order_relaxed);
     if (stops > 0 && !draining_) begin_drain(now);
     if (stops > 1) {
@@ -164,6 +165,7 @@ void server::run() {
     if (journal_)
       if (auto due = journal_->next_due()) deadline = std::min(deadline, *due);
     if (draining_) deadline = std::min(deadline, drain_end_);
+    if (fence_) deadline = std::min(deadline, fence_());
     // Built each turn: the event socket is a new one after a subscriber's key was revoked.
     items.assign({{router_.handle(), 0, ZMQ_POLLIN, 0},
                   {nullptr, wake_.read_fd(), ZMQ_POLLIN, 0},
@@ -209,7 +211,24 @@ void server::run() {
     }
     store_counters();
   }
+  if (fenced_) {
+    // Whatever libzmq still holds for peers is dropped with the sockets.
+    router_.set(zmq::sockopt::linger, 0);
+    events_.set_linger(0);
+    store_counters();
+    return;
+  }
   shutdown(why_stopped);
+}
+
+bool server::past_fence() {
+  if (fenced_) return true;
+  if (!fence_ || util::clock::now() < fence_()) return false;
+  fenced_ = true;
+  spdlog::warn(
+      "no longer the group's leader: its lease may run out, so it sends nothing more; its "
+      "peers go to the next leader");
+  return true;
 }
 
 // Each message is handled at the time it was read: a deadline it starts (a step's timeout, a
@@ -621,6 +640,7 @@ util::send_meter::account* server::send_head(std::string_view routing_id, codec:
     counters_due_ = false;
     store_counters();
   }
+  if (past_fence()) return nullptr;
   auto& account = meter_.of(routing_id);
   if (account.fd() < 0 && routing_id == from_.routing_id) account.set_fd(from_.fd);
   // the queues and the rings share one budget
@@ -760,6 +780,7 @@ void server::on_bus(std::string_view routing_id, peer& p, std::uint8_t type, std
 }
 
 void server::publish(std::string_view topic, decltype(codec::event::body) body) {
+  if (past_fence()) return;
   events_.publish(topic, std::move(body));
   counters_.events.fetch_add(1, std::memory_order_relaxed);
   counters_.events_unheard.store(events_.unheard(), std::memory_order_relaxed);

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -74,7 +75,17 @@ class server : private task_sink, private bus_sink {
   /// Thread-safe snapshot of the counters.
   [[nodiscard]] stats snapshot() const;  // in metrics.cpp
 
+  /// The leader of a group of brokers (cluster/elector.hpp) serves only until `until()`, which
+  /// the group's election moves on. Past it the broker sends nothing more, not even a
+  /// DISCONNECT, and run() returns at once: another broker of the group may be serving by
+  /// then. Before run().
+  void fence(std::function<util::time_point()> until) { fence_ = std::move(until); }
+  /// Whether run() returned for its fence.
+  [[nodiscard]] bool fenced() const noexcept { return fenced_; }
+
  private:
+  /// Whether the fence has been passed (reads the clock when there is one).
+  bool past_fence();
   // task_sink: how the task manager reaches peers and subscribers.
   bool send_to(std::string_view peer_id, const codec::message& m) override;
   bool send_encoded(std::string_view peer_id, codec::msg_type type,
@@ -97,6 +108,8 @@ class server : private task_sink, private bus_sink {
   /// snapshot() reads (in metrics.cpp).
   void store_counters();
   void open_journal();
+  std::function<util::time_point()> fence_;
+  bool fenced_ = false;
   void compact_journal();
 
   void drain_router();

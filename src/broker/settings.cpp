@@ -161,6 +161,29 @@ std::vector<setting> make_table() {
        "the journal is rewritten as a snapshot when it "
        "grows past this (or twice its last compacted size)",
        &c::journal_compact_bytes, 4096, std::uint64_t{1} << 40U, any, "bytes"},
+      // ---- a group of brokers ----
+      {"cluster", "etcd",
+       "etcd's client URLs, comma-separated (e.g. http://10.0.0.5:2379): the broker joins a "
+       "group of brokers that share this etcd and cluster name; the one etcd elects leads and "
+       "serves peers, the others stand by (empty: a broker alone)",
+       &c::cluster_etcd, 0, 0, any, "", "cluster-etcd"},
+      {"cluster", "name", "the group's name: its brokers elect one leader among them",
+       &c::cluster_name, 1, 0, any, "", "cluster-name"},
+      {"cluster", "member",
+       "this broker's name in its group, unique in it (empty: its advertised endpoint)",
+       &c::cluster_member, 0, 0, any, "", "cluster-member"},
+      {"cluster", "advertise",
+       "where peers reach this broker when it leads, e.g. tcp://10.0.0.7:7235 (its router "
+       "endpoint as the peers see it; needed with cluster-etcd)",
+       &c::advertise, 0, 0, any, "", "advertise"},
+      {"cluster", "lease",
+       "the leader's lease in etcd, whole seconds: a standby takes over at most this long after "
+       "the leader's last renewal (etcd may raise a lease shorter than its own minimum)",
+       &c::cluster_lease_ms, 1000, 60'000, any, "ms", "cluster-lease"},
+      {"cluster", "lease-margin",
+       "the leader stops serving this long before its lease could run out, as counted on its "
+       "own clock from its last renewal; at least a quarter of the lease",
+       &c::cluster_margin_ms, 100, 60'000, any, "ms", "cluster-lease-margin"},
       // ---- policies ----
       {"policies", "policy-max-ids", "most policy ids the broker keeps a latest version of",
        &c::policy_max_ids, 1, 1'000'000},
@@ -422,6 +445,20 @@ void validate(const config& cfg) {
                         "machines, and without CURVE every other socket of the broker stays on "
                         "loopback unless told: turn CURVE on or say --insecure",
                         cfg.metrics_address));
+  }
+  if (!cfg.cluster_etcd.empty()) {
+    require(!cfg.advertise.empty(),
+            "cluster.advertise (--advertise) is needed with cluster.etcd: the leader tells its "
+            "group where peers reach it");
+    require(cfg.cluster_lease_ms % 1000 == 0,
+            fmt::format("cluster.lease (--cluster-lease) is {} ms but etcd counts leases in "
+                        "whole seconds",
+                        cfg.cluster_lease_ms));
+    require(cfg.cluster_margin_ms * 4 >= cfg.cluster_lease_ms &&
+                cfg.cluster_margin_ms * 2 <= cfg.cluster_lease_ms,
+            fmt::format("cluster.lease-margin (--cluster-lease-margin) is {} ms but must be a "
+                        "quarter to a half of the lease ({} ms)",
+                        cfg.cluster_margin_ms, cfg.cluster_lease_ms));
   }
 }
 

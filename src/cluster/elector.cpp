@@ -219,6 +219,7 @@ void elector::step_down(const std::string& why) {
   serving_until_ = 0;
   const auto was = epoch_.exchange(0);
   spdlog::warn("cluster {}: {} no longer leads (epoch {}): {}", cfg_.group, cfg_.member, was, why);
+  set_leader({});  // until the next one is seen
   notify();
 }
 

@@ -26,6 +26,8 @@
 #include "broker/http_endpoint.hpp"
 #include "broker/server.hpp"
 #include "broker/settings.hpp"
+#include "cluster/elector.hpp"
+#include "cluster/etcd.hpp"
 #include "util/curve_keys.hpp"
 #include "util/log.hpp"
 #include "util/run_lock.hpp"
@@ -35,7 +37,8 @@ namespace {
 // Signals are taken by one thread of their own (sigwait), blocked everywhere else: the broker
 // loop and libzmq's threads are never interrupted, and the handler may call anything.
 // SIGINT/SIGTERM stop (drain, then at once), SIGHUP reloads the allowlist, SIGUSR1 (sent by
-// main itself) ends the thread.
+// main itself) ends the thread. They go to the server serving now, if any; stops are counted
+// for whoever waits without one (a standby).
 class signal_thread {
  public:
   signal_thread() {
@@ -43,22 +46,32 @@ class signal_thread {
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaddset(&set_, sig);
     pthread_sigmask(SIG_BLOCK, &set_, nullptr);  // before any other thread exists
     signal(SIGPIPE, SIG_IGN);
-  }
-  void serve(rlbus::broker::server& server) {
-    thread_ = std::thread([this, &server] {
+    thread_ = std::thread([this] {
       while (true) {
         int sig = 0;
         if (sigwait(&set_, &sig) != 0) continue;
         if (sig == SIGUSR1) return;
+        const std::lock_guard<std::mutex> hold(mutex_);
+        if (sig != SIGHUP) ++stops_;
+        if (server_ == nullptr) continue;
         if (sig == SIGHUP)
-          server.request_reload();
+          server_->request_reload();
         else
-          server.request_stop();
+          server_->request_stop();
       }
     });
   }
   ~signal_thread() { stop(); }
-  /// Ends the thread; the server it was given may then go.
+  /// Where signals go from now on (nullptr: nowhere, only counted).
+  void serve(rlbus::broker::server* server) {
+    const std::lock_guard<std::mutex> hold(mutex_);
+    server_ = server;
+  }
+  [[nodiscard]] bool stop_asked() {
+    const std::lock_guard<std::mutex> hold(mutex_);
+    return stops_ > 0;
+  }
+  /// Ends the thread.
   void stop() {
     if (thread_.joinable()) {
       pthread_kill(thread_.native_handle(), SIGUSR1);
@@ -68,6 +81,9 @@ class signal_thread {
 
  private:
   sigset_t set_{};
+  std::mutex mutex_;
+  rlbus::broker::server* server_ = nullptr;
+  int stops_ = 0;
   std::thread thread_;
 };
 
@@ -107,6 +123,112 @@ class run_watch {
   std::thread thread_;
 };
 
+// While a server serves, signals go to it (and not once it is gone).
+struct serving {
+  serving(signal_thread& s, rlbus::broker::server& server) : signals(s) { s.serve(&server); }
+  ~serving() { signals.serve(nullptr); }
+  serving(const serving&) = delete;
+  serving& operator=(const serving&) = delete;
+  signal_thread& signals;
+};
+
+// One line for whoever started the broker to read the endpoints from (SPEC §1.4.1): a port 0
+// or * is resolved to the one bound.
+void say_listening(const rlbus::broker::server& server, const rlbus::broker::http_endpoint* http) {
+  std::printf("rlbus-broker listening router=%s events=%s%s%s\n", server.router_endpoint().c_str(),
+              server.events_endpoint().c_str(), http ? " metrics=" : "",
+              http ? http->url().c_str() : "");
+  std::fflush(stdout);
+}
+
+// The broker alone: serves until stopped.
+int serve_alone(zmq::context_t& ctx, const rlbus::broker::config& cfg, signal_thread& signals) {
+  rlbus::broker::server server(ctx, cfg);
+  const serving routed(signals, server);
+  // Metrics and probes on a port of their own, when asked for: serving from here on.
+  std::unique_ptr<rlbus::broker::http_endpoint> http;
+  if (cfg.metrics_port != 0)
+    http = std::make_unique<rlbus::broker::http_endpoint>(cfg.metrics_address, cfg.metrics_port,
+                                                          [&server] { return server.snapshot(); });
+  std::unique_ptr<run_watch> run;  // destroyed before `server`
+  if (!cfg.run_lock_path.empty()) run = std::make_unique<run_watch>(cfg.run_lock_path, server);
+  say_listening(server, http.get());
+  server.run();
+  return 0;
+}
+
+// A broker of a group: stands by until etcd makes it the leader, serves while it leads, and
+// stands by again when its lease could run out, until stopped.
+int serve_in_group(zmq::context_t& ctx, const rlbus::broker::config& cfg, signal_thread& signals) {
+  rlbus::broker::validate(cfg);  // before the group hears of it
+  rlbus::cluster::elector_config ec;
+  for (std::size_t from = 0; from <= cfg.cluster_etcd.size();) {
+    auto to = cfg.cluster_etcd.find(',', from);
+    if (to == std::string::npos) to = cfg.cluster_etcd.size();
+    if (to > from) ec.etcd.push_back(cfg.cluster_etcd.substr(from, to - from));
+    from = to + 1;
+  }
+  ec.group = cfg.cluster_name;
+  ec.member = cfg.cluster_member.empty() ? cfg.advertise : cfg.cluster_member;
+  ec.advertise = cfg.advertise;
+  ec.lease_ttl = std::chrono::seconds(cfg.cluster_lease_ms / 1000);
+  ec.margin = std::chrono::milliseconds(cfg.cluster_margin_ms);
+  ec.renew = std::chrono::milliseconds(cfg.cluster_lease_ms / 4);
+  // A request that takes longer than a renewal's period is as good as failed.
+  ec.timeout = ec.renew;
+  try {  // a group whose etcd cannot be reached at start is most likely misconfigured
+    rlbus::cluster::etcd_client(ec.etcd, std::chrono::seconds(2)).get("/rlbus/" + ec.group);
+  } catch (const std::exception& e) {
+    spdlog::critical("cannot start: group {}: {}", ec.group, e.what());
+    return 1;
+  }
+  rlbus::cluster::elector group(ec);
+  std::mutex mutex;  // `current`, for the HTTP endpoint's thread
+  rlbus::broker::server* current = nullptr;
+  std::unique_ptr<rlbus::broker::http_endpoint> http;
+  if (cfg.metrics_port != 0)
+    http =
+        std::make_unique<rlbus::broker::http_endpoint>(cfg.metrics_address, cfg.metrics_port, [&] {
+          const std::lock_guard<std::mutex> hold(mutex);
+          if (current != nullptr) return current->snapshot();
+          rlbus::broker::stats s;
+          s.standby = true;
+          return s;
+        });
+  std::printf("rlbus-broker standing by: member %s of group %s%s%s\n", ec.member.c_str(),
+              ec.group.c_str(), http ? " metrics=" : "", http ? http->url().c_str() : "");
+  std::fflush(stdout);
+  std::int64_t seen = 0;  // the epoch of the leader last named in the log
+  while (!signals.stop_asked()) {
+    if (!group.leads()) {
+      if (const auto l = group.leader(); l.epoch != seen && l.epoch != 0) {
+        seen = l.epoch;
+        spdlog::info("standing by: {} leads group {} (epoch {}, peers at {})", l.member, ec.group,
+                     l.epoch, l.advertise);
+      }
+      group.wait_change(rlbus::util::clock::now() + std::chrono::milliseconds(200));
+      continue;
+    }
+    spdlog::info("leading group {} (epoch {}): serving", ec.group, group.epoch());
+    rlbus::broker::server server(ctx, cfg);
+    server.fence([&group] { return group.serving_until(); });
+    {
+      const serving routed(signals, server);
+      {
+        const std::lock_guard<std::mutex> hold(mutex);
+        current = &server;
+      }
+      say_listening(server, http.get());
+      server.run();
+      const std::lock_guard<std::mutex> hold(mutex);
+      current = nullptr;
+    }
+    if (!server.fenced()) break;  // stopped
+  }
+  group.resign();
+  return 0;
+}
+
 // rlbus-broker keygen STEM: a fresh CURVE key pair in STEM.key (0600) and STEM.pub.
 int keygen(const std::string& stem) {
   try {
@@ -127,10 +249,15 @@ int keygen(const std::string& stem) {
 std::vector<std::pair<const rlbus::broker::setting*, CLI::Option*>> add_settings(
     CLI::App& app, rlbus::broker::config& cfg) {
   const rlbus::broker::config defaults;
-  const std::map<std::string_view, std::string> groups{
-      {"", "Endpoints and sessions"}, {"tasks", "Tasks"},       {"bus", "The topic bus"},
-      {"durability", "Durability"},   {"policies", "Policies"}, {"security", "Security and limits"},
-      {"metrics", "Metrics"},         {"log", "Logging"}};
+  const std::map<std::string_view, std::string> groups{{"", "Endpoints and sessions"},
+                                                       {"tasks", "Tasks"},
+                                                       {"bus", "The topic bus"},
+                                                       {"durability", "Durability"},
+                                                       {"cluster", "A group of brokers"},
+                                                       {"policies", "Policies"},
+                                                       {"security", "Security and limits"},
+                                                       {"metrics", "Metrics"},
+                                                       {"log", "Logging"}};
   std::vector<std::pair<const rlbus::broker::setting*, CLI::Option*>> out;
   for (const auto& s : rlbus::broker::settings()) {
     const auto help = fmt::format("{} (config file: {})", s.help, s.key());
@@ -242,27 +369,8 @@ int main(int argc, char** argv) {
   signal_thread signals;  // first: every thread made later inherits the blocked signals
   try {
     zmq::context_t ctx(1);
-    rlbus::broker::server server(ctx, cfg);
-    signals.serve(server);
-    struct stop_signals {  // destroyed before `server`
-      signal_thread& s;
-      ~stop_signals() { s.stop(); }
-    } stop_first{signals};
-    // Metrics and probes on a port of their own, when asked for: serving from here on.
-    std::unique_ptr<rlbus::broker::http_endpoint> http;
-    if (cfg.metrics_port != 0)
-      http = std::make_unique<rlbus::broker::http_endpoint>(
-          cfg.metrics_address, cfg.metrics_port, [&server] { return server.snapshot(); });
-    std::unique_ptr<run_watch> run;  // destroyed before `server`, after the line below
-    if (!cfg.run_lock_path.empty()) run = std::make_unique<run_watch>(cfg.run_lock_path, server);
-    // One line for whoever started the broker to read the endpoints from (SPEC §1.4.1): a
-    // port 0 or * is resolved to the one bound. Written once signals stop the broker cleanly.
-    std::printf("rlbus-broker listening router=%s events=%s%s%s\n",
-                server.router_endpoint().c_str(), server.events_endpoint().c_str(),
-                http ? " metrics=" : "", http ? http->url().c_str() : "");
-    std::fflush(stdout);
-    server.run();
-    return 0;
+    return cfg.cluster_etcd.empty() ? serve_alone(ctx, cfg, signals)
+                                    : serve_in_group(ctx, cfg, signals);
   } catch (const std::invalid_argument& e) {
     spdlog::critical("bad configuration: {}", e.what());
     return 2;

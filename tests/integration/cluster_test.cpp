@@ -4,12 +4,17 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <csignal>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include <zmq.hpp>
 
 #include "cluster/elector.hpp"
 #include "cluster/etcd.hpp"
+#include "support/child.hpp"
 #include "support/etcd.hpp"
 #include "support/support.hpp"
 
@@ -17,14 +22,16 @@ using namespace std::chrono_literals;
 using rlbus::cluster::elector;
 using rlbus::cluster::elector_config;
 using rlbus::cluster::etcd_client;
+using rlbus::test::child;
 using rlbus::test::etcd_server;
+using rlbus::test::raw_peer;
 
 namespace {
 
-#define NEED_ETCD()                                                                  \
-  if (!etcd_server::available()) {                                                   \
-    WARN("etcd is not installed (apt-get install etcd-server): nothing to test on"); \
-    return;                                                                          \
+#define NEED_ETCD()                                                          \
+  if (!etcd_server::available()) {                                           \
+    SUCCEED("etcd is not installed (apt-get install etcd-server): skipped"); \
+    return;                                                                  \
   }
 
 elector_config member(const etcd_server& e, const std::string& name) {
@@ -122,4 +129,114 @@ TEST_CASE("elector: a leader that cannot renew stops serving before its lease ca
   e.start();
   REQUIRE(rlbus::test::wait_until([&] { return a.leads(); }, 30s));
   CHECK(a.epoch() > first);
+}
+
+namespace {
+
+// A broker of group "g" on loopback ports the test picks (a standby binds nothing), with the
+// default lease of 2 s.
+struct group_broker {
+  std::string router, events;
+  std::unique_ptr<child> proc;
+  group_broker(const etcd_server& e, int port) {
+    router = fmt::format("tcp://127.0.0.1:{}", port);
+    events = fmt::format("tcp://127.0.0.1:{}", port + 1);
+    proc = std::make_unique<child>(
+        rlbus::test::binary_from_env("RLBUS_BROKER_BIN"),
+        std::vector<std::string>{"--cluster-etcd", e.url(), "--cluster-name", "g", "--advertise",
+                                 router, "--router", router, "--events", events});
+  }
+};
+
+// Two ports in a row that nothing listens on now.
+int free_ports() {
+  zmq::context_t ctx;
+  for (int tries = 0; tries < 100; ++tries) {
+    zmq::socket_t s(ctx, zmq::socket_type::router);
+    s.set(zmq::sockopt::linger, 0);
+    s.bind("tcp://127.0.0.1:*");
+    const std::string ep = s.get(zmq::sockopt::last_endpoint);
+    const int port = std::stoi(ep.substr(ep.rfind(':') + 1));
+    zmq::socket_t next(ctx, zmq::socket_type::router);
+    next.set(zmq::sockopt::linger, 0);
+    try {
+      next.bind(fmt::format("tcp://127.0.0.1:{}", port + 1));
+      return port;
+    } catch (const zmq::error_t&) {
+    }
+  }
+  FAIL("no two free ports in a row");
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("a group of brokers: one serves, and a standby serves once the leader is killed",
+          "[cluster]") {
+  NEED_ETCD();
+  etcd_server e;
+  group_broker a(e, free_ports());
+  REQUIRE(a.proc->wait_for_line("rlbus-broker listening", 30s));
+  group_broker b(e, free_ports());
+  INFO(b.proc->output());
+  REQUIRE(b.proc->wait_for_line("leads group g", 30s));  // b knows who leads: a
+  CHECK(b.proc->output().find(a.router) != std::string::npos);
+
+  zmq::context_t ctx;
+  raw_peer on_a(ctx, a.router);
+  const auto first = on_a.introduce("w1", rlbus::role::collector, 30'000);
+  raw_peer on_b(ctx, b.router);  // a standby binds nothing: no answer
+  on_b.send(rlbus::codec::hello{rlbus::role::collector, "w2", 30'000, {}, std::nullopt});
+  CHECK_FALSE(on_b.recv(300ms).has_value());
+
+  a.proc->signal(SIGKILL);
+  REQUIRE(b.proc->wait_for_line("rlbus-broker listening", 30s));
+  // b serves now: the HELLO sent before it did is answered (ZeroMQ connects again).
+  const auto answer = on_b.recv_a<rlbus::codec::welcome>(10s);
+  REQUIRE(answer);
+  CHECK(answer->epoch != first.epoch);
+}
+
+TEST_CASE("a frozen leader sends nothing once its lease may have run out, and stands by",
+          "[cluster]") {
+  NEED_ETCD();
+  etcd_server e;
+  group_broker a(e, free_ports());
+  REQUIRE(a.proc->wait_for_line("rlbus-broker listening", 30s));
+  group_broker b(e, free_ports());
+  REQUIRE(b.proc->wait_for_line("leads group g", 30s));
+  zmq::context_t ctx;
+  raw_peer p(ctx, a.router);
+  (void)p.introduce("w", rlbus::role::collector, 30'000);
+
+  a.proc->signal(SIGSTOP);  // a's lease runs out while it cannot renew it
+  REQUIRE(b.proc->wait_for_line("rlbus-broker listening", 30s));
+  p.send(rlbus::codec::heartbeat{});  // reaches a's queue; a answered it at once before
+  a.proc->signal(SIGCONT);
+  INFO(a.proc->output());
+  REQUIRE(a.proc->wait_for_line("no longer the group's leader", 30s));
+  REQUIRE(a.proc->wait_for_line("leads group g", 30s));  // standing by for b
+  // Nothing a sent after its lease could have run out reached p: not the HEARTBEAT's answer,
+  // not a DISCONNECT.
+  CHECK_FALSE(p.recv(500ms).has_value());
+}
+
+TEST_CASE("a group broker refuses to start without etcd or its advertised endpoint", "[cluster]") {
+  const auto bin = rlbus::test::binary_from_env("RLBUS_BROKER_BIN");
+  const auto [status, out] = rlbus::test::run_to_end(
+      bin,
+      {"--cluster-etcd", "http://127.0.0.1:1", "--advertise", "tcp://127.0.0.1:7235", "--router",
+       "tcp://127.0.0.1:0", "--events", "tcp://127.0.0.1:0"},
+      30s);
+  CHECK(status == 1);
+  CHECK(out.find("cannot start: group rlbus: etcd unreachable") != std::string::npos);
+  const auto [status2, out2] =
+      rlbus::test::run_to_end(bin, {"--cluster-etcd", "http://127.0.0.1:1"});
+  CHECK(status2 == 2);
+  CHECK(out2.find("--advertise") != std::string::npos);
+  const auto [status3, out3] =
+      rlbus::test::run_to_end(bin, {"--cluster-etcd", "http://127.0.0.1:1", "--advertise",
+                                    "tcp://h:1", "--cluster-lease", "1500"});
+  CHECK(status3 == 2);
+  CHECK(out3.find("whole seconds") != std::string::npos);
 }
