@@ -139,7 +139,7 @@ struct config {
   /// The journal is compacted when it grows past this (or twice its last compacted size).
   std::size_t journal_compact_bytes = std::size_t{64} * 1024 * 1024;
 
-  // ---- a group of brokers, one leading (SPEC §14.6) ----
+  // ---- a group of brokers, one leading (SPEC §14.9) ----
   /// etcd's client URLs, comma-separated; empty: a broker alone.
   std::string cluster_etcd;
   std::string cluster_name = "rlbus";
