@@ -80,11 +80,11 @@ def non_reader(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
     return s
 
 
-def bounded_broker() -> Broker:
+def bounded_broker(budget: int = BUDGET) -> Broker:
     """A broker with this file's bounds that cuts nobody for not reading: the bounds alone
     are measured."""
     return Broker(["--max-connection-bytes", str(PER_CONNECTION), "--memory-budget",
-                   str(BUDGET), "--max-queue", str(TASKS), "--stalled-timeout", "0"])
+                   str(budget), "--max-queue", str(TASKS), "--stalled-timeout", "0"])
 
 
 def ask_and_never_read(ctx: zmq.Context, endpoint: str) -> List[zmq.Socket]:
@@ -378,10 +378,14 @@ def test_a_subscriber_that_reads_its_stream_is_served_while_non_readers_fill_the
     something in flight, so it was no "connection that holds nothing": its deliveries were
     refused for the budget, one after another, and its pair fell from thousands of messages a
     second to a hundred or two. A connection whose queue is moving is served from the
-    reserve, up to a 64th of the budget (384 KiB here: the subscriber's window of 256
-    deliveries of 512 bytes fits)."""
+    reserve, up to a 64th of the budget. A subscriber that lags holds up to ~400 KiB of
+    batched deliveries here, so the budget is 64 MiB (a 64th: 1 MiB), and the six connections
+    that never read fill its three quarters (8 MiB each); with a 64th smaller than what the
+    subscriber holds, it is refused, by design, until it reads."""
     from test_bus_isolation import innocent_pair  # which imports this module
-    b = bounded_broker()
+    budget = 8 * PER_CONNECTION
+    assert NON_READERS * PER_CONNECTION == budget * 3 // 4
+    b = bounded_broker(budget)
     ctx = zmq.Context()
     hogs: List[zmq.Socket] = []
     try:
@@ -399,7 +403,7 @@ def test_a_subscriber_that_reads_its_stream_is_served_while_non_readers_fill_the
                           + polls[0] - 1, 60), "the asks did not all arrive"
         c = counters()
         held, refused = c["send_queue_bytes"], c["over_bytes"]
-        assert held >= BUDGET * 3 // 4 - 2 * MIB and refused > 0, c  # three quarters full
+        assert held >= budget * 3 // 4 - 2 * MIB and refused > 0, c  # three quarters full
         seen = innocent_pair(b.router, 10_000, 512, within=60)
         # no message to the pair was refused for the budget (before: hundreds, each a
         # delivery put off until the subscriber's queue was empty again)
@@ -410,7 +414,7 @@ def test_a_subscriber_that_reads_its_stream_is_served_while_non_readers_fill_the
         assert wait_until(lambda: counters()["send_queue_bytes"] < MIB, 30)
         alone = innocent_pair(b.router, 10_000, 512, within=120, prefix="alone")
         print(f"\na bus pair beside {NON_READERS} connections holding {held / MIB:.1f} MiB of "
-              f"a {BUDGET // MIB} MiB budget: {seen['rate']:.0f} msgs/s (alone "
+              f"a {budget // MIB} MiB budget: {seen['rate']:.0f} msgs/s (alone "
               f"{alone['rate']:.0f}, ratio {seen['rate'] / alone['rate']:.2f}), longest wait "
               f"{seen['longest_wait'] * 1000:.0f} ms")
     finally:
