@@ -169,18 +169,28 @@ int free_ports() {
   return 0;
 }
 
+// An etcd, a broker `a` that leads group "g" and a broker `b` that stands by for it.
+struct led_group {
+  etcd_server e;
+  group_broker a{e, free_ports()};
+  std::unique_ptr<group_broker> b;
+  led_group() {
+    REQUIRE(a.proc->wait_for_line("rlbus-broker listening", 30s));
+    b = std::make_unique<group_broker>(e, free_ports());
+    INFO(b->proc->output());
+    REQUIRE(b->proc->wait_for_line("leads group g", 30s));  // b knows who leads: a
+    CHECK(b->proc->output().find(a.router) != std::string::npos);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("a group of brokers: one serves, and a standby serves once the leader is killed",
           "[cluster]") {
   NEED_ETCD();
-  etcd_server e;
-  group_broker a(e, free_ports());
-  REQUIRE(a.proc->wait_for_line("rlbus-broker listening", 30s));
-  group_broker b(e, free_ports());
-  INFO(b.proc->output());
-  REQUIRE(b.proc->wait_for_line("leads group g", 30s));  // b knows who leads: a
-  CHECK(b.proc->output().find(a.router) != std::string::npos);
+  led_group g;
+  auto& a = g.a;
+  auto& b = *g.b;
 
   zmq::context_t ctx;
   raw_peer on_a(ctx, a.router);
@@ -200,11 +210,9 @@ TEST_CASE("a group of brokers: one serves, and a standby serves once the leader 
 TEST_CASE("a frozen leader sends nothing once its lease may have run out, and stands by",
           "[cluster]") {
   NEED_ETCD();
-  etcd_server e;
-  group_broker a(e, free_ports());
-  REQUIRE(a.proc->wait_for_line("rlbus-broker listening", 30s));
-  group_broker b(e, free_ports());
-  REQUIRE(b.proc->wait_for_line("leads group g", 30s));
+  led_group g;
+  auto& a = g.a;
+  auto& b = *g.b;
   zmq::context_t ctx;
   raw_peer p(ctx, a.router);
   (void)p.introduce("w", rlbus::role::collector, 30'000);

@@ -117,6 +117,9 @@ TEST_CASE("a collector killed mid-task has its task re-assigned, and its ghost i
   REQUIRE(second);
   CHECK(second->attempt == 2);
   spare.send(codec::started{"t", 2});
+  // A round trip first: STARTED is read before the FINISH that comes on another connection.
+  spare.send(codec::heartbeat{});
+  REQUIRE(spare.recv_a<codec::heartbeat>());
   coord.send(codec::finish{"t"});
   REQUIRE(spare.recv_a<codec::task_close>());
   spare.send(codec::task_result{"t", 2, codec::empty_map_blob});
