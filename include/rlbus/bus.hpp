@@ -40,7 +40,8 @@
 namespace rlbus {
 
 struct bus_options {
-  /// The broker's ROUTER endpoint.
+  /// The broker's ROUTER endpoint, or the brokers of a group separated by commas
+  /// ("tcp://a:7235,tcp://b:7235"): the client goes to the leader, and follows a takeover.
   std::string endpoint = "tcp://127.0.0.1:7235";
   /// Unique among live peers on the broker: 1-128 characters of A-Z a-z 0-9 . _ : @ / -.
   /// Subscribers see it as the sender of this node's publications.

@@ -33,6 +33,8 @@
 namespace rlbus {
 
 struct coordinator_options {
+  /// The broker's ROUTER endpoint, or the brokers of a group separated by commas
+  /// ("tcp://a:7235,tcp://b:7235"): the client goes to the leader, and follows a takeover.
   std::string endpoint = "tcp://127.0.0.1:7235";
   std::string id = "coordinator";
   std::chrono::milliseconds heartbeat{1000};

@@ -25,7 +25,8 @@
 namespace rlbus {
 
 struct worker_options {
-  /// The broker's ROUTER endpoint.
+  /// The broker's ROUTER endpoint, or the brokers of a group separated by commas
+  /// ("tcp://a:7235,tcp://b:7235"): the client goes to the leader, and follows a takeover.
   std::string endpoint = "tcp://127.0.0.1:7235";
   /// collector or learner.
   rlbus::role role = rlbus::role::collector;

@@ -97,6 +97,10 @@ VALID = [
           {"session": 0x0a0b0c0d0e0f1011, "epoch": 7, "heartbeat_ms": 1000, "liveness": 3,
            "max_message": 1048576, "resumed": False, "stream_acked": 1234},
           "a coordinator's new session takes over the tasks and stream its id left behind"),
+    valid("welcome_leader", "WELCOME",
+          {"session": 0x5a5a5a5a01020304, "epoch": 0x7766554433221100, "heartbeat_ms": 1000,
+           "liveness": 3, "max_message": 16777216, "resumed": False, "leader_epoch": 1207},
+          "the leader of a group of brokers names its leadership epoch"),
     valid("heartbeat", "HEARTBEAT", {}, "an empty map"),
     valid("disconnect_goodbye", "DISCONNECT", {"code": 200, "reason": "worker stopping"},
           "an orderly leave"),
@@ -109,6 +113,13 @@ VALID = [
     valid("error_bad_frame", "ERROR",
           {"code": 400, "reason": "header frame must be 4 bytes"},
           "no ref_type when the type could not be read"),
+    valid("error_not_leader", "ERROR",
+          {"code": 421, "reason": "a standby of group rlbus: broker-b leads",
+           "ref_type": 1, "leader": "tcp://10.0.0.12:7235", "leader_epoch": 1207},
+          "a standby refuses a HELLO and names the leader of its group"),
+    valid("error_not_leader_unknown", "ERROR",
+          {"code": 421, "reason": "a standby of group rlbus: no leader yet", "ref_type": 3},
+          "a standby that knows no leader yet: the peer tries its next endpoint"),
 ]
 
 # Task messages (SPEC §12), with the values a DI-engine-style parallel pipeline would send.

@@ -23,7 +23,7 @@ import logging
 import random
 import time
 import warnings
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, List, Mapping, Optional
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -51,6 +51,7 @@ _EXPIRED = 410
 _TOO_MANY_FAULTS = 429
 _REPLACED = 430
 _UNAUTHORIZED = 431
+_NOT_LEADER = 421
 _BUSY = 503
 
 _HELLO_ID = P.type_id("HELLO")
@@ -64,6 +65,8 @@ _READ_BURST = 256  # messages read per turn of the loop, so that a busy socket c
 _HEARTBEAT_RULES = P.MESSAGES["HELLO"].by_name["heartbeat_ms"].rules
 _HEARTBEAT_MIN_MS = int(_HEARTBEAT_RULES.get("min", 1))  # what HELLO may ask for
 _HEARTBEAT_MAX_MS = int(_HEARTBEAT_RULES.get("max", 600000))
+_REFUSED_CHECK = 0.05  # how often a group's peer looks for a refused connection (seconds)
+_CONNECT_TIMEOUT_MS = 1000  # a broker whose machine is gone answers nothing, not even a refusal
 
 
 def heartbeat_seconds(heartbeat: Optional[float], heartbeat_ms: Optional[int],
@@ -90,12 +93,21 @@ def _heartbeat_ms(heartbeat: float) -> int:
     return int(round(heartbeat * 1000))
 
 
+def split_endpoints(endpoint: str) -> List[str]:
+    """The brokers an endpoint names: one, or a group's separated by commas
+    (``tcp://a:7235,tcp://b:7235``, SPEC §14.9.2). ValueError when one is not an endpoint."""
+    parts = [p.strip() for p in endpoint.split(",")] if isinstance(endpoint, str) else []
+    if not parts or not all("://" in p for p in parts):
+        raise ValueError(f"endpoint: expected a ZeroMQ endpoint such as tcp://127.0.0.1:7235, "
+                         f"or a group's brokers separated by commas "
+                         f"(tcp://a:7235,tcp://b:7235), got {endpoint!r}")
+    return parts
+
+
 def check_options(endpoint: str, role: str, id: str, resources: Optional[Mapping[str, float]],
                   heartbeat: float, reconnect_min: float, reconnect_max: float) -> None:
     """Raises ValueError naming the first bad option (the codec's rules for HELLO decide)."""
-    if not isinstance(endpoint, str) or "://" not in endpoint:
-        raise ValueError(f"endpoint: expected a ZeroMQ endpoint such as "
-                         f"tcp://127.0.0.1:7235, got {endpoint!r}")
+    split_endpoints(endpoint)
     if role not in ROLES:
         raise ValueError(f"role: expected one of {', '.join(ROLES)}, got {role!r}")
     if isinstance(heartbeat, bool) or not isinstance(heartbeat, (int, float)) \
@@ -146,6 +158,14 @@ class Session:
                              f"got {curve!r}")
         self.curve = curve
         self.endpoint = endpoint
+        self._endpoints = split_endpoints(endpoint)
+        self._next = 0  # the endpoint of the list the next attempt takes
+        self._leader = ""  # a NOT_LEADER's leader, for the next attempt
+        self._current = ""  # the endpoint of this socket
+        self._followed = False  # this socket goes to a NOT_LEADER's leader
+        self._leader_epoch = 0  # the highest leadership epoch seen
+        self._handshake_why = ""  # the monitor's latest handshake failure
+        self._refused = False  # the monitor saw the TCP connection refused
         self.role = role
         self.id = id
         self.resources = dict(resources or {})
@@ -207,6 +227,8 @@ class Session:
             t = min(t, self._next_heartbeat, self._broker_deadline)
         elif self._sock is not None:
             t = min(t, self._hello_deadline)
+            if self._rotating():  # a refused connection is looked for in the meantime
+                t = min(t, now + _REFUSED_CHECK)
         return t
 
     def on_timers(self, now: float) -> None:
@@ -216,15 +238,26 @@ class Session:
             self._reconnect_at = None
             self._open()
         elif self._sock is not None:
-            if self.state != READY and now >= self._hello_deadline:
+            if self.state != READY and now < self._hello_deadline:
+                if self._rotating():
+                    self._read_monitor()
+                    if self._refused:
+                        why = f"{self._current} refused the connection"
+                        self._next_endpoint()
+                        self._retry_later(why)
+            elif self.state != READY:
                 why = f"no WELCOME within {self._hello_timeout():.1f} s"
                 failure = self._handshake_failure()
                 if failure:
                     log.warning("%s %s: %s", self.role, self.id, failure)
                     why += ": " + failure
+                if self._rotating():
+                    why = f"{self._current}: {why}"
+                    self._next_endpoint()
                 self._retry_later(why)
             elif self.state == READY:
                 if now >= self._broker_deadline:
+                    self._next_endpoint()
                     self._retry_later(f"broker silent for {self._silence():.1f} s")
                 elif now >= self._next_heartbeat:
                     self._send("HEARTBEAT", {})
@@ -302,11 +335,20 @@ class Session:
         if self.curve is not None:
             self.curve.apply(s)
         # The broker's door refuses in the handshake, before any message: only the socket's
-        # monitor hears of it, and it tells the user why no WELCOME comes.
-        self._monitor = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                                             | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                                             | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-        s.connect(self.endpoint)
+        # monitor hears of it, and it tells the user why no WELCOME comes. Of a group's
+        # brokers, it tells a refused TCP connection too: the next one is tried then.
+        self._followed = bool(self._leader)
+        self._current = self._leader or self._endpoints[self._next]
+        self._leader = ""
+        self._handshake_why = ""
+        self._refused = False
+        events = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                  | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+        if self._rotating():
+            events |= zmq.EVENT_CONNECT_RETRIED
+            s.setsockopt(zmq.CONNECT_TIMEOUT, _CONNECT_TIMEOUT_MS)
+        self._monitor = s.get_monitor_socket(events)
+        s.connect(self._current)
         self._sock = s
         fields: dict = {"role": self.role, "id": self.id, "heartbeat_ms": self.heartbeat_ms,
                         "resources": self.resources}
@@ -324,24 +366,71 @@ class Session:
             self._sock.close(linger=linger)
             self._sock = None
 
-    def _handshake_failure(self) -> str:
-        why = ""
+    def _rotating(self) -> bool:
+        """Whether a connection that is lost, or that got no WELCOME, sends the next one to
+        the next broker: more than one in the list, or one named by a NOT_LEADER."""
+        return len(self._endpoints) > 1 or self._followed
+
+    def _next_endpoint(self) -> None:
+        """The next attempt goes to the next endpoint of the list. A leader a NOT_LEADER
+        named is not the list's: the list goes on where it was, but not with the endpoint that
+        just failed while it names another."""
+        n = len(self._endpoints)
+        if not self._followed:
+            self._next = (self._next + 1) % n
+        if n > 1 and self._endpoints[self._next] == self._current:
+            self._next = (self._next + 1) % n
+
+    def _follow(self, msg: P.Message, detail: str) -> None:
+        """ERROR 421 (SPEC §14.9.2): go to the leader it names, else to the next endpoint."""
+        leader = msg.get("leader") or ""
+        epoch = msg.get("leader_epoch") or 0
+        named = bool(leader) and leader != self._current and epoch >= self._leader_epoch
+        # A group answers: while it elects, it is asked again soon, not after a long backoff.
+        self._attempt = min(self._attempt, 1)
+        if not named:
+            self._next_endpoint()
+            self._retry_later(detail)
+            return
+        self._leader_epoch = max(self._leader_epoch, epoch)
+        if not self._followed:
+            self._next = (self._next + 1) % len(self._endpoints)
+        again = self._followed
+        self._leader = leader
+        if again:  # the leader named before named another: the group is electing, back off
+            self._retry_later(detail)
+            return
+        # Straight there: a standby's answer is the quickest way to the leader.
+        self._close_socket()
+        self._reconnect_at = time.monotonic()
+        log.debug("%s %s: %s; going to the leader at %s", self.role, self.id, detail, leader)
+        self._set_state(RECONNECTING if self._welcomed else CONNECTING, detail)
+
+    def _read_monitor(self) -> None:
+        """Reads the socket's monitor: a failed handshake (why no WELCOME comes) or a refused
+        TCP connection."""
         while self._monitor is not None:
             try:
                 event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
             except zmq.Again:
                 break
-            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                why = (f"the broker refused the connection (ZAP status {event['value']}): "
+            if event["event"] == zmq.EVENT_CONNECT_RETRIED:
+                self._refused = True
+            elif event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self._handshake_why = (f"the broker refused the connection (ZAP status {event['value']}): "
                        + ("this peer's public key is not in its allowlist, or a connection "
                           "limit was reached" if self.curve is not None
                           else "a connection limit was reached"))
             elif self.curve is not None:
-                why = ("the CURVE handshake failed: is the broker's public key right, and "
-                       "does the broker speak CURVE?")
+                self._handshake_why = ("the CURVE handshake failed: is the broker's public "
+                                       "key right, and does the broker speak CURVE?")
             else:
-                why = "the handshake failed: does the broker expect CURVE keys?"
-        return why
+                self._handshake_why = "the handshake failed: does the broker expect CURVE keys?"
+
+    def _handshake_failure(self) -> str:
+        """Why the socket's last handshake failed, from its monitor ("" when none did)."""
+        self._read_monitor()
+        return self._handshake_why
 
     def _revoked(self, detail: str) -> None:
         """Our key was revoked, or may not make our HELLO: the operator's to undo (an allowlist
@@ -375,6 +464,15 @@ class Session:
         if name == "WELCOME":
             if self.state == READY:
                 return  # the answer to a repeated HELLO
+            epoch = msg.get("leader_epoch")
+            if epoch is not None and epoch < self._leader_epoch:
+                # A leader whose leadership is over (SPEC §4.2.2): not the group's.
+                self._next_endpoint()
+                self._retry_later(f"{self._current} welcomed us under leadership epoch "
+                                  f"{epoch}, older than {self._leader_epoch}")
+                return
+            if epoch is not None:
+                self._leader_epoch = epoch
             self.token = msg["session"]
             self.epoch = msg["epoch"]
             self.max_message = msg["max_message"]
@@ -392,7 +490,9 @@ class Session:
         elif name == "ERROR":
             detail = f"{msg['code']} {P.code_name(msg['code'])}: {msg['reason']}"
             about_hello = msg.get("ref_type") == _HELLO_ID
-            if about_hello and msg["code"] in (_DUPLICATE_ID, _BUSY):
+            if msg["code"] == _NOT_LEADER:
+                self._follow(msg, detail)  # a standby of a group, whatever we sent it
+            elif about_hello and msg["code"] in (_DUPLICATE_ID, _BUSY):
                 self._retry_later(detail)  # may clear up: the old session expires, a drain ends
             elif about_hello and msg["code"] == _UNAUTHORIZED:
                 self._revoked(detail)  # our key may not make this HELLO: the allowlist may change
@@ -419,6 +519,8 @@ class Session:
                 return
             if msg["code"] in (_EXPIRED, _TOO_MANY_FAULTS):
                 self.token = 0  # that session is gone for good
+            if msg["code"] == _BUSY:
+                self._next_endpoint()  # it stops: try another
             self._retry_later(detail)
 
     def _deliver(self, msg: P.Message) -> None:

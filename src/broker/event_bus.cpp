@@ -2,10 +2,9 @@
 #include "broker/event_bus.hpp"
 
 #include <algorithm>
-#include <thread>
 
 #include "codec/codec.hpp"
-#include "util/clock.hpp"
+#include "util/bind.hpp"
 #include "util/poll.hpp"
 
 namespace rlbus::broker {
@@ -21,7 +20,7 @@ void event_bus::open(const std::string& endpoint) {
   pub_.set(zmq::sockopt::sndhwm, 100'000);
   pub_.set(zmq::sockopt::linger, 0);
   if (prepare_) handle_ = prepare_(pub_);
-  pub_.bind(endpoint);
+  util::bind_freed(pub_, endpoint);
 }
 
 void event_bus::reopen() {
@@ -29,17 +28,7 @@ void event_bus::reopen() {
   if (release_) release_(pub_, handle_);
   pub_.close();
   prefixes_.clear();  // the subscribers subscribe again when they reconnect
-  // libzmq closes the old listener on its I/O thread: the port may take a moment to free.
-  const auto give_up = util::clock::now() + std::chrono::seconds(2);
-  while (true) {
-    try {
-      open(ep);
-      return;
-    } catch (const zmq::error_t& e) {
-      if (e.num() != EADDRINUSE || util::clock::now() >= give_up) throw;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-  }
+  open(ep);           // the old listener may take a moment to free the port (util/bind.hpp)
 }
 
 void event_bus::read_subscriptions() {

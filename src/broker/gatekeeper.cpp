@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 #include <zmq.h>
 
+#include "util/bind.hpp"
 #include "util/curve_keys.hpp"
 #include "util/poll.hpp"
 
@@ -63,7 +64,7 @@ gatekeeper::gatekeeper(zmq::context_t& ctx, const config& cfg)
     list_file_ = stat_allowlist();
   }
   zap_.set(zmq::sockopt::linger, 0);
-  zap_.bind(zap_endpoint);  // before any socket that asks it can accept a connection
+  util::bind_freed(zap_, zap_endpoint);  // before any socket that asks it can accept a connection
   zap_fd_ = zap_.get(zmq::sockopt::fd);
 }
 

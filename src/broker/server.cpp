@@ -12,6 +12,7 @@
 
 #include "broker/settings.hpp"
 #include "codec/codec.hpp"
+#include "util/bind.hpp"
 #include "util/log.hpp"
 #include "util/poll.hpp"
 #include "util/random.hpp"
@@ -78,7 +79,7 @@ server::server(zmq::context_t& ctx, config cfg)
   router_.set(zmq::sockopt::sndhwm, 100'000);
   router_.set(zmq::sockopt::rcvhwm, 100'000);
   (void)gate_.secure(router_, zap_domain_router);
-  router_.bind(normalize_endpoint(cfg_.router_endpoint));
+  util::bind_freed(router_, normalize_endpoint(cfg_.router_endpoint));
   router_endpoint_ = router_.get(zmq::sockopt::last_endpoint);
   events_endpoint_ = events_.endpoint();
 }
@@ -395,7 +396,7 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
   const auto welcome_for = [&](const peer& p, bool resumed,
                                std::optional<std::uint64_t> stream_acked = std::nullopt) {
     return codec::welcome{p.session,        epoch_,  p.heartbeat_ms, cfg_.liveness,
-                          cfg_.max_message, resumed, stream_acked};
+                          cfg_.max_message, resumed, stream_acked,   leader_epoch_};
   };
   // What a HELLO may change in a session that goes on: timings and resources.
   const auto renew = [&](peer& p) {

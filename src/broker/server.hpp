@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -78,8 +79,11 @@ class server : private task_sink, private bus_sink {
   /// The leader of a group of brokers (cluster/elector.hpp) serves only until `until()`, which
   /// the group's election moves on. Past it the broker sends nothing more, not even a
   /// DISCONNECT, and run() returns at once: another broker of the group may be serving by
-  /// then. Before run().
-  void fence(std::function<util::time_point()> until) { fence_ = std::move(until); }
+  /// then. `leader_epoch` is the leadership's epoch, named in every WELCOME. Before run().
+  void fence(std::function<util::time_point()> until, std::uint64_t leader_epoch) {
+    fence_ = std::move(until);
+    leader_epoch_ = leader_epoch;
+  }
   /// Whether run() returned for its fence.
   [[nodiscard]] bool fenced() const noexcept { return fenced_; }
 
@@ -110,6 +114,7 @@ class server : private task_sink, private bus_sink {
   void open_journal();
   std::function<util::time_point()> fence_;
   bool fenced_ = false;
+  std::optional<std::uint64_t> leader_epoch_;  // leading a group (SPEC §14.9)
   void compact_journal();
 
   void drain_router();

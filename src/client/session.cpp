@@ -23,10 +23,32 @@ constexpr std::uint16_t code(codec::error_code c) {
 }
 constexpr int goodbye_linger_ms = 200;
 constexpr std::chrono::milliseconds min_hello_timeout{1000};
+constexpr std::chrono::milliseconds refused_check{50};
+constexpr std::chrono::milliseconds connect_timeout{1000};
 }  // namespace
 
+std::vector<std::string> split_endpoints(const std::string& list) {
+  std::vector<std::string> out;
+  for (std::size_t from = 0; from <= list.size();) {
+    auto to = list.find(',', from);
+    if (to == std::string::npos) to = list.size();
+    auto one = list.substr(from, to - from);
+    one.erase(0, one.find_first_not_of(' '));
+    one.erase(one.find_last_not_of(' ') + 1);
+    if (one.empty())
+      throw std::invalid_argument(
+          list.empty() ? "endpoint must not be empty"
+                       : fmt::format("endpoint '{}' names an empty broker: give endpoints such "
+                                     "as tcp://a:7235,tcp://b:7235",
+                                     list));
+    out.push_back(std::move(one));
+    from = to + 1;
+  }
+  return out;
+}
+
 void validate(const session_options& o) {
-  if (o.endpoint.empty()) throw std::invalid_argument("endpoint must not be empty");
+  (void)split_endpoints(o.endpoint);
   if (!codec::valid_peer_id(o.id))
     throw std::invalid_argument(
         fmt::format("id '{}' is invalid: use 1-{} characters of A-Z a-z 0-9 . _ : @ / -", o.id,
@@ -63,6 +85,7 @@ session::session(zmq::context_t& ctx, session_options opts, state_callback on_st
       on_state_(std::move(on_state)),
       on_message_(std::move(on_message)),
       on_payload_(std::move(on_payload)),
+      endpoints_(split_endpoints(opts_.endpoint)),
       heartbeat_(opts_.heartbeat),
       jitter_(std::random_device{}()) {}
 
@@ -88,14 +111,25 @@ void session::open(util::time_point now) {
   // monitor hears of it, and it tells the user why no WELCOME comes.
   const auto mon = fmt::format("inproc://rlbus.session.{}.{}", static_cast<const void*>(this),
                                ++sockets_opened_);
-  if (zmq_socket_monitor(socket_->handle(), mon.c_str(),
-                         ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
+  // Of a group's brokers, it tells a refused TCP connection too: the next one is tried then.
+  followed_ = !leader_.empty();
+  current_ = followed_ ? leader_ : endpoints_[next_];
+  leader_.clear();
+  handshake_why_.clear();
+  refused_ = false;
+  int events = ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL;
+  if (rotating()) {
+    events |= ZMQ_EVENT_CONNECT_RETRIED;
+    // A broker whose machine is gone answers nothing, not even a refusal.
+    socket_->set(zmq::sockopt::connect_timeout, static_cast<int>(connect_timeout.count()));
+  }
+  if (zmq_socket_monitor(socket_->handle(), mon.c_str(), events) == 0) {
     monitor_.emplace(ctx_, zmq::socket_type::pair);
     monitor_->set(zmq::sockopt::linger, 0);
     monitor_->connect(mon);
   }
-  socket_->connect(opts_.endpoint);
+  socket_->connect(current_);
   codec::hello h{opts_.role, opts_.id, static_cast<std::uint32_t>(opts_.heartbeat.count()),
                  opts_.resources, std::nullopt};
   if (token_ != 0) h.session = token_;
@@ -123,8 +157,7 @@ std::chrono::milliseconds session::hello_timeout() const {
   return std::max<std::chrono::milliseconds>(opts_.heartbeat * liveness_, min_hello_timeout);
 }
 
-std::string session::handshake_failure() {
-  std::string why;
+void session::read_monitor() {
   while (monitor_) {
     zmq::message_t head, addr;
     if (!util::try_recv(*monitor_, head)) break;
@@ -134,18 +167,59 @@ std::string session::handshake_failure() {
     std::uint32_t value = 0;
     std::memcpy(&event, head.data(), sizeof event);
     std::memcpy(&value, head.data<char>() + 2, sizeof value);
-    if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
-      why = fmt::format("the broker refused the connection (ZAP status {}): {}", value,
-                        opts_.curve
-                            ? "this peer's public key is not in its allowlist, or a connection "
-                              "limit was reached"
-                            : "a connection limit was reached");
+    if (event == ZMQ_EVENT_CONNECT_RETRIED)
+      refused_ = true;
+    else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+      handshake_why_ = fmt::format(
+          "the broker refused the connection (ZAP status {}): {}", value,
+          opts_.curve ? "this peer's public key is not in its allowlist, or a connection "
+                        "limit was reached"
+                      : "a connection limit was reached");
     else
-      why = opts_.curve ? "the CURVE handshake failed: is the broker's public key right, and "
-                          "does the broker speak CURVE?"
-                        : "the handshake failed: does the broker expect CURVE keys?";
+      handshake_why_ = opts_.curve
+                           ? "the CURVE handshake failed: is the broker's public key right, and "
+                             "does the broker speak CURVE?"
+                           : "the handshake failed: does the broker expect CURVE keys?";
   }
-  return why;
+}
+
+std::string session::handshake_failure() {
+  read_monitor();
+  return handshake_why_;
+}
+
+void session::next_endpoint() {
+  // A leader a NOT_LEADER named is not the list's: the list goes on where it was, but not
+  // with the endpoint that just failed while it names another.
+  if (!followed_) next_ = (next_ + 1) % endpoints_.size();
+  if (endpoints_.size() > 1 && endpoints_[next_] == current_)
+    next_ = (next_ + 1) % endpoints_.size();
+}
+
+void session::follow(const codec::error& e, util::time_point now, const std::string& detail) {
+  const bool named = e.leader && !e.leader->empty() && *e.leader != current_ &&
+                     e.leader_epoch.value_or(0) >= leader_epoch_;
+  // A group answers: while it elects, it is asked again soon, not after a long backoff.
+  attempt_ = std::min(attempt_, 1U);
+  if (!named) {
+    next_endpoint();
+    retry_later(now, detail);
+    return;
+  }
+  leader_epoch_ = std::max(leader_epoch_, e.leader_epoch.value_or(0));
+  if (!followed_) next_ = (next_ + 1) % endpoints_.size();  // after the leader: the next one
+  const bool again = followed_;
+  leader_ = *e.leader;
+  if (again) {  // the leader named before named another: the group is electing, back off
+    retry_later(now, detail);
+    return;
+  }
+  // Straight there: a standby's answer is the quickest way to the leader.
+  close_socket();
+  reconnect_at_ = now;
+  spdlog::debug("{} {}: {}; going to the leader at {}", to_string(opts_.role), opts_.id, detail,
+                leader_);
+  set_state(waiting_state(), detail);
 }
 
 // Our key was revoked, or may not make our HELLO. That is the operator's to undo (an allowlist
@@ -215,6 +289,14 @@ void session::handle(codec::message&& m, util::time_point now) {
   if (state_ == connection_state::ready) broker_deadline_ = now + broker_silence();
   if (const auto* w = std::get_if<codec::welcome>(&m)) {
     if (state_ == connection_state::ready) return;  // answer to a repeated HELLO
+    if (w->leader_epoch && *w->leader_epoch < leader_epoch_) {
+      // A leader whose leadership is over (SPEC §4.2.2): not the group's.
+      next_endpoint();
+      retry_later(now, fmt::format("{} welcomed us under leadership epoch {}, older than {}",
+                                   current_, *w->leader_epoch, leader_epoch_));
+      return;
+    }
+    if (w->leader_epoch) leader_epoch_ = *w->leader_epoch;
     token_ = w->session;
     heartbeat_ = std::chrono::milliseconds(w->heartbeat_ms);
     liveness_ = w->liveness;
@@ -231,8 +313,10 @@ void session::handle(codec::message&& m, util::time_point now) {
     const auto detail = fmt::format("{} {}: {}", e->code, codec::code_name(e->code), e->reason);
     const bool about_hello =
         e->ref_type && *e->ref_type == static_cast<std::uint8_t>(codec::msg_type::hello);
-    if (about_hello && (e->code == code(codec::error_code::duplicate_id) ||
-                        e->code == code(codec::error_code::busy))) {
+    if (e->code == code(codec::error_code::not_leader)) {
+      follow(*e, now, detail);  // a standby of a group, whatever we sent it
+    } else if (about_hello && (e->code == code(codec::error_code::duplicate_id) ||
+                               e->code == code(codec::error_code::busy))) {
       retry_later(now, detail);  // may clear up: the old session expires, the broker drains
     } else if (about_hello && e->code == code(codec::error_code::unauthorized)) {
       revoked(now, detail);  // our key may not make this HELLO: the allowlist may change
@@ -262,7 +346,8 @@ void session::handle(codec::message&& m, util::time_point now) {
     }
     if (d->code == code(codec::error_code::expired) ||
         d->code == code(codec::error_code::too_many_faults))
-      token_ = 0;  // that session is gone for good
+      token_ = 0;                                                   // that session is gone for good
+    if (d->code == code(codec::error_code::busy)) next_endpoint();  // it stops: try another
     retry_later(now, detail);
   } else if (!std::holds_alternative<codec::heartbeat>(m) && on_message_) {
     on_message_(std::move(m));  // task traffic: the SDK role above the session deals with it
@@ -285,15 +370,29 @@ void session::on_timers(util::time_point now) {
     return;
   }
   if (!socket_) return;
+  if (waiting() && rotating() && now < hello_deadline_) {
+    read_monitor();
+    if (refused_) {
+      auto why = fmt::format("{} refused the connection", current_);
+      next_endpoint();
+      retry_later(now, why);
+    }
+    return;
+  }
   if (waiting() && now >= hello_deadline_) {
     auto why = fmt::format("no WELCOME within {} ms", hello_timeout().count());
     if (const auto failure = handshake_failure(); !failure.empty()) {
       why += ": " + failure;
       spdlog::warn("{} {}: {}", to_string(opts_.role), opts_.id, failure);
     }
+    if (rotating()) {
+      why = current_ + ": " + why;
+      next_endpoint();
+    }
     retry_later(now, why);
   } else if (state_ == connection_state::ready) {
     if (now >= broker_deadline_) {
+      next_endpoint();
       retry_later(now, fmt::format("broker silent for {} ms", broker_silence().count()));
     } else if (now >= next_heartbeat_) {
       send(codec::heartbeat{});
@@ -304,6 +403,8 @@ void session::on_timers(util::time_point now) {
 
 util::time_point session::next_timer() const {
   if (reconnect_at_) return *reconnect_at_;
+  // Of a group's brokers, a refused connection is looked for in the meantime.
+  if (waiting() && rotating()) return std::min(hello_deadline_, util::clock::now() + refused_check);
   if (waiting()) return hello_deadline_;
   if (state_ == connection_state::ready) return std::min(next_heartbeat_, broker_deadline_);
   return util::clock::now() + std::chrono::hours(1);

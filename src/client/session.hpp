@@ -13,6 +13,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <vector>
 
 #include <msgpack.hpp>
 #include <zmq.hpp>
@@ -25,6 +26,7 @@
 namespace rlbus::client::detail {
 
 struct session_options {
+  /// One broker, or the brokers of a group separated by commas (SPEC §14.9.2).
   std::string endpoint;
   rlbus::role role = rlbus::role::collector;
   std::string id;
@@ -37,6 +39,10 @@ struct session_options {
 
 /// Throws std::invalid_argument naming the first bad option.
 void validate(const session_options& o);
+
+/// The endpoints of a list ("tcp://a:7235,tcp://b:7235"); throws std::invalid_argument for
+/// an empty one.
+std::vector<std::string> split_endpoints(const std::string& list);
 
 /// The payload frame of a PUBLISH (SPEC §17.1.1): `size` bytes at `offset` of `bytes`, kept
 /// alive until libzmq has sent them, so a large payload (or a fragment of one) is not copied
@@ -88,8 +94,18 @@ class session {
  private:
   void open(util::time_point now);
   void close_socket();
+  /// Reads the socket's monitor: a failed handshake (why no WELCOME comes) or a refused TCP
+  /// connection.
+  void read_monitor();
   /// Why the socket's last handshake failed, from its monitor ("" when none did).
   [[nodiscard]] std::string handshake_failure();
+  /// Whether a connection that is lost, or that got no WELCOME, sends the next one to the
+  /// next broker: more than one in the list, or one named by a NOT_LEADER.
+  [[nodiscard]] bool rotating() const noexcept { return endpoints_.size() > 1 || followed_; }
+  /// The next attempt goes to the next endpoint of the list.
+  void next_endpoint();
+  /// ERROR 421 (SPEC §14.9.2): go to the leader it names, else to the next endpoint.
+  void follow(const codec::error& e, util::time_point now, const std::string& detail);
   [[nodiscard]] std::chrono::milliseconds hello_timeout() const;
   [[nodiscard]] std::chrono::milliseconds broker_silence() const;
   void retry_later(util::time_point now, const std::string& why);
@@ -113,6 +129,14 @@ class session {
   std::optional<zmq::socket_t> socket_;
   std::optional<zmq::socket_t> monitor_;  // the socket's handshake failures
   unsigned sockets_opened_ = 0;
+  std::vector<std::string> endpoints_;  // the list, in order
+  std::size_t next_ = 0;                // the one the next attempt takes
+  std::string leader_;                  // a NOT_LEADER's leader, for the next attempt
+  std::string current_;                 // the endpoint of this socket
+  bool followed_ = false;               // this socket goes to a NOT_LEADER's leader
+  std::uint64_t leader_epoch_ = 0;      // the highest leadership epoch seen
+  std::string handshake_why_;           // the monitor's latest handshake failure
+  bool refused_ = false;                // the monitor saw the TCP connection refused
   connection_state state_ = connection_state::connecting;
   std::uint64_t token_ = 0;
   bool welcomed_ = false;  // a WELCOME came once: a lost connection is then "reconnecting"

@@ -281,6 +281,8 @@ std::string_view code_name(std::uint16_t code) noexcept {
       return "DUPLICATE_TASK";
     case error_code::queue_full:
       return "QUEUE_FULL";
+    case error_code::not_leader:
+      return "NOT_LEADER";
     case error_code::stale_policy:
       return "STALE_POLICY";
     case error_code::policy_limit:

@@ -43,6 +43,8 @@ struct welcome {
   /// A coordinator's new session adopted an earlier one's tasks and stream (SPEC §12.5.8):
   /// the stream goes on after this acknowledged seq.
   std::optional<std::uint64_t> stream_acked;
+  /// The broker leads a group of brokers under this leadership epoch (SPEC §14.9).
+  std::optional<std::uint64_t> leader_epoch;
   template <class S, class F>
   static void fields(S& s, F&& f) {
     f("session", s.session, rule::range{1, ~std::uint64_t{0}});
@@ -52,6 +54,7 @@ struct welcome {
     f("max_message", s.max_message, rule::u64);
     f("resumed", s.resumed);
     f("stream_acked", s.stream_acked, rule::u64);
+    f("leader_epoch", s.leader_epoch, rule::range{1, ~std::uint64_t{0}});
   }
   bool operator==(const welcome&) const = default;
 };
@@ -80,11 +83,17 @@ struct error {
   std::uint16_t code = 0;
   std::string reason;
   std::optional<std::uint8_t> ref_type;
+  /// NOT_LEADER (421): the endpoint of the group's leader and its leadership epoch, when the
+  /// standby knows them (SPEC §14.9).
+  std::optional<std::string> leader;
+  std::optional<std::uint64_t> leader_epoch;
   template <class S, class F>
   static void fields(S& s, F&& f) {
     f("code", s.code, rule::range{0, 0xFFFF});
     f("reason", s.reason, rule::reason);
     f("ref_type", s.ref_type, rule::range{0, 0xFF});
+    f("leader", s.leader, rule::text{max_reason_length, 1});
+    f("leader_epoch", s.leader_epoch, rule::range{1, ~std::uint64_t{0}});
   }
   bool operator==(const error&) const = default;
 };

@@ -100,6 +100,7 @@ enum class error_code : std::uint16_t {
   no_credit = 414,               // DATA past the data credit the broker granted the attempt
   bad_index = 415,               // DATA_LOST that skips DATA the broker never had, or past credit
   too_many_tasks = 416,          // SUBMIT past the tasks one coordinator may hold
+  not_leader = 421,              // a standby of a group: go to the leader it names (§14.9)
   unauthorized = 431,            // HELLO (or OPS) the peer's key may not make; DISCONNECT: revoked
   no_such_peer = 432,            // OPS names a worker without a session (§16.3.1)
   evicted = 433,                 // DISCONNECT: an operator ended the session (§16.5)

@@ -26,6 +26,7 @@
 #include "broker/http_endpoint.hpp"
 #include "broker/server.hpp"
 #include "broker/settings.hpp"
+#include "broker/standby_door.hpp"
 #include "cluster/elector.hpp"
 #include "cluster/etcd.hpp"
 #include "util/curve_keys.hpp"
@@ -199,19 +200,30 @@ int serve_in_group(zmq::context_t& ctx, const rlbus::broker::config& cfg, signal
               ec.group.c_str(), http ? " metrics=" : "", http ? http->url().c_str() : "");
   std::fflush(stdout);
   std::int64_t seen = 0;  // the epoch of the leader last named in the log
+  // While it stands by, its ROUTER endpoint tells peers where the leader is (SPEC §14.9.1).
+  std::unique_ptr<rlbus::broker::standby_door> door;
   while (!signals.stop_asked()) {
     if (!group.leads()) {
-      if (const auto l = group.leader(); l.epoch != seen && l.epoch != 0) {
+      const auto l = group.leader();
+      if (l.epoch != seen && l.epoch != 0) {
         seen = l.epoch;
         spdlog::info("standing by: {} leads group {} (epoch {}, peers at {})", l.member, ec.group,
                      l.epoch, l.advertise);
       }
-      group.wait_change(rlbus::util::clock::now() + std::chrono::milliseconds(200));
+      if (!door) door = std::make_unique<rlbus::broker::standby_door>(ctx, cfg);
+      rlbus::broker::leader_hint hint;
+      if (l.epoch > 0 && l.member != ec.member) {  // never itself: its own leadership is over
+        hint = {l.member, l.advertise, static_cast<std::uint64_t>(l.epoch)};
+      }
+      // A short turn: a change of leader (or its own election) is seen within it.
+      door->serve(hint, rlbus::util::clock::now() + std::chrono::milliseconds(50));
       continue;
     }
+    door.reset();  // the endpoint is the leader's now
     spdlog::info("leading group {} (epoch {}): serving", ec.group, group.epoch());
     rlbus::broker::server server(ctx, cfg);
-    server.fence([&group] { return group.serving_until(); });
+    server.fence([&group] { return group.serving_until(); },
+                 static_cast<std::uint64_t>(group.epoch()));
     {
       const serving routed(signals, server);
       {

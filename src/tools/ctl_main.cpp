@@ -19,6 +19,7 @@
 #include <zmq.hpp>
 
 #include "broker/settings.hpp"
+#include "client/session.hpp"
 #include "codec/codec.hpp"
 #include "rlbus/types.hpp"
 
@@ -36,18 +37,51 @@ struct failure {
   std::string text;
 };
 
+// The broker, or the brokers of a group (a comma-separated list): an ask goes to the one that
+// answered last, and on to the leader a standby names (421) or, without an answer, to the
+// next one of the list.
 class broker_link {
  public:
-  broker_link(const std::string& endpoint, const std::optional<rlbus::curve_keys>& keys)
-      : sock_(ctx_, zmq::socket_type::dealer) {
-    sock_.set(zmq::sockopt::linger, 0);
-    if (keys) {
-      sock_.set(zmq::sockopt::curve_serverkey, keys->server_key);
-      sock_.set(zmq::sockopt::curve_publickey, keys->public_key);
-      sock_.set(zmq::sockopt::curve_secretkey, keys->secret_key);
+  broker_link(const std::string& endpoints, std::optional<rlbus::curve_keys> keys)
+      : endpoints_(rlbus::client::detail::split_endpoints(endpoints)), keys_(std::move(keys)) {
+    for (const auto& e : endpoints_) use(e);  // each checked now, so a typo is a usage error
+    use(endpoints_.front());
+  }
+
+  /// Sends `op` and waits for its answer: the result as JSON, or why there is none.
+  std::variant<json, failure> ask(const rlbus::codec::ops& op, std::chrono::milliseconds timeout) {
+    // Every broker of the list once, and a leader named by each.
+    for (std::size_t hops = 0; hops < 2 * endpoints_.size(); ++hops) {
+      auto r = ask_one(op, timeout);
+      if (const auto* leader = std::get_if<std::string>(&r)) {
+        use(*leader);
+        continue;
+      }
+      if (auto* f = std::get_if<failure>(&r); f && f->status == exit_no_answer &&
+                                              endpoints_.size() > 1 &&
+                                              hops + 1 < endpoints_.size()) {
+        next_ = (next_ + 1) % endpoints_.size();
+        use(endpoints_[next_]);
+        continue;
+      }
+      if (auto* f = std::get_if<failure>(&r)) return std::move(*f);
+      return std::get<json>(std::move(r));
+    }
+    return failure{exit_no_answer, "no broker of the group leads (every one said NOT_LEADER)"};
+  }
+
+ private:
+  /// A socket of its own for `endpoint`: a DEALER connected to two would share the asks.
+  void use(const std::string& endpoint) {
+    sock_.emplace(ctx_, zmq::socket_type::dealer);
+    sock_->set(zmq::sockopt::linger, 0);
+    if (keys_) {
+      sock_->set(zmq::sockopt::curve_serverkey, keys_->server_key);
+      sock_->set(zmq::sockopt::curve_publickey, keys_->public_key);
+      sock_->set(zmq::sockopt::curve_secretkey, keys_->secret_key);
     }
     try {
-      sock_.connect(endpoint);
+      sock_->connect(endpoint);
     } catch (const zmq::error_t& e) {
       throw std::invalid_argument(
           fmt::format("bad endpoint '{}': {} (e.g. tcp://127.0.0.1:7235, ipc:///run/rlbus.sock)",
@@ -55,26 +89,28 @@ class broker_link {
     }
   }
 
-  /// Sends `op` and waits for its answer: the result as JSON, or why there is none.
-  std::variant<json, failure> ask(rlbus::codec::ops op, std::chrono::milliseconds timeout) {
+  /// One broker's answer: the result, a failure, or the leader a standby named.
+  std::variant<json, failure, std::string> ask_one(rlbus::codec::ops op,
+                                                   std::chrono::milliseconds timeout) {
+    auto& sock = *sock_;
     op.request_id = ++next_id_;
     const auto header = rlbus::codec::make_header(rlbus::codec::msg_type::ops);
     const auto body = rlbus::codec::encode_body(rlbus::codec::message{op});
-    sock_.send(zmq::buffer(header.data(), header.size()), zmq::send_flags::sndmore);
-    sock_.send(zmq::buffer(body), zmq::send_flags::none);
+    sock.send(zmq::buffer(header.data(), header.size()), zmq::send_flags::sndmore);
+    sock.send(zmq::buffer(body), zmq::send_flags::none);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (true) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
-      zmq::pollitem_t item{sock_.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
       if (left.count() <= 0 || zmq::poll(&item, 1, left) == 0)
         return failure{exit_no_answer,
                        fmt::format("no answer within {} ms (is a broker at {}?)", timeout.count(),
-                                   sock_.get(zmq::sockopt::last_endpoint))};
+                                   sock.get(zmq::sockopt::last_endpoint))};
       std::vector<zmq::message_t> frames;
       do {
         frames.emplace_back();
-        (void)sock_.recv(frames.back(), zmq::recv_flags::none);
+        (void)sock.recv(frames.back(), zmq::recv_flags::none);
       } while (frames.back().more());
       if (frames.size() != 2) continue;
       const auto h = rlbus::codec::parse_header(frames[0].to_string_view());
@@ -91,15 +127,20 @@ class broker_link {
         const auto& bytes = r->result;
         return json::from_msgpack(bytes.begin(), bytes.end());
       }
-      if (auto* e = std::get_if<rlbus::codec::error>(&m.value()))
-        return failure{exit_refused, fmt::format("the broker refused: {} {}: {}", e->code,
-                                                 rlbus::codec::code_name(e->code), e->reason)};
+      auto* e = std::get_if<rlbus::codec::error>(&m.value());
+      if (e == nullptr) continue;
+      if (e->code == static_cast<std::uint16_t>(rlbus::codec::error_code::not_leader) && e->leader)
+        return *e->leader;
+      return failure{exit_refused, fmt::format("the broker refused: {} {}: {}", e->code,
+                                               rlbus::codec::code_name(e->code), e->reason)};
     }
   }
 
- private:
+  std::vector<std::string> endpoints_;
+  std::size_t next_ = 0;
+  std::optional<rlbus::curve_keys> keys_;
   zmq::context_t ctx_{1};
-  zmq::socket_t sock_;
+  std::optional<zmq::socket_t> sock_;
   std::uint64_t next_id_ = 0;
 };
 
@@ -267,7 +308,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.fallthrough();  // the global options go before or after the verb, as kubectl takes them
   std::string endpoint = "tcp://127.0.0.1:7235";
-  app.add_option("--broker", endpoint, "the broker's ROUTER endpoint")
+  app.add_option("--broker", endpoint,
+                 "the broker's ROUTER endpoint, or a group's brokers separated by commas (the "
+                 "leader answers)")
       ->envname("RLBUS_ENDPOINT")
       ->capture_default_str();
   bool as_json = false;

@@ -6,14 +6,19 @@
 #include <chrono>
 #include <csignal>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <zmq.hpp>
 
 #include "cluster/elector.hpp"
 #include "cluster/etcd.hpp"
+#include "rlbus/coordinator.hpp"
+#include "rlbus/worker.hpp"
 #include "support/child.hpp"
 #include "support/etcd.hpp"
 #include "support/support.hpp"
@@ -133,8 +138,8 @@ TEST_CASE("elector: a leader that cannot renew stops serving before its lease ca
 
 namespace {
 
-// A broker of group "g" on loopback ports the test picks (a standby binds nothing), with the
-// default lease of 2 s.
+// A broker of group "g" on loopback ports the test picks (a standby binds only the first),
+// with the default lease of 2 s.
 struct group_broker {
   std::string router, events;
   std::unique_ptr<child> proc;
@@ -175,6 +180,7 @@ struct led_group {
   group_broker a{e, free_ports()};
   std::unique_ptr<group_broker> b;
   led_group() {
+    INFO(a.proc->output());
     REQUIRE(a.proc->wait_for_line("rlbus-broker listening", 30s));
     b = std::make_unique<group_broker>(e, free_ports());
     INFO(b->proc->output());
@@ -195,16 +201,36 @@ TEST_CASE("a group of brokers: one serves, and a standby serves once the leader 
   zmq::context_t ctx;
   raw_peer on_a(ctx, a.router);
   const auto first = on_a.introduce("w1", rlbus::role::collector, 30'000);
-  raw_peer on_b(ctx, b.router);  // a standby binds nothing: no answer
-  on_b.send(rlbus::codec::hello{rlbus::role::collector, "w2", 30'000, {}, std::nullopt});
-  CHECK_FALSE(on_b.recv(300ms).has_value());
+  REQUIRE(first.leader_epoch);  // the leader names its leadership
+  // The standby serves no session: it names the leader, whatever it is sent.
+  raw_peer on_b(ctx, b.router);
+  for (const rlbus::codec::message& m :
+       {rlbus::codec::message{rlbus::codec::hello{rlbus::role::collector, "w2", 30'000, {}, {}}},
+        rlbus::codec::message{rlbus::codec::heartbeat{}}}) {
+    on_b.send(m);
+    const auto refusal = on_b.recv_a<rlbus::codec::error>(10s);
+    REQUIRE(refusal);
+    CHECK(refusal->code == 421);
+    CHECK(refusal->ref_type == static_cast<std::uint8_t>(rlbus::codec::type_of(m)));
+    CHECK(refusal->leader == a.router);
+    CHECK(refusal->leader_epoch == first.leader_epoch);
+  }
 
   a.proc->signal(SIGKILL);
   REQUIRE(b.proc->wait_for_line("rlbus-broker listening", 30s));
-  // b serves now: the HELLO sent before it did is answered (ZeroMQ connects again).
-  const auto answer = on_b.recv_a<rlbus::codec::welcome>(10s);
-  REQUIRE(answer);
+  // b serves now, under a later leadership; a HELLO sent as it took over may be lost with the
+  // standby's socket, so it is sent again until answered.
+  std::optional<rlbus::codec::welcome> answer;
+  REQUIRE(rlbus::test::wait_until(
+      [&] {
+        on_b.send(rlbus::codec::hello{rlbus::role::collector, "w2", 30'000, {}, {}});
+        answer = on_b.recv_a<rlbus::codec::welcome>(1s);
+        return answer.has_value();
+      },
+      30s));
   CHECK(answer->epoch != first.epoch);
+  REQUIRE(answer->leader_epoch);
+  CHECK(*answer->leader_epoch > *first.leader_epoch);
 }
 
 TEST_CASE("a frozen leader sends nothing once its lease may have run out, and stands by",
@@ -227,6 +253,17 @@ TEST_CASE("a frozen leader sends nothing once its lease may have run out, and st
   // Nothing a sent after its lease could have run out reached p: not the HEARTBEAT's answer,
   // not a DISCONNECT.
   CHECK_FALSE(p.recv(500ms).has_value());
+  // Standing by, a names the new leader to a peer whose connection came back to it.
+  std::optional<rlbus::codec::error> refusal;
+  REQUIRE(rlbus::test::wait_until(
+      [&] {
+        p.send(rlbus::codec::heartbeat{});
+        refusal = p.recv_a<rlbus::codec::error>(1s);
+        return refusal.has_value();
+      },
+      30s));
+  CHECK(refusal->code == 421);
+  CHECK(refusal->leader == b.router);
 }
 
 TEST_CASE("a group broker refuses to start without etcd or its advertised endpoint", "[cluster]") {
@@ -247,4 +284,77 @@ TEST_CASE("a group broker refuses to start without etcd or its advertised endpoi
                                     "tcp://h:1", "--cluster-lease", "1500"});
   CHECK(status3 == 2);
   CHECK(out3.find("whole seconds") != std::string::npos);
+}
+
+TEST_CASE("the SDK's clients go to a group's leader and follow a takeover by themselves",
+          "[cluster]") {
+  NEED_ETCD();
+  led_group g;
+  auto& a = g.a;
+  auto& b = *g.b;
+  // The standby first: its NOT_LEADER sends them to a.
+  const auto both = b.router + "," + a.router;
+  rlbus::worker_options wo;
+  wo.endpoint = both;
+  wo.id = "collector-0";
+  wo.heartbeat = 100ms;
+  rlbus::task_handlers h;
+  h.run = [](rlbus::task_handle& t) {
+    t.emit_info(rlbus::test::flag_map("collector_done", true));
+    while (!t.stop_requested()) std::this_thread::sleep_for(1ms);
+  };
+  h.close = [](rlbus::task_handle&) { return rlbus::test::flag_map("collector_done", true); };
+  rlbus::worker w(wo, h);
+  std::mutex mu;
+  std::set<std::string> finished;
+  rlbus::coordinator_callbacks cb;
+  cb.deal_with_collector_finish_task = [&](const std::string& task_id, const std::string&) {
+    const std::lock_guard<std::mutex> hold(mu);
+    finished.insert(task_id);
+  };
+  rlbus::coordinator_options co;
+  co.endpoint = both;
+  co.heartbeat = 100ms;
+  rlbus::coordinator coord(co, cb);
+  const auto done = [&](const std::string& id) {
+    return rlbus::test::wait_until(
+        [&] {
+          const std::lock_guard<std::mutex> hold(mu);
+          return finished.count(id) == 1;
+        },
+        30s);
+  };
+  const auto run = [&](const std::string& id) {
+    rlbus::task_spec t;
+    t.task_id = id;
+    t.kind = rlbus::role::collector;
+    const auto r = coord.submit(t);
+    return r && r->accepted && done(id);
+  };
+  // rlbus-ctl, given the list, asks whichever broker leads.
+  const auto ctl_status = [&] {
+    return rlbus::test::run_to_end(rlbus::test::binary_from_env("RLBUS_CTL_BIN"),
+                                   {"--broker", both, "--json", "status"}, 30s);
+  };
+  REQUIRE(w.wait_for(rlbus::connection_state::ready, 30s));
+  REQUIRE(coord.wait_for(rlbus::connection_state::ready, 30s));
+  CHECK(run("before"));
+  const auto [status, before] = ctl_status();
+  CHECK(status == 0);
+  CHECK(before.find("\"uptime_ms\"") != std::string::npos);
+
+  a.proc->signal(SIGKILL);
+  REQUIRE(b.proc->wait_for_line("rlbus-broker listening", 30s));
+  // Both find b by themselves, as after a restart of their broker, and work goes on there.
+  REQUIRE(rlbus::test::wait_until(
+      [&] {
+        return w.welcomes() >= 2 && coord.welcomes() >= 2 &&
+               w.state() == rlbus::connection_state::ready &&
+               coord.state() == rlbus::connection_state::ready;
+      },
+      30s));
+  CHECK(run("after"));
+  const auto [status2, after] = ctl_status();
+  CHECK(status2 == 0);
+  CHECK(after.find("\"uptime_ms\"") != std::string::npos);  // from b: a is gone
 }

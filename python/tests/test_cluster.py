@@ -1,0 +1,158 @@
+"""A group of brokers elected through a real etcd, seen from the Python client: a peer given
+the group's endpoints goes to the leader by itself, and after the leader is killed it finds
+the new one, where tasks run and the bus carries publications again. Skipped where Debian's
+etcd-server is not installed (the test command installs it)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+from typing import Iterator, List
+
+import pytest
+import rlbus
+
+from conftest import BROKER, wait_until
+
+ETCD = shutil.which("etcd") or "/usr/bin/etcd"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Process:
+    """A child whose output lines are kept, for waiting on one."""
+
+    def __init__(self, args: List[str]) -> None:
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+        self.lines: List[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def saw(self, text: str) -> bool:
+        return any(text in line for line in list(self.lines))
+
+    def wait_for(self, text: str, timeout: float = 30.0) -> None:
+        assert wait_until(lambda: self.saw(text) or self.proc.poll() is not None, timeout) \
+            and self.saw(text), f"no {text!r} in:\n{''.join(self.lines)}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(30)
+        self._reader.join(10)
+
+
+@pytest.fixture
+def etcd() -> Iterator[str]:
+    if not os.path.exists(ETCD):
+        pytest.skip("etcd is not installed (apt-get install etcd-server)")
+    with tempfile.TemporaryDirectory() as d:
+        url = f"http://127.0.0.1:{free_port()}"
+        peer = f"http://127.0.0.1:{free_port()}"
+        p = Process([ETCD, "--name", "t", "--data-dir", os.path.join(d, "data"),
+                     "--listen-client-urls", url, "--advertise-client-urls", url,
+                     "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                     "--initial-cluster", f"t={peer}", "--heartbeat-interval", "50",
+                     "--election-timeout", "500"])
+
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    return b'"true"' in r.read()
+            except OSError:
+                return False
+        try:
+            assert wait_until(healthy, 60, 0.05), "".join(p.lines)
+            yield url
+        finally:
+            p.stop()
+
+
+def group_broker(etcd_url: str) -> tuple:
+    router = f"tcp://127.0.0.1:{free_port()}"
+    events = f"tcp://127.0.0.1:{free_port()}"
+    return router, Process([BROKER, "--cluster-etcd", etcd_url, "--cluster-name", "g",
+                            "--advertise", router, "--router", router, "--events", events])
+
+
+def test_clients_follow_the_leader_across_a_takeover(etcd: str) -> None:
+    if not os.path.exists(BROKER):
+        pytest.skip(f"broker binary not built: {BROKER}")
+    a_router, a = group_broker(etcd)
+    b = None
+    opened: list = []
+    try:
+        a.wait_for("rlbus-broker listening")
+        b_router, b = group_broker(etcd)
+        b.wait_for("leads group g")
+        both = f"{b_router},{a_router}"  # the standby first: it names the leader
+
+        finished: List[str] = []
+        def run(task: rlbus.Task) -> None:
+            task.emit_info({"collector_done": True})
+            task.wait_stop(60)
+        w = rlbus.Worker(both, role="collector", id="collector-0", run=run,
+                         close=lambda task: {"collector_done": True}, heartbeat=0.1)
+        opened.append(w)
+        c = rlbus.Coordinator(both, id="coord", heartbeat=0.1, callbacks={
+            "deal_with_collector_finish_task": lambda t, r: finished.append(t)})
+        opened.append(c)
+        sub = rlbus.Bus(both, "sub", heartbeat=0.1)
+        pub = rlbus.Bus(both, "pub", heartbeat=0.1)
+        opened += [sub, pub]
+        sub.subscribe("news")
+
+        def works(task_id: str, text: bytes) -> None:
+            assert c.submit(task_id, "collector").accepted
+            assert wait_until(lambda: task_id in finished, 30), c.last_error
+            # The subscription holds on whichever broker leads (the node makes it again).
+            got = None
+            deadline = time.monotonic() + 30
+            while got is None and time.monotonic() < deadline:
+                pub.publish("news", text)
+                got = sub.recv(timeout=0.5)
+            assert got is not None and got.topic == "news" and bytes(got.payload) == text
+
+        assert wait_until(lambda: c.state == "ready" and w.state == "ready", 30), c.last_error
+        works("before", b"one")
+        first_epoch = c._core.epoch
+        assert first_epoch is not None
+
+        a.proc.send_signal(signal.SIGKILL)
+        b.wait_for("rlbus-broker listening")
+        assert wait_until(lambda: all(x.state == "ready" and x._core.welcomes >= 2
+                                      for x in (c, w, sub, pub)), 30), \
+            [(x.state, x.last_error) for x in (c, w, sub, pub)]
+        assert c._core.epoch != first_epoch  # another broker serves them now
+        works("after", b"two")
+        assert finished.count("before") == 1 and finished.count("after") == 1
+    finally:
+        for x in reversed(opened):
+            x.close()
+        a.stop()
+        if b is not None:
+            b.stop()
+
+
+def test_an_endpoint_list_is_checked() -> None:
+    with pytest.raises(ValueError, match="separated by commas"):
+        rlbus.Coordinator("tcp://127.0.0.1:7235,,tcp://127.0.0.1:7236", id="c")
+    with pytest.raises(ValueError, match="separated by commas"):
+        rlbus.Bus("tcp://127.0.0.1:7235,localhost:7236", "n")
