@@ -195,3 +195,70 @@ def test_heartbeat_and_heartbeat_ms_together_or_a_bad_heartbeat_ms_are_refused(
     with pytest.raises(ValueError, match="heartbeat: expected a number of seconds"):
         make_peer(kind, "tcp://127.0.0.1:1", heartbeat=601)
     assert set(threading.enumerate()) <= before
+
+
+# ---- a group of brokers, played by stand-ins -------------------------------------------------
+
+def test_a_standby_sends_the_client_to_the_leader_and_an_older_leadership_is_refused() -> None:
+    """A stand-in standby names a leader; the client goes there and is welcomed. A refusal
+    naming an older leadership is not followed, and a WELCOME under an older leadership than
+    one seen is not taken (SPEC §4.2.2, §14.9.2)."""
+    ctx = zmq.Context()
+    made: List[Any] = []
+
+    def router() -> tuple:
+        s = ctx.socket(zmq.ROUTER)
+        s.linger = 0
+        made.append(s)
+        return s, f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}"
+
+    def next_message(s: Any, name: str) -> bytes:
+        """The routing id of the next message ``name`` on stand-in ``s`` (others skipped)."""
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if s.poll(100):
+                frames = s.recv_multipart()
+                if P.decode(frames[1:]).name == name:
+                    return frames[0]
+        raise AssertionError(f"no {name} within 20 s")
+
+    def answer(s: Any, to: bytes, name: str, fields: dict) -> None:
+        s.send_multipart([to] + list(P.encode(name, fields)))
+
+    def welcome(epoch: int) -> dict:
+        return {"session": 1, "epoch": 99, "heartbeat_ms": 1000, "liveness": 3,
+                "max_message": 1 << 20, "resumed": False, "leader_epoch": epoch}
+
+    standby, standby_ep = router()
+    leader, leader_ep = router()
+    old, old_ep = router()
+    # A long heartbeat: a HELLO left unanswered keeps last_error for a long while.
+    c = rlbus.Coordinator(standby_ep, id="c", callbacks={}, heartbeat=30.0, reconnect_min=0.05,
+                          reconnect_max=0.2)
+    try:
+        answer(standby, next_message(standby, "HELLO"), "ERROR",
+               {"code": 421, "reason": "standby", "ref_type": 1, "leader": leader_ep,
+                "leader_epoch": 7})
+        answer(leader, next_message(leader, "HELLO"), "WELCOME", welcome(7))
+        assert wait_until(lambda: c.state == "ready", 20), c.last_error
+
+        # A deposed leader's refusal names an older leadership: the client goes back to its
+        # list instead.
+        answer(leader, next_message(leader, "HEARTBEAT"), "ERROR",
+               {"code": 421, "reason": "deposed", "ref_type": 3, "leader": old_ep,
+                "leader_epoch": 5})
+        to = next_message(standby, "HELLO")
+        assert wait_until(lambda: "421 NOT_LEADER: deposed" in c.last_error, 20)
+
+        # A later leadership named, but its WELCOME is of an older one: not taken.
+        answer(standby, to, "ERROR", {"code": 421, "reason": "standby", "ref_type": 1,
+                                      "leader": old_ep, "leader_epoch": 9})
+        answer(old, next_message(old, "HELLO"), "WELCOME", welcome(8))
+        next_message(standby, "HELLO")  # back to the list
+        assert c.state != "ready"
+        assert "older than 9" in c.last_error
+    finally:
+        c.close()
+        for s in made:
+            s.close()
+        ctx.term()

@@ -151,3 +151,35 @@ TEST_CASE("a worker cut off from the broker resumes its session on a new connect
   CHECK(b.get().snapshot().peers == 1);
   for (const auto& e : events.seen()) CHECK(e.topic != "worker.lost");
 }
+
+TEST_CASE("a worker goes where a group's standby sends it, and never to an older leadership",
+          "[worker]") {
+  // Raw ROUTERs play a standby and two leaders of a group (SPEC §4.2.2, §14.9.2).
+  zmq::context_t ctx;
+  fake_broker standby(ctx), leader(ctx), old(ctx);
+  worker_options o;
+  o.endpoint = standby.endpoint();
+  o.id = "follower";
+  o.heartbeat = 30'000ms;  // a HELLO left unanswered keeps last_error for a long while
+  o.reconnect_min = 20ms;
+  o.reconnect_max = 100ms;
+  worker w(o);
+  const auto not_leader = [](const std::string& where, std::uint64_t epoch) {
+    return codec::error{421, "a standby", 1, where, epoch};
+  };
+  const auto welcome = [](std::uint64_t epoch) {
+    return codec::welcome{5, 1, 30, 3, 1024, false, std::nullopt, epoch};
+  };
+  standby.answer_hello(not_leader(leader.endpoint(), 7));
+  leader.answer_hello(welcome(7));
+  REQUIRE(w.wait_for(connection_state::ready, 5s));
+  // The leader goes silent (3 x 30 ms): back to the list, whose standby names a later leader
+  // that welcomes under an older leadership than it said: not taken.
+  standby.answer_hello(not_leader(old.endpoint(), 9));
+  old.answer_hello(welcome(8));
+  // A refusal naming an older leadership than one seen is not followed either.
+  standby.answer_hello(not_leader(leader.endpoint(), 3));
+  CHECK(standby.answer_hello(codec::heartbeat{}).id == "follower");
+  CHECK(w.state() != connection_state::ready);
+  CHECK(w.welcomes() == 1);
+}
