@@ -183,6 +183,9 @@ int serve_in_group(zmq::context_t& ctx, const rlbus::broker::config& cfg, signal
     spdlog::critical("cannot start: group {}: {}", ec.group, e.what());
     return 1;
   }
+  // While it stands by, its ROUTER endpoint tells peers where the leader is (SPEC §14.9.1);
+  // bound before it campaigns, so that a broker whose endpoint is taken never leads.
+  auto door = std::make_unique<rlbus::broker::standby_door>(ctx, cfg);
   rlbus::cluster::elector group(ec);
   std::mutex mutex;  // `current`, for the HTTP endpoint's thread
   rlbus::broker::server* current = nullptr;
@@ -196,12 +199,11 @@ int serve_in_group(zmq::context_t& ctx, const rlbus::broker::config& cfg, signal
           s.standby = true;
           return s;
         });
-  std::printf("rlbus-broker standing by: member %s of group %s%s%s\n", ec.member.c_str(),
-              ec.group.c_str(), http ? " metrics=" : "", http ? http->url().c_str() : "");
+  std::printf("rlbus-broker standing by: member %s of group %s router=%s%s%s\n", ec.member.c_str(),
+              ec.group.c_str(), door->endpoint().c_str(), http ? " metrics=" : "",
+              http ? http->url().c_str() : "");
   std::fflush(stdout);
   std::int64_t seen = 0;  // the epoch of the leader last named in the log
-  // While it stands by, its ROUTER endpoint tells peers where the leader is (SPEC §14.9.1).
-  std::unique_ptr<rlbus::broker::standby_door> door;
   while (!signals.stop_asked()) {
     if (!group.leads()) {
       const auto l = group.leader();

@@ -189,6 +189,21 @@ struct led_group {
   }
 };
 
+// Sends `m` every second until a T answers, for up to 30 s: a message sent while a broker
+// closes its socket is lost with it, and ZeroMQ connects again by itself.
+template <class T>
+std::optional<T> ask_until(raw_peer& p, const rlbus::codec::message& m) {
+  std::optional<T> answer;
+  (void)rlbus::test::wait_until(
+      [&] {
+        p.send(m);
+        answer = p.recv_a<T>(1s);
+        return answer.has_value();
+      },
+      30s);
+  return answer;
+}
+
 }  // namespace
 
 TEST_CASE("a group of brokers: one serves, and a standby serves once the leader is killed",
@@ -218,16 +233,10 @@ TEST_CASE("a group of brokers: one serves, and a standby serves once the leader 
 
   a.proc->signal(SIGKILL);
   REQUIRE(b.proc->wait_for_line("rlbus-broker listening", 30s));
-  // b serves now, under a later leadership; a HELLO sent as it took over may be lost with the
-  // standby's socket, so it is sent again until answered.
-  std::optional<rlbus::codec::welcome> answer;
-  REQUIRE(rlbus::test::wait_until(
-      [&] {
-        on_b.send(rlbus::codec::hello{rlbus::role::collector, "w2", 30'000, {}, {}});
-        answer = on_b.recv_a<rlbus::codec::welcome>(1s);
-        return answer.has_value();
-      },
-      30s));
+  // b serves now, under a later leadership.
+  const auto answer = ask_until<rlbus::codec::welcome>(
+      on_b, rlbus::codec::hello{rlbus::role::collector, "w2", 30'000, {}, {}});
+  REQUIRE(answer);
   CHECK(answer->epoch != first.epoch);
   REQUIRE(answer->leader_epoch);
   CHECK(*answer->leader_epoch > *first.leader_epoch);
@@ -254,14 +263,8 @@ TEST_CASE("a frozen leader sends nothing once its lease may have run out, and st
   // not a DISCONNECT.
   CHECK_FALSE(p.recv(500ms).has_value());
   // Standing by, a names the new leader to a peer whose connection came back to it.
-  std::optional<rlbus::codec::error> refusal;
-  REQUIRE(rlbus::test::wait_until(
-      [&] {
-        p.send(rlbus::codec::heartbeat{});
-        refusal = p.recv_a<rlbus::codec::error>(1s);
-        return refusal.has_value();
-      },
-      30s));
+  const auto refusal = ask_until<rlbus::codec::error>(p, rlbus::codec::heartbeat{});
+  REQUIRE(refusal);
   CHECK(refusal->code == 421);
   CHECK(refusal->leader == b.router);
 }
