@@ -176,7 +176,8 @@ def test_small_publications_queued_while_held_back_leave_as_batches(broker_facto
 def _broker_view_of(router: str, node: str) -> dict:
     """The broker's own account of ``node`` (rlbus-ctl topics)."""
     out = subprocess.run([os.path.join(BUILD_DIR, "src", "rlbus-ctl"), "--broker", router,
-                          "--json", "topics"], capture_output=True, text=True, timeout=20)
+                          "--timeout", "30000", "--json", "topics"], capture_output=True,
+                         text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return next(n for n in json.loads(out.stdout)["nodes"] if n["id"] == node)
 

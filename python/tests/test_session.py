@@ -38,15 +38,17 @@ class Recorder:
 def test_connects_heartbeats_and_closes_without_a_thread_left(broker: Broker) -> None:
     before = set(threading.enumerate())
     rec = Recorder()
-    s = Core(broker.router, "collector", "sess-1", rec, heartbeat=0.1,
+    s = Core(broker.router, "collector", "sess-1", rec, heartbeat=0.3,
                 resources={"cpu": 2})
     assert s.state == "connecting"
     s.start()
     assert s.wait_for("ready", 10)
     assert s.token > 0 and s.welcomes == 1
     assert rec.threads == {"rlbus-io-sess-1"}
-    # heartbeats keep it alive well past the broker's liveness window (3 x 100 ms)
-    deadline = time.monotonic() + 1.0
+    # heartbeats keep it alive well past the broker's liveness window (3 x 300 ms); the
+    # interval leaves room for a busy machine's pauses, which a shorter one would mistake for
+    # a silent broker
+    deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline:
         assert s.state == "ready"
         time.sleep(0.05)

@@ -423,7 +423,7 @@ def test_a_started_or_result_lost_in_a_cut_link_is_sent_again_and_costs_no_attem
     assert coord.wait(coord.has("t-decide", "finished"), 15)
     assert freezes == ["run", "close"]
     # back after each freeze, resumed (the resend can beat the count of its WELCOME)
-    assert wait_until(lambda: w.welcomes >= 3, 5) and w.session == token
+    assert wait_until(lambda: w.welcomes >= 3, 30) and w.session == token
     assert coord.names("t-decide") == ["assigned", "started", "finished"]
     assert body(coord.of("t-decide", "finished")[0]) == {"done": True}
 
@@ -445,7 +445,7 @@ def test_an_info_lost_in_a_cut_link_is_sent_again(cut_link: CutLink) -> None:
     assert coord.wait(coord.has("t-info", "finished"), 15)
     assert coord.names("t-info") == ["assigned", "started", "data", "info", "finished"]
     assert body(coord.of("t-info", "info")[0]) == {"collector_done": True}
-    assert wait_until(lambda: w.welcomes >= 2 and w.data_resent >= 1, 5)
+    assert wait_until(lambda: w.welcomes >= 2 and w.data_resent >= 1, 30)
 
 
 def test_a_learn_info_lost_in_a_cut_link_is_sent_again(cut_link: CutLink) -> None:
@@ -463,7 +463,7 @@ def test_a_learn_info_lost_in_a_cut_link_is_sent_again(cut_link: CutLink) -> Non
     coord.pump(0.2)
     steps = [body(m)["info"]["learner_step"] for m in coord.of("t-learn", "learn_info")]
     assert steps == [1, 2]  # once each, in order
-    assert wait_until(lambda: w.welcomes >= 2, 5)
+    assert wait_until(lambda: w.welcomes >= 2, 30)
 
 
 def test_data_let_go_of_past_the_bound_is_declared_lost_on_resume(

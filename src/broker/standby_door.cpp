@@ -22,7 +22,10 @@ constexpr std::size_t max_frames = 4;
 }  // namespace
 
 standby_door::standby_door(zmq::context_t& ctx, const config& cfg)
-    : cfg_(cfg), gate_(ctx, cfg), router_(ctx, zmq::socket_type::router) {
+    : cfg_(cfg),
+      gate_(ctx, cfg),
+      router_(ctx, zmq::socket_type::router),
+      events_(ctx, zmq::socket_type::pub) {
   router_.set(zmq::sockopt::router_mandatory, 1);
   router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(door_max_message));
   router_.set(zmq::sockopt::linger, 0);
@@ -31,6 +34,9 @@ standby_door::standby_door(zmq::context_t& ctx, const config& cfg)
   (void)gate_.secure(router_, zap_domain_router);
   util::bind_freed(router_, normalize_endpoint(cfg_.router_endpoint));
   endpoint_ = router_.get(zmq::sockopt::last_endpoint);
+  events_.set(zmq::sockopt::linger, 0);
+  (void)gate_.secure(events_, zap_domain_events);
+  util::bind_freed(events_, normalize_endpoint(cfg_.events_endpoint));
 }
 
 void standby_door::serve(const leader_hint& leader, util::time_point until, int wake_fd) {

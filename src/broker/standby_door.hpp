@@ -1,7 +1,8 @@
 // What a standby of a group of brokers offers its peers (SPEC §14.9.1): the ROUTER endpoint,
 // behind the same door as a leader's (CURVE, allowlist, connection limits), where every
 // message whose header can be read is answered with ERROR 421 (NOT_LEADER) naming the
-// group's leader as the standby last saw it. It holds no session and no state of a peer, so
+// group's leader as the standby last saw it; it holds the event endpoint too, publishing
+// nothing. It holds no session and no state of a peer, so
 // that a peer whose connection came back to a deposed leader, or that tried a standby first,
 // learns at once where to go.
 //
@@ -46,6 +47,10 @@ class standby_door {
   const config& cfg_;
   gatekeeper gate_;
   zmq::socket_t router_;
+  // The event endpoint, held so that nothing else takes its port (the kernel hands a free port
+  // to outgoing connections, etcd's included, and keeps it for a minute after they close); it
+  // publishes nothing.
+  zmq::socket_t events_;
   std::string endpoint_;
   msgpack::sbuffer out_;
   std::uint64_t refused_ = 0, dropped_ = 0;

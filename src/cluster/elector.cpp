@@ -24,6 +24,7 @@ leader_info leader_of(const etcd_kv& kv) {
   if (v.is_object()) {
     l.member = v.value("member", "");
     l.advertise = v.value("advertise", "");
+    l.since_ms = v.value("since", std::int64_t{0});
   }
   if (l.member.empty()) l.member = "(not a broker: " + kv.value.substr(0, 64) + ")";
   return l;
@@ -34,6 +35,13 @@ leader_info leader_of(const etcd_kv& kv) {
 constexpr double rate_allowance = 0.01;
 
 }  // namespace
+
+leader_info leader_of(const std::vector<std::string>& etcd, const std::string& group,
+                      std::chrono::milliseconds timeout) {
+  etcd_client c(etcd, timeout);
+  const auto kv = c.get("/rlbus/" + group + "/leader");
+  return kv ? leader_of(*kv) : leader_info{};
+}
 
 elector::elector(elector_config cfg) : cfg_(std::move(cfg)) {
   if (cfg_.group.empty()) throw std::invalid_argument("a cluster needs a name");
@@ -144,7 +152,11 @@ void elector::run() {
           const auto asked = util::clock::now();
           const auto lease = etcd.grant(cfg_.lease_ttl.count());
           std::optional<etcd_kv> holder;
-          const json value = {{"member", cfg_.member}, {"advertise", cfg_.advertise}};
+          const json value = {{"member", cfg_.member},
+                              {"advertise", cfg_.advertise},
+                              {"since", std::chrono::duration_cast<std::chrono::milliseconds>(
+                                            std::chrono::system_clock::now().time_since_epoch())
+                                            .count()}};
           if (etcd.create(key(), value.dump(), lease.id, &holder) && holder) {
             lease_ = lease.id;
             epoch_ = holder->create_revision;

@@ -46,8 +46,13 @@ struct elector_config {
 /// The leader as an elector last saw it.
 struct leader_info {
   std::string member, advertise;
-  std::int64_t epoch = 0;  // 0: no leader seen
+  std::int64_t epoch = 0;     // 0: no leader seen
+  std::int64_t since_ms = 0;  // when it took the lead (ms of the Unix epoch, its own clock)
 };
+
+/// The leader of `group` as etcd holds it now (epoch 0: none; throws etcd_unavailable).
+leader_info leader_of(const std::vector<std::string>& etcd, const std::string& group,
+                      std::chrono::milliseconds timeout);
 
 class elector {
  public:

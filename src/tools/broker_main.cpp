@@ -29,6 +29,8 @@
 #include "broker/standby_door.hpp"
 #include "cluster/elector.hpp"
 #include "cluster/etcd.hpp"
+#include "cluster/membership.hpp"
+#include "rlbus_version.h"
 #include "util/curve_keys.hpp"
 #include "util/log.hpp"
 #include "util/run_lock.hpp"
@@ -179,6 +181,21 @@ int serve_in_group(zmq::context_t& ctx, const rlbus::broker::config& cfg, signal
   ec.timeout = ec.renew;
   try {  // a group whose etcd cannot be reached at start is most likely misconfigured
     rlbus::cluster::etcd_client(ec.etcd, std::chrono::seconds(2)).get("/rlbus/" + ec.group);
+  } catch (const std::exception& e) {
+    spdlog::critical("cannot start: group {}: {}", ec.group, e.what());
+    return 1;
+  }
+  // Checked against the group's other brokers: a name, an advertised endpoint or a version
+  // that does not fit is refused here, before it can lead.
+  std::unique_ptr<rlbus::cluster::membership> member;
+  try {
+    member = std::make_unique<rlbus::cluster::membership>(
+        ec.etcd, ec.group,
+        rlbus::cluster::member_info{ec.member, ec.advertise, RLBUS_VERSION,
+                                    std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count()},
+        ec.lease_ttl, std::chrono::seconds(2));
   } catch (const std::exception& e) {
     spdlog::critical("cannot start: group {}: {}", ec.group, e.what());
     return 1;

@@ -20,6 +20,8 @@
 
 #include "broker/settings.hpp"
 #include "client/session.hpp"
+#include "cluster/elector.hpp"
+#include "cluster/membership.hpp"
 #include "codec/codec.hpp"
 #include "rlbus/types.hpp"
 
@@ -297,6 +299,67 @@ void print_human(const std::string& verb, const json& r) {
                 r.at("value").get<std::string>().c_str(), r.at("was").get<std::string>().c_str());
 }
 
+// rlbus-ctl cluster: the group as etcd holds it, asked of etcd itself (a group whose brokers
+// all stand by, or that has none, is shown too).
+int show_cluster(const std::string& etcd_urls, const std::string& group,
+                 std::chrono::milliseconds timeout, bool as_json) {
+  std::vector<std::string> urls;
+  for (std::size_t from = 0; from <= etcd_urls.size();) {
+    auto to = etcd_urls.find(',', from);
+    if (to == std::string::npos) to = etcd_urls.size();
+    if (to > from) urls.push_back(etcd_urls.substr(from, to - from));
+    from = to + 1;
+  }
+  rlbus::cluster::leader_info leader;
+  std::vector<rlbus::cluster::member_info> members;
+  try {
+    leader = rlbus::cluster::leader_of(urls, group, timeout);
+    members = rlbus::cluster::members_of(urls, group, timeout);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "rlbus-ctl: %s\n", e.what());
+    return exit_usage;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rlbus-ctl: group %s: %s\n", group.c_str(), e.what());
+    return exit_no_answer;
+  }
+  const auto now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  const auto for_ms = [&](std::int64_t since) {
+    return json(static_cast<std::uint64_t>(std::max<std::int64_t>(now_ms - since, 0)));
+  };
+  if (as_json) {
+    json out{{"group", group}, {"leader", nullptr}, {"members", json::array()}};
+    if (leader.epoch != 0)
+      out["leader"] = {{"member", leader.member},
+                       {"advertise", leader.advertise},
+                       {"epoch", leader.epoch},
+                       {"since_ms", leader.since_ms}};
+    for (const auto& m : members)
+      out["members"].push_back({{"member", m.member},
+                                {"advertise", m.advertise},
+                                {"version", m.version},
+                                {"since_ms", m.since_ms},
+                                {"role", m.member == leader.member ? "leader" : "standby"}});
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  if (leader.epoch == 0)
+    std::printf("group %s: no leader (an election is under way, or no broker is up)\n",
+                group.c_str());
+  else
+    std::printf("group %s: %s leads, at %s (epoch %lld, for %s)\n", group.c_str(),
+                leader.member.c_str(), leader.advertise.c_str(),
+                static_cast<long long>(leader.epoch), age(for_ms(leader.since_ms)).c_str());
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& m : members)
+    rows.push_back({m.member, m.member == leader.member ? "leader" : "standby", m.advertise,
+                    m.version, age(for_ms(m.since_ms))});
+  std::puts("");
+  table({"MEMBER", "ROLE", "ADVERTISE", "VERSION", "UP"}, rows);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -331,6 +394,15 @@ int main(int argc, char** argv) {
   rlbus::codec::ops op;
   std::uint32_t interval_ms = 1000, count = 0;
   app.add_subcommand("status", "uptime, peers by role, tasks, streams, counters");
+  auto* cluster = app.add_subcommand(
+      "cluster", "a group of brokers as etcd holds it: who leads, since when, every member");
+  std::string cluster_etcd, cluster_name = "rlbus";
+  cluster->add_option("--etcd", cluster_etcd, "etcd's client URLs, comma-separated")
+      ->envname("RLBUS_BROKER_CLUSTER_ETCD")
+      ->required();
+  cluster->add_option("--name", cluster_name, "the group's name (the brokers' --cluster-name)")
+      ->envname("RLBUS_BROKER_CLUSTER_NAME")
+      ->capture_default_str();
   auto* workers = app.add_subcommand("workers", "every worker session, with its task");
   auto* tasks = app.add_subcommand("tasks", "live tasks, queued first, in queue order");
   auto* topics = app.add_subcommand(
@@ -388,6 +460,8 @@ int main(int argc, char** argv) {
     }
   }
   auto* chosen = app.get_subcommands().front();
+  if (chosen == cluster)
+    return show_cluster(cluster_etcd, cluster_name, std::chrono::milliseconds(timeout_ms), as_json);
   op.verb = chosen == watch ? "status" : chosen->get_name();
   if (!kind.empty()) op.kind = kind;
   if (!state.empty()) op.state = state;

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
 #include "cluster/elector.hpp"
@@ -231,8 +232,33 @@ TEST_CASE("a group of brokers: one serves, and a standby serves once the leader 
     CHECK(refusal->leader_epoch == first.leader_epoch);
   }
 
+  // rlbus-ctl shows the group as etcd holds it.
+  const auto [shown, group] =
+      rlbus::test::run_to_end(rlbus::test::binary_from_env("RLBUS_CTL_BIN"),
+                              {"--json", "cluster", "--etcd", g.e.url(), "--name", "g"}, 30s);
+  CHECK(shown == 0);
+  const auto view = nlohmann::json::parse(group, nullptr, false);
+  INFO(group);
+  REQUIRE(view.is_object());
+  CHECK(view["leader"]["advertise"] == a.router);
+  CHECK(view["leader"]["epoch"] == *first.leader_epoch);
+  REQUIRE(view["members"].size() == 2);
+  for (const auto& m : view["members"])
+    CHECK(m["role"] == (m["advertise"] == a.router ? "leader" : "standby"));
+  // A third broker that advertises a's endpoint is refused at start, naming why.
+  const auto [status, out] = rlbus::test::run_to_end(
+      rlbus::test::binary_from_env("RLBUS_BROKER_BIN"),
+      {"--cluster-etcd", g.e.url(), "--cluster-name", "g", "--advertise", a.router, "--router",
+       "tcp://127.0.0.1:0", "--events", "tcp://127.0.0.1:0"},
+      30s);
+  CHECK(status == 1);
+  CHECK(out.find("already a member of group g") != std::string::npos);
+
   a.proc->signal(SIGKILL);
-  REQUIRE(b.proc->wait_for_line("rlbus-broker listening", 30s));
+  const bool took_over = b.proc->wait_for_line("rlbus-broker listening", 30s).has_value();
+  INFO(b.proc->output());
+  INFO(a.proc->output());
+  REQUIRE(took_over);
   // b serves now, under a later leadership.
   const auto answer = ask_until<rlbus::codec::welcome>(
       on_b, rlbus::codec::hello{rlbus::role::collector, "w2", 30'000, {}, {}});
