@@ -303,16 +303,10 @@ void print_human(const std::string& verb, const json& r) {
 // all stand by, or that has none, is shown too).
 int show_cluster(const std::string& etcd_urls, const std::string& group,
                  std::chrono::milliseconds timeout, bool as_json) {
-  std::vector<std::string> urls;
-  for (std::size_t from = 0; from <= etcd_urls.size();) {
-    auto to = etcd_urls.find(',', from);
-    if (to == std::string::npos) to = etcd_urls.size();
-    if (to > from) urls.push_back(etcd_urls.substr(from, to - from));
-    from = to + 1;
-  }
   rlbus::cluster::leader_info leader;
   std::vector<rlbus::cluster::member_info> members;
   try {
+    const auto urls = rlbus::client::detail::split_endpoints(etcd_urls);
     leader = rlbus::cluster::leader_of(urls, group, timeout);
     members = rlbus::cluster::members_of(urls, group, timeout);
   } catch (const std::invalid_argument& e) {
