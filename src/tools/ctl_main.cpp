@@ -46,7 +46,10 @@ class broker_link {
  public:
   broker_link(const std::string& endpoints, std::optional<rlbus::curve_keys> keys)
       : endpoints_(rlbus::client::detail::split_endpoints(endpoints)), keys_(std::move(keys)) {
-    for (const auto& e : endpoints_) use(e);  // each checked now, so a typo is a usage error
+    for (const auto& e : endpoints_)  // a typo is a usage error, before anything is asked
+      if (e.find("://") == std::string::npos)
+        throw std::invalid_argument(
+            fmt::format("bad endpoint '{}' (e.g. tcp://127.0.0.1:7235, ipc:///run/rlbus.sock)", e));
     use(endpoints_.front());
   }
 
@@ -56,14 +59,22 @@ class broker_link {
     for (std::size_t hops = 0; hops < 2 * endpoints_.size(); ++hops) {
       auto r = ask_one(op, timeout);
       if (const auto* leader = std::get_if<std::string>(&r)) {
-        use(*leader);
+        try {
+          use(*leader);
+        } catch (const std::invalid_argument& e) {
+          return failure{exit_no_answer, fmt::format("a standby named its leader: {}", e.what())};
+        }
         continue;
       }
       if (auto* f = std::get_if<failure>(&r); f && f->status == exit_no_answer &&
                                               endpoints_.size() > 1 &&
                                               hops + 1 < endpoints_.size()) {
         next_ = (next_ + 1) % endpoints_.size();
-        use(endpoints_[next_]);
+        try {
+          use(endpoints_[next_]);
+        } catch (const std::invalid_argument& e) {
+          return failure{exit_usage, e.what()};
+        }
         continue;
       }
       if (auto* f = std::get_if<failure>(&r)) return std::move(*f);
