@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include "util/endpoint_list.hpp"
+
 namespace rlbus::broker {
 
 namespace {
@@ -447,6 +449,17 @@ void validate(const config& cfg) {
                         cfg.metrics_address));
   }
   if (!cfg.cluster_etcd.empty()) {
+    std::vector<std::string> urls;
+    try {
+      urls = util::split_endpoints(cfg.cluster_etcd);
+    } catch (const std::invalid_argument& e) {
+      require(false, fmt::format("cluster.etcd (--cluster-etcd): {}", e.what()));
+    }
+    for (const auto& url : urls)
+      require(url.rfind("http://", 0) == 0,
+              fmt::format("cluster.etcd (--cluster-etcd): '{}' is not an etcd client URL "
+                          "(http://HOST:PORT)",
+                          url));
     require(!cfg.advertise.empty(),
             "cluster.advertise (--advertise) is needed with cluster.etcd: the leader tells its "
             "group where peers reach it");

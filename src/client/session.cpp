@@ -12,6 +12,7 @@
 
 #include "codec/codec.hpp"
 #include "util/curve_keys.hpp"
+#include "util/endpoint_list.hpp"
 #include "util/poll.hpp"
 #include "util/zmq_send.hpp"
 
@@ -27,28 +28,8 @@ constexpr std::chrono::milliseconds refused_check{50};
 constexpr std::chrono::milliseconds connect_timeout{1000};
 }  // namespace
 
-std::vector<std::string> split_endpoints(const std::string& list) {
-  std::vector<std::string> out;
-  for (std::size_t from = 0; from <= list.size();) {
-    auto to = list.find(',', from);
-    if (to == std::string::npos) to = list.size();
-    auto one = list.substr(from, to - from);
-    one.erase(0, one.find_first_not_of(' '));
-    one.erase(one.find_last_not_of(' ') + 1);
-    if (one.empty())
-      throw std::invalid_argument(
-          list.empty() ? "endpoint must not be empty"
-                       : fmt::format("endpoint '{}' names an empty broker: give endpoints such "
-                                     "as tcp://a:7235,tcp://b:7235",
-                                     list));
-    out.push_back(std::move(one));
-    from = to + 1;
-  }
-  return out;
-}
-
 void validate(const session_options& o) {
-  (void)split_endpoints(o.endpoint);
+  (void)util::split_endpoints(o.endpoint);
   if (!codec::valid_peer_id(o.id))
     throw std::invalid_argument(
         fmt::format("id '{}' is invalid: use 1-{} characters of A-Z a-z 0-9 . _ : @ / -", o.id,
@@ -85,7 +66,7 @@ session::session(zmq::context_t& ctx, session_options opts, state_callback on_st
       on_state_(std::move(on_state)),
       on_message_(std::move(on_message)),
       on_payload_(std::move(on_payload)),
-      endpoints_(split_endpoints(opts_.endpoint)),
+      endpoints_(util::split_endpoints(opts_.endpoint)),
       heartbeat_(opts_.heartbeat),
       jitter_(std::random_device{}()) {}
 
@@ -344,10 +325,12 @@ void session::handle(codec::message&& m, util::time_point now) {
       revoked(now, detail);
       return;
     }
+    // An expired or faulted session is gone for good; a broker that stops (503) sends us on
+    // to the next broker of the list.
     if (d->code == code(codec::error_code::expired) ||
         d->code == code(codec::error_code::too_many_faults))
-      token_ = 0;                                                   // that session is gone for good
-    if (d->code == code(codec::error_code::busy)) next_endpoint();  // it stops: try another
+      token_ = 0;
+    if (d->code == code(codec::error_code::busy)) next_endpoint();
     retry_later(now, detail);
   } else if (!std::holds_alternative<codec::heartbeat>(m) && on_message_) {
     on_message_(std::move(m));  // task traffic: the SDK role above the session deals with it

@@ -40,10 +40,6 @@ struct session_options {
 /// Throws std::invalid_argument naming the first bad option.
 void validate(const session_options& o);
 
-/// The endpoints of a list ("tcp://a:7235,tcp://b:7235"); throws std::invalid_argument for
-/// an empty one.
-std::vector<std::string> split_endpoints(const std::string& list);
-
 /// The payload frame of a PUBLISH (SPEC §17.1.1): `size` bytes at `offset` of `bytes`, kept
 /// alive until libzmq has sent them, so a large payload (or a fragment of one) is not copied
 /// on its way out, however many times it is sent.

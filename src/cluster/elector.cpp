@@ -152,11 +152,8 @@ void elector::run() {
           const auto asked = util::clock::now();
           const auto lease = etcd.grant(cfg_.lease_ttl.count());
           std::optional<etcd_kv> holder;
-          const json value = {{"member", cfg_.member},
-                              {"advertise", cfg_.advertise},
-                              {"since", std::chrono::duration_cast<std::chrono::milliseconds>(
-                                            std::chrono::system_clock::now().time_since_epoch())
-                                            .count()}};
+          const json value = {
+              {"member", cfg_.member}, {"advertise", cfg_.advertise}, {"since", util::wall_ms()}};
           if (etcd.create(key(), value.dump(), lease.id, &holder) && holder) {
             lease_ = lease.id;
             epoch_ = holder->create_revision;

@@ -32,6 +32,7 @@
 #include "cluster/membership.hpp"
 #include "rlbus_version.h"
 #include "util/curve_keys.hpp"
+#include "util/endpoint_list.hpp"
 #include "util/log.hpp"
 #include "util/run_lock.hpp"
 
@@ -165,12 +166,7 @@ int serve_alone(zmq::context_t& ctx, const rlbus::broker::config& cfg, signal_th
 int serve_in_group(zmq::context_t& ctx, const rlbus::broker::config& cfg, signal_thread& signals) {
   rlbus::broker::validate(cfg);  // before the group hears of it
   rlbus::cluster::elector_config ec;
-  for (std::size_t from = 0; from <= cfg.cluster_etcd.size();) {
-    auto to = cfg.cluster_etcd.find(',', from);
-    if (to == std::string::npos) to = cfg.cluster_etcd.size();
-    if (to > from) ec.etcd.push_back(cfg.cluster_etcd.substr(from, to - from));
-    from = to + 1;
-  }
+  ec.etcd = rlbus::util::split_endpoints(cfg.cluster_etcd);
   ec.group = cfg.cluster_name;
   ec.member = cfg.cluster_member.empty() ? cfg.advertise : cfg.cluster_member;
   ec.advertise = cfg.advertise;
@@ -192,9 +188,7 @@ int serve_in_group(zmq::context_t& ctx, const rlbus::broker::config& cfg, signal
     member = std::make_unique<rlbus::cluster::membership>(
         ec.etcd, ec.group,
         rlbus::cluster::member_info{ec.member, ec.advertise, RLBUS_VERSION,
-                                    std::chrono::duration_cast<std::chrono::milliseconds>(
-                                        std::chrono::system_clock::now().time_since_epoch())
-                                        .count()},
+                                    static_cast<std::int64_t>(rlbus::util::wall_ms())},
         ec.lease_ttl, std::chrono::seconds(2));
   } catch (const std::exception& e) {
     spdlog::critical("cannot start: group {}: {}", ec.group, e.what());

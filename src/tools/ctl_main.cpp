@@ -24,6 +24,7 @@
 #include "cluster/membership.hpp"
 #include "codec/codec.hpp"
 #include "rlbus/types.hpp"
+#include "util/endpoint_list.hpp"
 
 namespace {
 
@@ -45,7 +46,7 @@ struct failure {
 class broker_link {
  public:
   broker_link(const std::string& endpoints, std::optional<rlbus::curve_keys> keys)
-      : endpoints_(rlbus::client::detail::split_endpoints(endpoints)), keys_(std::move(keys)) {
+      : endpoints_(rlbus::util::split_endpoints(endpoints)), keys_(std::move(keys)) {
     for (const auto& e : endpoints_)  // a typo is a usage error, before anything is asked
       if (e.find("://") == std::string::npos)
         throw std::invalid_argument(
@@ -317,7 +318,7 @@ int show_cluster(const std::string& etcd_urls, const std::string& group,
   rlbus::cluster::leader_info leader;
   std::vector<rlbus::cluster::member_info> members;
   try {
-    const auto urls = rlbus::client::detail::split_endpoints(etcd_urls);
+    const auto urls = rlbus::util::split_endpoints(etcd_urls);
     leader = rlbus::cluster::leader_of(urls, group, timeout);
     members = rlbus::cluster::members_of(urls, group, timeout);
   } catch (const std::invalid_argument& e) {
@@ -327,9 +328,7 @@ int show_cluster(const std::string& etcd_urls, const std::string& group,
     std::fprintf(stderr, "rlbus-ctl: group %s: %s\n", group.c_str(), e.what());
     return exit_no_answer;
   }
-  const auto now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count();
+  const auto now_ms = static_cast<std::int64_t>(rlbus::util::wall_ms());
   const auto for_ms = [&](std::int64_t since) {
     return json(static_cast<std::uint64_t>(std::max<std::int64_t>(now_ms - since, 0)));
   };
