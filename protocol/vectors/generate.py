@@ -41,6 +41,8 @@ TYPES = {"HELLO": 0x01, "WELCOME": 0x02, "HEARTBEAT": 0x03, "DISCONNECT": 0x04,
          "DATA_BATCH": 0x4B,
          # operations (SPEC §16)
          "OPS": 0x50, "OPS_REPLY": 0x51,
+         # replication between the brokers of a group (SPEC §14.10)
+         "SYNC": 0x80, "SNAPSHOT": 0x81, "RECORDS": 0x82, "SYNCED": 0x83,
          # the topic bus (SPEC §17)
          **bus_vectors.TYPES}
 
@@ -120,6 +122,23 @@ VALID = [
     valid("error_not_leader_unknown", "ERROR",
           {"code": 421, "reason": "a standby of group rlbus: no leader yet", "ref_type": 3},
           "a standby that knows no leader yet: the peer tries its next endpoint"),
+]
+
+# Replication between the brokers of a group (SPEC §14.10): a journal record as the file holds
+# it (length, CRC-32, type, body), here an ENDED record of task t-1.
+JOURNAL_RECORD = bytes.fromhex("08000000" "57518cf2" "0403000000742d31")
+VALID += [
+    valid("sync", "SYNC", {"member": "broker-b", "leader_epoch": 1207},
+          "a standby asks the leader of epoch 1207 for its journal"),
+    valid("snapshot_part", "SNAPSHOT",
+          {"leader_epoch": 1207, "position": 0, "records": JOURNAL_RECORD, "last": False},
+          "a part of the journal, whole records only; more parts follow"),
+    valid("snapshot_empty", "SNAPSHOT", {"leader_epoch": 1207, "position": 4096, "last": True},
+          "the last part, with no record in it: the journal stands at position 4096"),
+    valid("records", "RECORDS", {"leader_epoch": 1207, "position": 4096, "records": JOURNAL_RECORD},
+          "records the leader wrote, from position 4096 of its stream"),
+    valid("synced", "SYNCED", {"position": 4112},
+          "the standby's journal holds the stream up to position 4112"),
 ]
 
 # Task messages (SPEC §12), with the values a DI-engine-style parallel pipeline would send.

@@ -443,8 +443,8 @@ def decode_body(type_id_: int, body: bytes) -> Message:
     spec = BY_ID.get(type_id_)
     if spec is None:
         raise ProtocolError(404, f"unknown type id 0x{type_id_:02x}")
-    if spec.transport != "router":
-        raise ProtocolError(404, f"{spec.name} never travels on the ROUTER endpoint")
+    if spec.transport == "pub":
+        raise ProtocolError(404, f"{spec.name} travels on the event endpoint, in its own frames")
     body = bytes(body)
     entries = _read_map(body)
     values: Dict[str, Any] = {}

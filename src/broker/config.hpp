@@ -149,6 +149,11 @@ struct config {
   std::string advertise;
   std::uint32_t cluster_lease_ms = 2000;
   std::uint32_t cluster_margin_ms = 500;
+  /// Where the leader streams its journal to the standbys (SPEC §14.10); empty: the router
+  /// endpoint's host on a port of the system's choosing, advertised with --advertise's host.
+  std::string cluster_replication;
+  /// How long the leader holds back what it sends for a standby in sync that lacks a record.
+  std::uint32_t cluster_sync_timeout_ms = 1000;
 
   // ---- policies (SPEC §13) ----
   /// Most policy ids the broker keeps a latest version of.

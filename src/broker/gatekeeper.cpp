@@ -256,6 +256,13 @@ std::pair<std::string, std::string> gatekeeper::decide(std::string_view domain,
       it != per_address_.end() && it->second > cfg_.max_connections_per_address)
     return refuse(counts_.refused_address, fmt::format("{} holds its maximum of {} connections",
                                                        address, cfg_.max_connections_per_address));
+  if (curve_ && domain == zap_domain_replication) {
+    // The brokers of a group share one key pair: only that key may copy the journal.
+    if (mechanism != "CURVE" || key != public_key_)
+      return refuse(counts_.refused_key, "only the group's brokers may replicate its journal");
+    ++counts_.admitted;
+    return {"200", "OK"};
+  }
   if (curve_) {
     // libzmq asks only about the mechanism the socket serves; a request for another one
     // would be a bug, and is refused like an unknown key.

@@ -35,6 +35,7 @@ namespace rlbus::broker {
 /// ZAP domains: which socket a connection is for.
 inline constexpr std::string_view zap_domain_router = "rlbus";
 inline constexpr std::string_view zap_domain_events = "rlbus.events";
+inline constexpr std::string_view zap_domain_replication = "rlbus.replication";
 
 struct gate_counts {
   std::uint64_t connections = 0;         // live TCP/IPC connections, both sockets

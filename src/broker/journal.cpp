@@ -25,7 +25,7 @@ namespace rlbus::broker {
 
 namespace {
 
-constexpr std::string_view signature{"RLBUSJ1\n"};
+constexpr std::string_view file_signature{"RLBUSJ1\n"};
 constexpr std::size_t record_header = 8;  // length, CRC
 // A record holds at most a task_info or an event body (each within max-message) and a few ids.
 constexpr std::size_t max_record = std::size_t{64} * 1024 * 1024;
@@ -168,7 +168,7 @@ journal::journal(std::string path, fsync_policy fsync, const codec::decode_limit
     : path_(real_path(path)), fsync_(fsync), compact_bytes_(compact_bytes) {
   if (path_ != path) spdlog::info("journal {}: the file {} names", path_, path);
   lock();
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+  fd_ = ::open(path_.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
   if (fd_ < 0) throw journal_error(fmt::format("journal {}: cannot open: {}", path_, errno_text()));
   lock_file(fd_);  // before anything is read: a hard link of a live journal is refused here
   try {
@@ -180,10 +180,10 @@ journal::journal(std::string path, fsync_policy fsync, const codec::decode_limit
   if (loaded_.short_signature && ::ftruncate(fd_, 0) != 0)
     throw journal_error(fmt::format("journal {}: cannot empty it: {}", path_, errno_text()));
   if (loaded_.bytes == 0) {
-    write_all(signature.data(), signature.size());
+    write_all(file_signature.data(), file_signature.size());
     sync();
   }
-  size_ = std::max(loaded_.bytes, signature.size());
+  size_ = std::max(loaded_.bytes, file_signature.size());
   compact_at_ = std::max(compact_bytes_, 2 * size_);
 }
 
@@ -221,34 +221,38 @@ void journal::lock_file(int fd) {
 // journal itself is replaced at each compaction, so the lock on it moves with each new file).
 // The file says which process holds it.
 void journal::lock() {
-  const auto lock_path = path_ + ".lock";
-  lock_.fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (lock_.fd < 0)
+  lock_.fd = lock_path(path_);
+}
+
+int journal::lock_path(const std::string& path) {
+  const auto lock_path = path + ".lock";
+  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0)
     throw journal_error(
-        fmt::format("journal {}: cannot open its lock {}: {}", path_, lock_path, errno_text()));
-  if (::flock(lock_.fd, LOCK_EX | LOCK_NB) != 0) {
+        fmt::format("journal {}: cannot open its lock {}: {}", path, lock_path, errno_text()));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const auto why = errno;
     char held[32] = {};
-    const auto n = ::pread(lock_.fd, held, sizeof held - 1, 0);
+    const auto n = ::pread(fd, held, sizeof held - 1, 0);
     std::string holder(held, n > 0 ? static_cast<std::size_t>(n) : 0);
     holder.erase(
         std::remove_if(holder.begin(), holder.end(), [](char c) { return c < '0' || c > '9'; }),
         holder.end());
-    ::close(lock_.fd);
-    lock_.fd = -1;
+    ::close(fd);
     if (why == EWOULDBLOCK)
       throw journal_in_use(fmt::format(
           "journal {}: another broker is using it{} (it holds {}); two brokers on one journal "
           "would both run its tasks. Stop that one first, or give this one a journal of its own",
-          path_, holder.empty() ? "" : fmt::format(" (process {})", holder), lock_path));
+          path, holder.empty() ? "" : fmt::format(" (process {})", holder), lock_path));
     throw journal_error(
-        fmt::format("journal {}: cannot lock {}: {}", path_, lock_path, std::strerror(why)));
+        fmt::format("journal {}: cannot lock {}: {}", path, lock_path, std::strerror(why)));
   }
   const auto pid = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(lock_.fd, 0) != 0 ||
-      ::pwrite(lock_.fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
-    spdlog::warn("journal {}: cannot write this process's id into {}: {}", path_, lock_path,
+  if (::ftruncate(fd, 0) != 0 ||
+      ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
+    spdlog::warn("journal {}: cannot write this process's id into {}: {}", path, lock_path,
                  errno_text());
+  return fd;
 }
 
 // The file as it was read, beside it, before a compaction writes it afresh without its torn
@@ -296,7 +300,7 @@ void journal::load(const codec::decode_limits& limits) {
   ::close(fd);
   loaded_.bytes = data.size();
   if (data.empty()) return;
-  if (data.size() < signature.size() && signature.substr(0, data.size()) == data) {
+  if (data.size() < file_signature.size() && file_signature.substr(0, data.size()) == data) {
     // A crash while the file was being created: it never held a record.
     spdlog::warn(
         "journal {}: {} bytes, the start of a signature and nothing else (a crash "
@@ -306,7 +310,8 @@ void journal::load(const codec::decode_limits& limits) {
     loaded_.short_signature = true;
     return;
   }
-  if (data.size() < signature.size() || data.compare(0, signature.size(), signature) != 0)
+  if (data.size() < file_signature.size() ||
+      data.compare(0, file_signature.size(), file_signature) != 0)
     throw journal_error(fmt::format(
         "journal {}: not an rlbus journal (its first bytes are not the signature); name "
         "another file or move this one aside",
@@ -315,7 +320,7 @@ void journal::load(const codec::decode_limits& limits) {
   std::unordered_map<std::string, journal_task> tasks;
   std::map<std::string, journal_state::stream>& streams = loaded_.streams;
   std::map<std::string, journal_state::policy> policies;
-  std::size_t pos = signature.size();
+  std::size_t pos = file_signature.size();
   const auto damaged = [&](std::size_t at, const std::string& what) {
     throw journal_error(fmt::format(
         "journal {}: the record at byte {} {}, and {} bytes follow it: the file is damaged, "
@@ -470,11 +475,16 @@ void journal::append(std::uint8_t type, const std::string& body, bool through) {
   rec.reserve(1 + body.size());
   rec.push_back(static_cast<char>(type));
   rec.append(body);
+  const auto from = buf_.size();
   put_u32(buf_, static_cast<std::uint32_t>(rec.size()));
   put_u32(buf_, crc_of(rec));
   buf_.append(rec);
   size_ += record_header + rec.size();
   ++stats_.records;
+  if (!compacting_) {
+    position_ += record_header + rec.size();
+    if (tap_) tap_(std::string_view(buf_).substr(from));
+  }
   if (through && !compacting_) flush();
 }
 
@@ -590,10 +600,57 @@ std::optional<util::time_point> journal::next_due() const {
   return sync_due_;
 }
 
+std::string_view journal::signature() {
+  return file_signature;
+}
+
+std::size_t journal::whole_records(std::string_view bytes, std::string* why) {
+  std::size_t at = 0;
+  while (at < bytes.size()) {
+    if (bytes.size() - at < record_header) {
+      if (why) *why = fmt::format("a record header cut short at byte {}", at);
+      return at;
+    }
+    const auto* p = reinterpret_cast<const unsigned char*>(bytes.data() + at);
+    const auto u32 = [&](std::size_t o) {
+      return static_cast<std::uint32_t>(p[o]) | static_cast<std::uint32_t>(p[o + 1]) << 8U |
+             static_cast<std::uint32_t>(p[o + 2]) << 16U |
+             static_cast<std::uint32_t>(p[o + 3]) << 24U;
+    };
+    const auto length = u32(0);
+    if (length == 0 || length > max_record || length > bytes.size() - at - record_header) {
+      if (why) *why = fmt::format("a record of length {} at byte {} does not fit", length, at);
+      return at;
+    }
+    if (crc_of(bytes.substr(at + record_header, length)) != u32(4)) {
+      if (why) *why = fmt::format("the record at byte {} fails its checksum", at);
+      return at;
+    }
+    at += record_header + length;
+  }
+  return at;
+}
+
+std::string journal::records_in_file() {
+  flush();
+  std::string out(size_ - file_signature.size(), '\0');
+  std::size_t got = 0;
+  while (got < out.size()) {
+    const auto n = ::pread(fd_, out.data() + got, out.size() - got,
+                           static_cast<off_t>(file_signature.size() + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      throw journal_error(fmt::format("journal {}: cannot read it back: {}", path_,
+                                      n < 0 ? errno_text() : std::string("it is shorter")));
+    got += static_cast<std::size_t>(n);
+  }
+  return out;
+}
+
 void journal::compact(const std::function<void(journal&)>& fill) {
   flush();
   const auto tmp = path_ + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  const int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0)
     throw journal_error(fmt::format("journal {}: cannot create {}: {}", path_, tmp, errno_text()));
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0)  // the new file carries the journal's lock on
@@ -603,8 +660,8 @@ void journal::compact(const std::function<void(journal&)>& fill) {
   fd_ = fd;
   size_ = 0;
   try {
-    write_all(signature.data(), signature.size());
-    size_ = signature.size();
+    write_all(file_signature.data(), file_signature.size());
+    size_ = file_signature.size();
     compacting_ = true;  // one write and one sync at the end, not one per record
     fill(*this);
     compacting_ = false;

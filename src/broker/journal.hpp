@@ -133,6 +133,25 @@ class journal {
   /// Replaces the file with the records `fill` writes (the live state), atomically.
   void compact(const std::function<void(journal&)>& fill);
 
+  // ---- replication to the standbys of a group (SPEC §14.10) ----
+  /// Bytes of records appended since the journal was opened, compactions aside: the position
+  /// of the leadership's record stream.
+  [[nodiscard]] std::uint64_t position() const noexcept { return position_; }
+  /// Called with each record appended from now on (length, checksum, type, body), as the file
+  /// holds it, before it is written.
+  void tap(std::function<void(std::string_view record)> f) { tap_ = std::move(f); }
+  /// The records the file holds now (after its signature), all written first: the journal
+  /// as it stands at position().
+  [[nodiscard]] std::string records_in_file();
+  /// What every journal file starts with.
+  static std::string_view signature();
+  /// How many bytes of `bytes` are whole, sound records from its start; `why` says what is
+  /// wrong with the rest, if anything is.
+  static std::size_t whole_records(std::string_view bytes, std::string* why = nullptr);
+  /// Locks PATH.lock for `path` as a broker does for its journal's life, and returns the
+  /// descriptor that holds the lock. Throws journal_in_use when another process holds it.
+  static int lock_path(const std::string& path);
+
   struct counters {
     std::uint64_t records = 0, bytes = 0, fsyncs = 0, compactions = 0;
   };
@@ -166,6 +185,8 @@ class journal {
   std::optional<util::time_point> sync_due_;
   journal_state loaded_;
   counters stats_;
+  std::uint64_t position_ = 0;
+  std::function<void(std::string_view)> tap_;
 };
 
 }  // namespace rlbus::broker

@@ -61,7 +61,8 @@ std::string resources_text(const rlbus::resources& res) {
 }  // namespace
 
 server::server(zmq::context_t& ctx, config cfg)
-    : cfg_((validate(cfg), std::move(cfg))),
+    : ctx_(ctx),
+      cfg_((validate(cfg), std::move(cfg))),
       epoch_(util::random_u64_nonzero()),
       gate_(ctx, cfg_),
       meter_(cfg_.max_connection_bytes, cfg_.memory_budget),
@@ -167,15 +168,17 @@ void server::run() {
       if (auto due = journal_->next_due()) deadline = std::min(deadline, *due);
     if (draining_) deadline = std::min(deadline, drain_end_);
     if (fence_) deadline = std::min(deadline, fence_());
+    if (repl_) deadline = std::min(deadline, repl_->next_due());
     // Built each turn: the event socket is a new one after a subscriber's key was revoked.
     items.assign({{router_.handle(), 0, ZMQ_POLLIN, 0},
                   {nullptr, wake_.read_fd(), ZMQ_POLLIN, 0},
-                  {events_.handle(), 0, ZMQ_POLLIN, 0}});
+                  {events_.handle(), 0, ZMQ_POLLIN, 0},
+                  {repl_ ? repl_->socket().handle() : nullptr, repl_ ? 0 : -1, ZMQ_POLLIN, 0}});
     gate_.poll_items(items);
     util::poll(items.data(), items.size(), util::poll_timeout_ms(now, deadline));
     if ((items[1].revents & ZMQ_POLLIN) != 0) wake_.drain();
     // The door first: a connection is let in (or not) before its first message is read.
-    if (std::any_of(items.begin() + 3, items.end(),
+    if (std::any_of(items.begin() + 4, items.end(),
                     [](const zmq::pollitem_t& i) { return (i.revents & ZMQ_POLLIN) != 0; }))
       gate_.on_readable();
     if (const auto r = reload_requests_.load(std::memory_order_relaxed); r != reloads_done_) {
@@ -185,6 +188,7 @@ void server::run() {
     // Subscriptions first: an event made in this round goes to whoever asked by now.
     if ((items[2].revents & ZMQ_POLLIN) != 0) events_.read_subscriptions();
     now = util::clock::now();
+    if (repl_ && (items[3].revents & ZMQ_POLLIN) != 0) repl_->on_readable(now);
     if ((items[0].revents & ZMQ_POLLIN) != 0) drain_router();
     now = util::clock::now();
     bus_.end_of_turn();
@@ -210,6 +214,10 @@ void server::run() {
       bus_.pump(now);
       publish_status(now);
     }
+    if (repl_) {
+      repl_->push(util::clock::now());
+      release_held();
+    }
     store_counters();
   }
   if (fenced_) {
@@ -220,6 +228,81 @@ void server::run() {
     return;
   }
   shutdown(why_stopped);
+}
+
+void server::fence(std::function<util::time_point()> until, std::uint64_t leader_epoch,
+                   const std::string& replication) {
+  fence_ = std::move(until);
+  leader_epoch_ = leader_epoch;
+  if (!journal_ || replication.empty()) return;
+  repl_ = std::make_unique<replicator>(
+      ctx_, gate_,
+      replicator_config{replication, leader_epoch,
+                        std::chrono::milliseconds(cfg_.cluster_sync_timeout_ms), cfg_.max_message},
+      *journal_);
+}
+
+std::vector<replicator::standby_state> server::standbys() const {
+  return repl_ ? repl_->standbys() : std::vector<replicator::standby_state>{};
+}
+
+bool server::holding() {
+  if (!repl_) return false;
+  if (!held_.empty()) return true;
+  if (repl_->held_by_all() >= journal_->position()) return false;
+  repl_->push(util::clock::now());  // the records go out before what depends on them waits
+  return true;
+}
+
+void server::emit(zmq::message_t&& frame, bool more) {
+  if (held_open_) {
+    held_.back().frames.push_back(std::move(frame));
+    held_open_ = more;
+    return;
+  }
+  router_.send(frame, more ? zmq::send_flags::sndmore : zmq::send_flags::none);
+}
+
+void server::release_held() {
+  if (held_.empty()) return;
+  const auto held_by_all = repl_->held_by_all();
+  while (!held_.empty() && held_.front().position <= held_by_all && !past_fence()) {
+    auto& h = held_.front();
+    if (h.event) {
+      events_.publish(h.event->first, std::move(h.event->second));
+    } else {
+      try {
+        if (router_.send(h.frames[0], zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+          for (std::size_t i = 1; i < h.frames.size(); ++i)
+            router_.send(h.frames[i], i + 1 < h.frames.size() ? zmq::send_flags::sndmore
+                                                              : zmq::send_flags::none);
+        } else {
+          counters_.unroutable.fetch_add(1, std::memory_order_relaxed);
+        }
+      } catch (const zmq::error_t& e) {
+        if (e.num() != EHOSTUNREACH) throw;
+        counters_.unroutable.fetch_add(1, std::memory_order_relaxed);  // connection is gone
+      }
+    }
+    held_.pop_front();
+  }
+}
+
+void server::settle_held() {
+  if (!repl_ || held_.empty()) return;
+  const auto until = util::clock::now() + std::chrono::milliseconds(cfg_.cluster_sync_timeout_ms);
+  while (!held_.empty() && util::clock::now() < until && !past_fence()) {
+    zmq::pollitem_t item{repl_->socket().handle(), 0, ZMQ_POLLIN, 0};
+    util::poll(&item, 1, 10);
+    const auto now = util::clock::now();
+    repl_->on_readable(now);
+    repl_->push(now);
+    release_held();
+  }
+  if (!held_.empty())
+    spdlog::warn("stopped with {} messages that no standby confirmed: they are not sent",
+                 held_.size());
+  held_.clear();
 }
 
 bool server::past_fence() {
@@ -359,8 +442,12 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
       return on_disconnect(*p, std::get<codec::disconnect>(msg));
     default:
       return fault(routing_id, p, codec::error_code::unknown_type,
-                   fmt::format("{} is sent by the broker, never to it",
-                               codec::type_name(header->type).value_or("?")),
+                   codec::is_replication_type(header->type)
+                       ? fmt::format("{} travels between the brokers of a group, on the "
+                                     "leader's replication endpoint, never on this one",
+                                     codec::type_name(header->type).value_or("?"))
+                       : fmt::format("{} is sent by the broker, never to it",
+                                     codec::type_name(header->type).value_or("?")),
                    header->type);
   }
 }
@@ -651,6 +738,16 @@ util::send_meter::account* server::send_head(std::string_view routing_id, codec:
     counters_.over_bytes.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
   }
+  const auto header = codec::make_header(type);
+  if (holding()) {
+    held h{journal_->position(), {}, std::nullopt};
+    h.frames.emplace_back(routing_id.data(), routing_id.size());
+    h.frames.emplace_back(header.data(), header.size());
+    held_.push_back(std::move(h));
+    held_open_ = true;
+    counters_.sent_by_type[static_cast<std::uint8_t>(type)].fetch_add(1, std::memory_order_relaxed);
+    return &account;
+  }
   try {
     if (!router_.send(zmq::buffer(routing_id),
                       zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
@@ -662,7 +759,6 @@ util::send_meter::account* server::send_head(std::string_view routing_id, codec:
     counters_.unroutable.fetch_add(1, std::memory_order_relaxed);  // connection is gone
     return nullptr;
   }
-  const auto header = codec::make_header(type);
   router_.send(zmq::buffer(header), zmq::send_flags::sndmore);
   counters_.sent_by_type[static_cast<std::uint8_t>(type)].fetch_add(1, std::memory_order_relaxed);
   return &account;
@@ -673,7 +769,7 @@ bool server::send(std::string_view routing_id, const codec::message& m) {
   codec::encode_body(m, out_);
   auto* account = send_head(routing_id, codec::type_of(m), out_.size());
   if (account == nullptr) return false;
-  util::send_last_frame(router_, meter_, *account, out_);
+  emit(util::charged_frame(meter_, *account, out_), false);
   counters_.messages_out.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
@@ -733,7 +829,7 @@ bool server::send_encoded(std::string_view peer_id, codec::msg_type type,
   if (p == nullptr) return false;
   auto* account = send_head(p->routing_id, type, body.size());
   if (account == nullptr) return false;
-  body.send_last(router_, meter_, *account);
+  emit(body.charged(meter_, *account), false);
   counters_.messages_out.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
@@ -747,12 +843,13 @@ bool server::send_delivery(std::string_view peer_id, const codec::deliver& d,
   const auto size = payload ? payload->size() : 0;
   auto* account = send_head(p->routing_id, codec::msg_type::deliver, out_.size() + size);
   if (account == nullptr) return false;
-  meter_.send_last(router_, *account, {out_.data(), out_.size()}, zmq::send_flags::sndmore);
+  emit(meter_.charge(*account, {out_.data(), out_.size()}), true);
   if (size < util::zero_copy_from) {
-    meter_.send_last(router_, *account, payload ? payload->view() : std::string_view{});
+    emit(meter_.charge(*account, payload ? payload->view() : std::string_view{}), false);
   } else {  // the publisher's frame itself: the message holds a reference until libzmq is done
-    meter_.send_last_shared(router_, *account, payload->view(), new payload_ref(payload),
-                            [](void* held) { delete static_cast<payload_ref*>(held); });
+    emit(meter_.charge_shared(*account, payload->view(), new payload_ref(payload),
+                              [](void* held) { delete static_cast<payload_ref*>(held); }),
+         false);
   }
   counters_.messages_out.fetch_add(1, std::memory_order_relaxed);
   return true;
@@ -782,7 +879,11 @@ void server::on_bus(std::string_view routing_id, peer& p, std::uint8_t type, std
 
 void server::publish(std::string_view topic, decltype(codec::event::body) body) {
   if (past_fence()) return;
-  events_.publish(topic, std::move(body));
+  if (holding()) {
+    held_.push_back({journal_->position(), {}, std::pair{std::string(topic), std::move(body)}});
+  } else {
+    events_.publish(topic, std::move(body));
+  }
   counters_.events.fetch_add(1, std::memory_order_relaxed);
   counters_.events_unheard.store(events_.unheard(), std::memory_order_relaxed);
 }
@@ -834,6 +935,7 @@ void server::shutdown(const std::string& reason) {
     (void)send(p.routing_id, codec::disconnect{static_cast<std::uint16_t>(codec::error_code::busy),
                                                "broker shutting down"});
   });
+  settle_held();
   router_.set(zmq::sockopt::linger, static_cast<int>(cfg_.shutdown_linger_ms));
   events_.set_linger(static_cast<int>(cfg_.shutdown_linger_ms));
   spdlog::info("broker stopped: {} messages in, {} out, {} refused, {} expired, {} quarantines",

@@ -42,6 +42,7 @@
 #include "broker/journal.hpp"
 #include "broker/metrics.hpp"
 #include "broker/peer_table.hpp"
+#include "broker/replicator.hpp"
 #include "broker/task_manager.hpp"
 #include "broker/task_sink.hpp"
 #include "broker/topic_bus.hpp"
@@ -79,11 +80,14 @@ class server : private task_sink, private bus_sink {
   /// The leader of a group of brokers (cluster/elector.hpp) serves only until `until()`, which
   /// the group's election moves on. Past it the broker sends nothing more, not even a
   /// DISCONNECT, and run() returns at once: another broker of the group may be serving by
-  /// then. `leader_epoch` is the leadership's epoch, named in every WELCOME. Before run().
-  void fence(std::function<util::time_point()> until, std::uint64_t leader_epoch) {
-    fence_ = std::move(until);
-    leader_epoch_ = leader_epoch;
-  }
+  /// then. `leader_epoch` is the leadership's epoch, named in every WELCOME. With a journal
+  /// and a `replication` endpoint, the broker streams its journal to the group's standbys
+  /// there and sends a peer nothing before every standby in sync holds what it depends on
+  /// (SPEC §14.10). Before run().
+  void fence(std::function<util::time_point()> until, std::uint64_t leader_epoch,
+             const std::string& replication = "");
+  /// The standbys that copy this leader's journal (empty without replication).
+  [[nodiscard]] std::vector<replicator::standby_state> standbys() const;
   /// Whether run() returned for its fence.
   [[nodiscard]] bool fenced() const noexcept { return fenced_; }
 
@@ -154,6 +158,23 @@ class server : private task_sink, private bus_sink {
   /// erases the peer itself.
   void forget_session(const peer& p, codec::error_code code, std::string reason);
   bool send(std::string_view routing_id, const codec::message& m);
+  // Holding back (SPEC §14.10): while a standby in sync lacks a record the journal wrote, what
+  // the broker sends waits here, in order, with the position it depends on.
+  struct held {
+    std::uint64_t position = 0;
+    std::vector<zmq::message_t> frames;  // routing id, header, body[, payload]
+    std::optional<std::pair<std::string, decltype(codec::event::body)>> event;  // or this
+  };
+  [[nodiscard]] bool holding();
+  /// A frame of the message being sent: to the ROUTER, or to the held message.
+  void emit(zmq::message_t&& frame, bool more);
+  /// Sends what every standby in sync now holds the records of.
+  void release_held();
+  /// At a stop: waits up to sync-timeout for the standbys to take what is held.
+  void settle_held();
+  std::unique_ptr<replicator> repl_;
+  std::deque<held> held_;
+  bool held_open_ = false;  // the last held message still takes frames
   /// What the task manager said of a task message: a refusal is answered and counted.
   void task_result(std::string_view routing_id, peer* p, std::optional<refusal> refused,
                    std::uint8_t type);
@@ -171,6 +192,7 @@ class server : private task_sink, private bus_sink {
   void shutdown(const std::string& reason);
   void cut_stalled(util::time_point now);
 
+  zmq::context_t& ctx_;
   config cfg_;
   std::uint64_t epoch_;
   gatekeeper gate_;         // before the sockets it guards

@@ -186,6 +186,14 @@ std::vector<setting> make_table() {
        "the leader stops serving this long before its lease could run out, as counted on its "
        "own clock from its last renewal; at least a quarter of the lease",
        &c::cluster_margin_ms, 100, 60'000, any, "ms", "cluster-lease-margin"},
+      {"cluster", "replication",
+       "where the leader streams its journal to the group's standbys, e.g. tcp://*:7237 (empty: "
+       "the router endpoint's host on a free port); the standbys reach it at --advertise's host",
+       &c::cluster_replication, 0, 0, any, "", "cluster-replication"},
+      {"cluster", "sync-timeout",
+       "how long the leader holds back what it sends while a standby in sync lacks a record it "
+       "wrote; past it the leader lets that standby go and serves on",
+       &c::cluster_sync_timeout_ms, 10, 60'000, any, "ms", "cluster-sync-timeout"},
       // ---- policies ----
       {"policies", "policy-max-ids", "most policy ids the broker keeps a latest version of",
        &c::policy_max_ids, 1, 1'000'000},

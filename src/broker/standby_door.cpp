@@ -21,11 +21,12 @@ constexpr std::size_t door_max_message = 64 * 1024;  // a HELLO is far smaller
 constexpr std::size_t max_frames = 4;
 }  // namespace
 
-standby_door::standby_door(zmq::context_t& ctx, const config& cfg)
+standby_door::standby_door(zmq::context_t& ctx, const config& cfg, const std::string& replication)
     : cfg_(cfg),
       gate_(ctx, cfg),
       router_(ctx, zmq::socket_type::router),
-      events_(ctx, zmq::socket_type::pub) {
+      events_(ctx, zmq::socket_type::pub),
+      replication_(ctx, zmq::socket_type::router) {
   router_.set(zmq::sockopt::router_mandatory, 1);
   router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(door_max_message));
   router_.set(zmq::sockopt::linger, 0);
@@ -37,6 +38,12 @@ standby_door::standby_door(zmq::context_t& ctx, const config& cfg)
   events_.set(zmq::sockopt::linger, 0);
   (void)gate_.secure(events_, zap_domain_events);
   util::bind_freed(events_, normalize_endpoint(cfg_.events_endpoint));
+  replication_.set(zmq::sockopt::linger, 0);
+  if (!replication.empty()) {
+    (void)gate_.secure(replication_, zap_domain_replication);
+    util::bind_freed(replication_, replication);
+    replication_endpoint_ = replication_.get(zmq::sockopt::last_endpoint);
+  }
 }
 
 void standby_door::serve(const leader_hint& leader, util::time_point until, int wake_fd) {

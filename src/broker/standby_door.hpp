@@ -29,13 +29,18 @@ struct leader_hint {
 
 class standby_door {
  public:
-  /// Binds the ROUTER endpoint of `cfg` (throws zmq::error_t when it is in use).
-  standby_door(zmq::context_t& ctx, const config& cfg);
+  /// Binds the ROUTER endpoint of `cfg` (throws zmq::error_t when it is in use), and holds
+  /// `replication` (if given) for when the broker leads.
+  standby_door(zmq::context_t& ctx, const config& cfg, const std::string& replication = "");
 
   /// Answers what comes until `until`, or sooner once `wake_fd` (-1: none) is readable.
   void serve(const leader_hint& leader, util::time_point until, int wake_fd = -1);
 
   [[nodiscard]] const std::string& endpoint() const noexcept { return endpoint_; }
+  /// The replication endpoint as bound ("*" ports resolved), "" when none was given.
+  [[nodiscard]] const std::string& replication_endpoint() const noexcept {
+    return replication_endpoint_;
+  }
   /// How many messages were answered with NOT_LEADER, and how many were dropped (unreadable,
   /// from a connection cut at the door, or unroutable).
   [[nodiscard]] std::uint64_t refused() const noexcept { return refused_; }
@@ -51,7 +56,8 @@ class standby_door {
   // to outgoing connections, etcd's included, and keeps it for a minute after they close); it
   // publishes nothing.
   zmq::socket_t events_;
-  std::string endpoint_;
+  zmq::socket_t replication_;  // held, and read by nobody, as the event endpoint is
+  std::string endpoint_, replication_endpoint_;
   msgpack::sbuffer out_;
   std::uint64_t refused_ = 0, dropped_ = 0;
 };

@@ -24,6 +24,7 @@ leader_info leader_of(const etcd_kv& kv) {
   if (v.is_object()) {
     l.member = v.value("member", "");
     l.advertise = v.value("advertise", "");
+    l.replication = v.value("replication", "");
     l.since_ms = v.value("since", std::int64_t{0});
   }
   if (l.member.empty()) l.member = "(not a broker: " + kv.value.substr(0, 64) + ")";
@@ -152,8 +153,9 @@ void elector::run() {
           const auto asked = util::clock::now();
           const auto lease = etcd.grant(cfg_.lease_ttl.count());
           std::optional<etcd_kv> holder;
-          const json value = {
+          json value = {
               {"member", cfg_.member}, {"advertise", cfg_.advertise}, {"since", util::wall_ms()}};
+          if (!cfg_.replication.empty()) value["replication"] = cfg_.replication;
           if (etcd.create(key(), value.dump(), lease.id, &holder) && holder) {
             lease_ = lease.id;
             epoch_ = holder->create_revision;

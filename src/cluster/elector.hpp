@@ -36,6 +36,7 @@ struct elector_config {
   std::string group;              // the brokers that share one leader
   std::string member;             // this broker's name in the group, unique in it
   std::string advertise;          // where peers reach this broker when it leads
+  std::string replication;        // where its standbys reach it then (SPEC §14.10), if anywhere
   std::chrono::seconds lease_ttl{2};
   std::chrono::milliseconds margin{500};    // stop serving this long before the lease may end
   std::chrono::milliseconds renew{500};     // how often the leader renews
@@ -46,6 +47,7 @@ struct elector_config {
 /// The leader as an elector last saw it.
 struct leader_info {
   std::string member, advertise;
+  std::string replication;    // its replication endpoint ("" when it has none)
   std::int64_t epoch = 0;     // 0: no leader seen
   std::int64_t since_ms = 0;  // when it took the lead (ms of the Unix epoch, its own clock)
 };

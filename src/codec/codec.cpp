@@ -241,6 +241,14 @@ std::optional<std::string_view> type_name(std::uint8_t id) noexcept {
       return "BUS_ACK";
     case msg_type::bus_gap:
       return "BUS_GAP";
+    case msg_type::sync:
+      return "SYNC";
+    case msg_type::snapshot:
+      return "SNAPSHOT";
+    case msg_type::records:
+      return "RECORDS";
+    case msg_type::synced:
+      return "SYNCED";
     case msg_type::event:
       return "EVENT";
   }

@@ -81,6 +81,9 @@ bool is_task_type(std::uint8_t type) noexcept;
 bool is_ops_type(std::uint8_t type) noexcept;
 /// True for the type ids of the topic bus (SPEC §17: SUBSCRIBE 0x70 to BUS_GAP 0x77).
 bool is_bus_type(std::uint8_t type) noexcept;
+/// True for the type ids of replication between brokers (SPEC §14.10: SYNC 0x80 to SYNCED
+/// 0x83), which travel on a leader's replication endpoint only.
+bool is_replication_type(std::uint8_t type) noexcept;
 /// True for the messages that travel with a third frame, the payload (SPEC §17.1.1):
 /// PUBLISH and DELIVER.
 bool has_payload_frame(std::uint8_t type) noexcept;

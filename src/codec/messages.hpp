@@ -9,6 +9,7 @@
 
 #include "codec/bus_messages.hpp"
 #include "codec/protocol.hpp"
+#include "codec/replication_messages.hpp"
 #include "codec/task_messages.hpp"
 #include "codec/vocabulary.hpp"
 
@@ -114,7 +115,8 @@ using message =
                  policy_update,                         // a newer policy version (§13.4.7)
                  ops, ops_reply,                        // operations (§16)
                  subscribe, unsubscribe, subscribed,    // the topic bus (§17)
-                 publish, publish_credit, deliver, bus_ack, bus_gap>;
+                 publish, publish_credit, deliver, bus_ack, bus_gap,
+                 repl_sync, repl_snapshot, repl_records, repl_synced>;  // replication (§14.10)
 
 /// The type id each message struct travels under.
 constexpr msg_type type_of(const hello&) noexcept {

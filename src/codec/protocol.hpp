@@ -73,6 +73,11 @@ enum class msg_type : std::uint8_t {
   deliver = 0x75,  // with a payload frame
   bus_ack = 0x76,
   bus_gap = 0x77,
+  // replication between the brokers of a group (§14.10): standby <-> leader
+  sync = 0x80,
+  snapshot = 0x81,
+  records = 0x82,
+  synced = 0x83,
 };
 
 /// Name of a known type ("HELLO", ...), or nullopt for an unassigned id.

@@ -234,6 +234,14 @@ result<message> read_fields_message(std::uint8_t type, field_reader& r) {
       return read_as<bus_ack>(r);
     case msg_type::bus_gap:
       return read_as<bus_gap>(r);
+    case msg_type::sync:
+      return read_as<repl_sync>(r);
+    case msg_type::snapshot:
+      return read_as<repl_snapshot>(r);
+    case msg_type::records:
+      return read_as<repl_records>(r);
+    case msg_type::synced:
+      return read_as<repl_synced>(r);
     default:
       break;
   }
@@ -437,6 +445,11 @@ bool is_bus_type(std::uint8_t type) noexcept {
     default:
       return false;
   }
+}
+
+bool is_replication_type(std::uint8_t type) noexcept {
+  return type >= static_cast<std::uint8_t>(msg_type::sync) &&
+         type <= static_cast<std::uint8_t>(msg_type::synced);
 }
 
 bool has_payload_frame(std::uint8_t type) noexcept {

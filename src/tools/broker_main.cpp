@@ -24,6 +24,7 @@
 #include <zmq.hpp>
 
 #include "broker/http_endpoint.hpp"
+#include "broker/replica.hpp"
 #include "broker/server.hpp"
 #include "broker/settings.hpp"
 #include "broker/standby_door.hpp"
@@ -161,6 +162,26 @@ int serve_alone(zmq::context_t& ctx, const rlbus::broker::config& cfg, signal_th
   return 0;
 }
 
+// `endpoint` with its port replaced (tcp://HOST:PORT).
+std::string with_port(const std::string& endpoint, const std::string& port) {
+  return endpoint.substr(0, endpoint.rfind(':') + 1) + port;
+}
+std::string port_of(const std::string& endpoint) {
+  return endpoint.substr(endpoint.rfind(':') + 1);
+}
+
+rlbus::broker::replica_config replica_settings(const rlbus::broker::config& cfg,
+                                               const std::string& member) {
+  rlbus::broker::replica_config rc;
+  rc.journal_path = cfg.journal_path;
+  rc.fsync = cfg.journal_fsync;
+  rc.compact_bytes = cfg.journal_compact_bytes;
+  rc.member = member;
+  rc.max_message = cfg.max_message;
+  if (!cfg.curve_key_path.empty()) rc.curve = rlbus::util::read_curve_file(cfg.curve_key_path);
+  return rc;
+}
+
 // A broker of a group: stands by until etcd makes it the leader, serves while it leads, and
 // stands by again when its lease could run out, until stopped.
 int serve_in_group(zmq::context_t& ctx, const rlbus::broker::config& cfg, signal_thread& signals) {
@@ -195,8 +216,32 @@ int serve_in_group(zmq::context_t& ctx, const rlbus::broker::config& cfg, signal
     return 1;
   }
   // While it stands by, its ROUTER endpoint tells peers where the leader is (SPEC §14.9.1);
-  // bound before it campaigns, so that a broker whose endpoint is taken never leads.
-  auto door = std::make_unique<rlbus::broker::standby_door>(ctx, cfg);
+  // bound before it campaigns, so that a broker whose endpoint is taken never leads. With a
+  // journal it also holds the endpoint where, leading, it streams the journal to the standbys
+  // (§14.10): resolved once, then bound again as it was.
+  std::string replication;
+  if (!cfg.journal_path.empty())
+    replication = !cfg.cluster_replication.empty()
+                      ? cfg.cluster_replication
+                      : with_port(rlbus::broker::normalize_endpoint(cfg.router_endpoint), "*");
+  std::unique_ptr<rlbus::broker::standby_door> door;
+  std::unique_ptr<rlbus::broker::replica> copy;
+  try {
+    door = std::make_unique<rlbus::broker::standby_door>(ctx, cfg, replication);
+    if (!replication.empty()) {
+      replication = door->replication_endpoint();
+      ec.replication = with_port(cfg.advertise, port_of(replication));
+      copy = std::make_unique<rlbus::broker::replica>(ctx, replica_settings(cfg, ec.member));
+    }
+  } catch (const std::exception& e) {
+    spdlog::critical("cannot start: {}", e.what());
+    return 1;
+  }
+  if (cfg.journal_path.empty())
+    spdlog::warn(
+        "group {}: this broker has no journal, so no standby copies what it accepts: a takeover "
+        "starts with no tasks (give each broker --journal)",
+        ec.group);
   rlbus::cluster::elector group(ec);
   std::mutex mutex;  // `current`, for the HTTP endpoint's thread
   rlbus::broker::server* current = nullptr;
@@ -223,20 +268,34 @@ int serve_in_group(zmq::context_t& ctx, const rlbus::broker::config& cfg, signal
         spdlog::info("standing by: {} leads group {} (epoch {}, peers at {})", l.member, ec.group,
                      l.epoch, l.advertise);
       }
-      if (!door) door = std::make_unique<rlbus::broker::standby_door>(ctx, cfg);
+      if (!door) door = std::make_unique<rlbus::broker::standby_door>(ctx, cfg, replication);
+      if (!replication.empty() && !copy)
+        copy = std::make_unique<rlbus::broker::replica>(ctx, replica_settings(cfg, ec.member));
       rlbus::broker::leader_hint hint;
       if (l.epoch > 0 && l.member != ec.member) {  // never itself: its own leadership is over
         hint = {l.member, l.advertise, static_cast<std::uint64_t>(l.epoch)};
+      }
+      if (copy) {
+        if (hint.epoch > 0)
+          copy->follow(l.replication, hint.epoch);
+        else
+          copy->follow("", 0);
       }
       // A short turn: a change of leader (or its own election) is seen within it.
       door->serve(hint, rlbus::util::clock::now() + std::chrono::milliseconds(50));
       continue;
     }
     door.reset();  // the endpoint is the leader's now
+    if (copy) {
+      const auto held = copy->state();
+      copy.reset();  // the journal is the server's now
+      spdlog::info("taking over with the journal {} holds: leadership {} up to position {}",
+                   cfg.journal_path, held.epoch, held.position);
+    }
     spdlog::info("leading group {} (epoch {}): serving", ec.group, group.epoch());
     rlbus::broker::server server(ctx, cfg);
     server.fence([&group] { return group.serving_until(); },
-                 static_cast<std::uint64_t>(group.epoch()));
+                 static_cast<std::uint64_t>(group.epoch()), replication);
     {
       const serving routed(signals, server);
       {

@@ -91,6 +91,17 @@ bool send_meter::admits(const account& a, std::size_t body, std::size_t elsewher
 
 void send_meter::send_last(zmq::socket_t& s, account& a, std::string_view body,
                            zmq::send_flags flags) {
+  auto m = charge(a, body);
+  s.send(m, flags);
+}
+
+void send_meter::send_last_shared(zmq::socket_t& s, account& a, std::string_view body, void* keep,
+                                  void (*drop)(void*), zmq::send_flags flags) {
+  auto m = charge_shared(a, body, keep, drop);
+  s.send(m, flags);
+}
+
+zmq::message_t send_meter::charge(account& a, std::string_view body) {
   // One allocation: what the free function needs, then the bytes.
   void* block = std::malloc(sizeof(charged) + body.size());
   if (block == nullptr) throw std::bad_alloc();
@@ -106,11 +117,11 @@ void send_meter::send_last(zmq::socket_t& s, account& a, std::string_view body,
         std::free(hint);
       },
       c);
-  s.send(m, flags);
+  return m;
 }
 
-void send_meter::send_last_shared(zmq::socket_t& s, account& a, std::string_view body, void* keep,
-                                  void (*drop)(void*), zmq::send_flags flags) {
+zmq::message_t send_meter::charge_shared(account& a, std::string_view body, void* keep,
+                                         void (*drop)(void*)) {
   auto* c = new charged{&a, body.size() + per_message, keep, drop};
   a.charge(c->bytes);
   zmq::message_t m(
@@ -122,7 +133,7 @@ void send_meter::send_last_shared(zmq::socket_t& s, account& a, std::string_view
         delete held;
       },
       c);
-  s.send(m, flags);
+  return m;
 }
 
 void send_meter::prune() {

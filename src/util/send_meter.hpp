@@ -91,6 +91,11 @@ class send_meter {
   /// when not given, and only when the answer depends on it.
   [[nodiscard]] bool admits(const account& a, std::size_t body, std::size_t elsewhere = 0,
                             time_point now = {}) const noexcept;
+  /// `body` as a frame charged to `a` until libzmq frees it (or it is dropped unsent).
+  [[nodiscard]] zmq::message_t charge(account& a, std::string_view body);
+  /// The same for a large body that the message shares: see send_last_shared.
+  [[nodiscard]] zmq::message_t charge_shared(account& a, std::string_view body, void* keep,
+                                             void (*drop)(void*));
   /// Sends `body` as the last frame of a message on `s`, charged to `a` until libzmq frees it.
   /// The frames before it must have been queued; `s` must take it (it is never refused).
   /// With `flags` sndmore it is not the last: another frame follows (a payload frame).

@@ -48,6 +48,15 @@ inline void send_last_frame(zmq::socket_t& s, send_meter& meter, send_meter::acc
   meter.send_last_shared(s, a, {data, size}, data, [](void* d) { std::free(d); });
 }
 
+/// The same frame, not sent: for a message held back before it is sent.
+inline zmq::message_t charged_frame(send_meter& meter, send_meter::account& a,
+                                    msgpack::sbuffer& body) {
+  if (body.size() < zero_copy_from) return meter.charge(a, {body.data(), body.size()});
+  const auto size = body.size();
+  char* data = body.release();
+  return meter.charge_shared(a, {data, size}, data, [](void* d) { std::free(d); });
+}
+
 /// Encoded bytes kept to be sent, maybe more than once. Empty when default-made.
 class shared_frame {
  public:
@@ -82,13 +91,15 @@ class shared_frame {
   }
   /// The same, charged to `a` of `meter` until libzmq lets go of it.
   void send_last(zmq::socket_t& s, send_meter& meter, send_meter::account& a) const {
-    if (!large_) {
-      meter.send_last(s, a, small_);
-      return;
-    }
+    auto m = charged(meter, a);
+    s.send(m, zmq::send_flags::none);
+  }
+  /// The frame send_last() sends, not sent.
+  [[nodiscard]] zmq::message_t charged(send_meter& meter, send_meter::account& a) const {
+    if (!large_) return meter.charge(a, small_);
     using ref = std::shared_ptr<const std::string>;
-    meter.send_last_shared(s, a, *large_, new ref(large_),
-                           [](void* r) { delete static_cast<ref*>(r); });
+    return meter.charge_shared(a, *large_, new ref(large_),
+                               [](void* r) { delete static_cast<ref*>(r); });
   }
 
  private:

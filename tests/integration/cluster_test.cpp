@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <csignal>
+#include <filesystem>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -15,6 +17,8 @@
 
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
+
+#include <unistd.h>
 
 #include "cluster/elector.hpp"
 #include "cluster/etcd.hpp"
@@ -141,17 +145,32 @@ namespace {
 
 // A broker of group "g" on loopback ports the test picks (a standby binds only the first),
 // with the default lease of 2 s.
+// With `journal`, each keeps a journal in a directory of its own, removed at the end.
 struct group_broker {
   std::string router, events;
+  std::filesystem::path dir;
   std::unique_ptr<child> proc;
-  group_broker(const etcd_server& e, int port) {
+  group_broker(const etcd_server& e, int port, bool journal = false) {
     router = fmt::format("tcp://127.0.0.1:{}", port);
     events = fmt::format("tcp://127.0.0.1:{}", port + 1);
-    proc = std::make_unique<child>(
-        rlbus::test::binary_from_env("RLBUS_BROKER_BIN"),
-        std::vector<std::string>{"--cluster-etcd", e.url(), "--cluster-name", "g", "--advertise",
-                                 router, "--router", router, "--events", events});
+    std::vector<std::string> args{"--cluster-etcd", e.url(), "--cluster-name", "g",
+                                  "--advertise",    router,  "--router",       router,
+                                  "--events",       events};
+    if (journal) {
+      dir = std::filesystem::temp_directory_path() /
+            fmt::format("rlbus-cluster-{}-{}", ::getpid(), port);
+      std::filesystem::create_directories(dir);
+      args.insert(args.end(), {"--journal", (dir / "journal").string()});
+    }
+    proc = std::make_unique<child>(rlbus::test::binary_from_env("RLBUS_BROKER_BIN"), args);
   }
+  ~group_broker() {
+    proc.reset();
+    std::error_code ec;
+    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+  }
+  group_broker(const group_broker&) = delete;
+  group_broker& operator=(const group_broker&) = delete;
 };
 
 // Two ports in a row that nothing listens on now.
@@ -178,12 +197,14 @@ int free_ports() {
 // An etcd, a broker `a` that leads group "g" and a broker `b` that stands by for it.
 struct led_group {
   etcd_server e;
-  group_broker a{e, free_ports()};
+  bool journals;
+  group_broker a;
   std::unique_ptr<group_broker> b;
-  led_group() {
+  explicit led_group(bool with_journals = false)
+      : journals(with_journals), a(e, free_ports(), with_journals) {
     INFO(a.proc->output());
     REQUIRE(a.proc->wait_for_line("rlbus-broker listening", 30s));
-    b = std::make_unique<group_broker>(e, free_ports());
+    b = std::make_unique<group_broker>(e, free_ports(), journals);
     INFO(b->proc->output());
     REQUIRE(b->proc->wait_for_line("leads group g", 30s));  // b knows who leads: a
     CHECK(b->proc->output().find(a.router) != std::string::npos);
@@ -386,4 +407,66 @@ TEST_CASE("the SDK's clients go to a group's leader and follow a takeover by the
   const auto [status2, after] = ctl_status();
   CHECK(status2 == 0);
   CHECK(after.find("\"uptime_ms\"") != std::string::npos);  // from b: a is gone
+}
+
+TEST_CASE("a standby holds every task the leader accepted: after a kill -9 each runs exactly once",
+          "[cluster]") {
+  NEED_ETCD();
+  led_group g(true);
+  auto& a = g.a;
+  auto& b = *g.b;
+  INFO(b.proc->output());
+  REQUIRE(b.proc->wait_for_line("replica: holds the journal of leadership", 30s));
+  const auto both = b.router + "," + a.router;
+  std::mutex mu;
+  std::map<std::string, int> finished;
+  rlbus::coordinator_callbacks cb;
+  cb.deal_with_collector_finish_task = [&](const std::string& task_id, const std::string&) {
+    const std::lock_guard<std::mutex> hold(mu);
+    ++finished[task_id];
+  };
+  rlbus::coordinator_options co;
+  co.endpoint = both;
+  co.id = "coordinator";
+  co.heartbeat = 100ms;
+  rlbus::coordinator coord(co, cb);
+  REQUIRE(coord.wait_for(rlbus::connection_state::ready, 30s));
+  // No worker yet: every task the leader accepts waits in its queue, and in b's copy.
+  constexpr int tasks = 20;
+  for (int i = 0; i < tasks; ++i) {
+    rlbus::task_spec t;
+    t.task_id = fmt::format("t{}", i);
+    t.kind = rlbus::role::collector;
+    const auto r = coord.submit(t);
+    REQUIRE(r);
+    REQUIRE(r->accepted);
+  }
+  a.proc->signal(SIGKILL);
+  REQUIRE(b.proc->wait_for_line("rlbus-broker listening", 30s));
+  CHECK(b.proc->output().find("taking over with the journal") != std::string::npos);
+  // The coordinator finds b and adopts its tasks there; a worker on b runs every one of them.
+  rlbus::worker_options wo;
+  wo.endpoint = both;
+  wo.id = "collector-0";
+  wo.heartbeat = 100ms;
+  rlbus::task_handlers h;
+  h.run = [](rlbus::task_handle& t) {
+    t.emit_info(rlbus::test::flag_map("collector_done", true));
+    while (!t.stop_requested()) std::this_thread::sleep_for(1ms);
+  };
+  h.close = [](rlbus::task_handle&) { return rlbus::test::flag_map("collector_done", true); };
+  rlbus::worker w(wo, h);
+  const bool all = rlbus::test::wait_until(
+      [&] {
+        const std::lock_guard<std::mutex> hold(mu);
+        return finished.size() == tasks;
+      },
+      60s);
+  const std::lock_guard<std::mutex> hold(mu);
+  CHECK(all);
+  CHECK(finished.size() == tasks);
+  for (const auto& [id, times] : finished) {
+    INFO(id);
+    CHECK(times == 1);
+  }
 }

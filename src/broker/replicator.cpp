@@ -1,0 +1,202 @@
+// See replicator.hpp.
+#include "broker/replicator.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "codec/codec.hpp"
+#include "util/bind.hpp"
+
+namespace rlbus::broker {
+
+namespace {
+
+constexpr auto heartbeat = std::chrono::milliseconds(500);
+// A standby that says nothing (it answers every RECORDS) for this long is forgotten.
+constexpr auto forget_after = std::chrono::milliseconds(6000);
+constexpr std::size_t part_bytes = std::size_t{1024} * 1024;  // of a SNAPSHOT part, or more for
+                                                              // a larger record
+constexpr int send_queue = 10'000;  // messages for one standby that libzmq holds at most
+
+std::string_view view(const zmq::message_t& m) {
+  return {static_cast<const char*>(m.data()), m.size()};
+}
+
+}  // namespace
+
+replicator::replicator(zmq::context_t& ctx, gatekeeper& gate, replicator_config cfg, journal& j)
+    : cfg_(std::move(cfg)), gate_(gate), journal_(j), sock_(ctx, zmq::socket_type::router) {
+  sock_.set(zmq::sockopt::router_mandatory, 1);
+  sock_.set(zmq::sockopt::linger, 0);
+  sock_.set(zmq::sockopt::sndhwm, send_queue);
+  sock_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(4096));  // SYNC and SYNCED are small
+  monitor_ = gate_.secure(sock_, zap_domain_replication);
+  util::bind_freed(sock_, cfg_.endpoint);
+  pending_from_ = journal_.position();
+  journal_.tap([this](std::string_view record) {
+    if (!standbys_.empty()) pending_.append(record);
+  });
+}
+
+replicator::~replicator() {
+  journal_.tap(nullptr);
+  gate_.release(sock_, monitor_);
+}
+
+bool replicator::send_to(standby& s, const codec::message& m) {
+  const auto h = codec::make_header(codec::type_of(m));
+  const auto body = codec::encode_body(m);
+  try {
+    if (!sock_.send(zmq::buffer(s.routing_id),
+                    zmq::send_flags::sndmore | zmq::send_flags::dontwait))
+      return false;  // its queue is full: it reads nothing
+  } catch (const zmq::error_t& e) {
+    if (e.num() != EHOSTUNREACH) throw;
+    return false;  // its connection is gone
+  }
+  sock_.send(zmq::buffer(h), zmq::send_flags::sndmore);
+  sock_.send(zmq::buffer(body), zmq::send_flags::none);
+  return true;
+}
+
+void replicator::forget(std::size_t i, const std::string& why) {
+  spdlog::warn("replication: forgot standby {}: {}", standbys_[i].member, why);
+  if (standbys_[i].in_sync) ++dropped_total_;
+  standbys_.erase(standbys_.begin() + static_cast<std::ptrdiff_t>(i));
+}
+
+void replicator::on_readable(util::time_point now) {
+  for (int n = 0; n < 1000; ++n) {
+    zmq::message_t id;
+    if (!sock_.recv(id, zmq::recv_flags::dontwait)) return;
+    std::vector<zmq::message_t> rest;
+    for (bool more = id.more(); more && rest.size() < 4;) {
+      rest.emplace_back();
+      (void)sock_.recv(rest.back(), zmq::recv_flags::none);
+      more = rest.back().more();
+    }
+    if (rest.size() != 2 || rest[1].more()) continue;  // only the group's brokers get here
+    const auto h = codec::parse_header(view(rest[0]));
+    if (!h) continue;
+    auto m = codec::decode_body(h->type, view(rest[1]), codec::decode_limits{});
+    if (!m) continue;
+    const std::string routing_id(view(id));
+    if (const auto* s = std::get_if<codec::repl_sync>(&m.value())) {
+      on_sync(routing_id, s->member, s->leader_epoch, now);
+    } else if (const auto* a = std::get_if<codec::repl_synced>(&m.value())) {
+      const auto it = std::find_if(standbys_.begin(), standbys_.end(),
+                                   [&](const standby& s) { return s.routing_id == routing_id; });
+      if (it == standbys_.end()) continue;
+      it->heard = now;
+      if (a->position < it->acked || a->position > journal_.position()) continue;
+      it->acked = a->position;
+      if (!it->in_sync && it->acked >= it->snapshot && it->acked == pending_from_) {
+        it->in_sync = true;
+        spdlog::info("replication: standby {} is in sync at position {}", it->member, it->acked);
+      }
+    }
+  }
+}
+
+void replicator::on_sync(const std::string& routing_id, const std::string& member,
+                         std::uint64_t epoch, util::time_point now) {
+  if (epoch != cfg_.leader_epoch) {
+    spdlog::info("replication: {} asked for leadership {}, this one is {}", member, epoch,
+                 cfg_.leader_epoch);
+    return;
+  }
+  push(now);  // what the others are owed first: the snapshot starts where they stand
+  for (std::size_t i = 0; i < standbys_.size(); ++i)
+    if (standbys_[i].routing_id == routing_id || standbys_[i].member == member) {
+      forget(i, "it asked again");
+      break;
+    }
+  const auto records = journal_.records_in_file();
+  standby s{routing_id, member};
+  s.snapshot = journal_.position();
+  s.acked = 0;
+  s.heard = s.sent = now;
+  std::size_t at = 0;
+  bool sent = true;
+  do {
+    // Whole records of at most part_bytes (or one larger record alone).
+    std::size_t end = at;
+    while (end < records.size()) {
+      const auto* p = reinterpret_cast<const unsigned char*>(records.data() + end);
+      const std::size_t length =
+          static_cast<std::size_t>(p[0]) | static_cast<std::size_t>(p[1]) << 8U |
+          static_cast<std::size_t>(p[2]) << 16U | static_cast<std::size_t>(p[3]) << 24U;
+      const auto next = end + 8 + length;
+      if (next - at > part_bytes && end > at) break;
+      end = next;
+    }
+    codec::repl_snapshot part{cfg_.leader_epoch, s.snapshot, std::nullopt, end >= records.size()};
+    if (end > at) part.records = records.substr(at, end - at);
+    sent = send_to(s, part);
+    at = end;
+  } while (sent && at < records.size());
+  if (!sent) {
+    spdlog::warn("replication: could not send standby {} its snapshot", member);
+    return;
+  }
+  spdlog::info("replication: standby {} gets the journal at position {} ({} bytes)", member,
+               s.snapshot, records.size());
+  standbys_.push_back(std::move(s));
+}
+
+void replicator::push(util::time_point now) {
+  const auto sent_from = pending_from_;
+  const bool any = !pending_.empty();
+  pending_from_ = journal_.position();
+  for (std::size_t i = 0; i < standbys_.size();) {
+    auto& s = standbys_[i];
+    if (now - s.heard > forget_after) {
+      forget(i, fmt::format("it said nothing for {} ms", forget_after.count()));
+      continue;
+    }
+    if (s.in_sync && s.acked < sent_from) {
+      if (s.behind_since == util::time_point{}) s.behind_since = now;
+      if (now - s.behind_since > cfg_.sync_timeout) {
+        s.in_sync = false;
+        ++dropped_total_;
+        spdlog::warn(
+            "replication: standby {} is {} bytes behind for more than {} ms (sync-timeout): "
+            "the leader no longer waits for it",
+            s.member, sent_from - s.acked, cfg_.sync_timeout.count());
+      }
+    } else if (s.acked >= sent_from) {
+      s.behind_since = {};
+    }
+    if (any || now - s.sent >= heartbeat) {
+      codec::repl_records r{cfg_.leader_epoch, sent_from, std::nullopt};
+      if (any) r.records = pending_;
+      if (!send_to(s, r)) {
+        forget(i, "it reads nothing of what it is sent");
+        continue;
+      }
+      s.sent = now;
+    }
+    ++i;
+  }
+  pending_.clear();
+  next_due_ = now + std::min<util::clock::duration>(heartbeat, cfg_.sync_timeout);
+}
+
+std::uint64_t replicator::held_by_all() const {
+  auto held = journal_.position();
+  for (const auto& s : standbys_)
+    if (s.in_sync) held = std::min(held, s.acked);
+  return held;
+}
+
+std::vector<replicator::standby_state> replicator::standbys() const {
+  std::vector<standby_state> out;
+  for (const auto& s : standbys_)
+    out.push_back({s.member, s.acked, journal_.position() - std::min(s.acked, journal_.position()),
+                   s.in_sync});
+  return out;
+}
+
+}  // namespace rlbus::broker
