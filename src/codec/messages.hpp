@@ -115,8 +115,8 @@ using message =
                  policy_update,                         // a newer policy version (§13.4.7)
                  ops, ops_reply,                        // operations (§16)
                  subscribe, unsubscribe, subscribed,    // the topic bus (§17)
-                 publish, publish_credit, deliver, bus_ack, bus_gap,
-                 repl_sync, repl_snapshot, repl_records, repl_synced>;  // replication (§14.10)
+                 publish, publish_credit, deliver, bus_ack, bus_gap, repl_sync, repl_snapshot,
+                 repl_records, repl_synced>;  // replication (§14.10)
 
 /// The type id each message struct travels under.
 constexpr msg_type type_of(const hello&) noexcept {
