@@ -35,6 +35,7 @@ replicator::replicator(zmq::context_t& ctx, gatekeeper& gate, replicator_config 
   monitor_ = gate_.secure(sock_, zap_domain_replication);
   util::bind_freed(sock_, cfg_.endpoint);
   pending_from_ = journal_.position();
+  published_ = {cfg_.self};  // what its election recorded
   journal_.tap([this](std::string_view record) {
     if (!standbys_.empty()) pending_.append(record);
   });
@@ -62,9 +63,32 @@ bool replicator::send_to(standby& s, const codec::message& m) {
 }
 
 void replicator::forget(std::size_t i, const std::string& why) {
-  spdlog::warn("replication: forgot standby {}: {}", standbys_[i].member, why);
-  if (standbys_[i].in_sync) ++dropped_total_;
-  standbys_.erase(standbys_.begin() + static_cast<std::ptrdiff_t>(i));
+  auto& s = standbys_[i];
+  if (s.gone) return;
+  spdlog::warn("replication: forgets standby {}: {}", s.member, why);
+  if (!s.in_sync) {
+    standbys_.erase(standbys_.begin() + static_cast<std::ptrdiff_t>(i));
+    return;
+  }
+  s.leaving = s.gone = true;  // waited for until the group knows it is out of sync
+  settle();
+}
+
+void replicator::settle() {
+  std::vector<std::string> now{cfg_.self};
+  for (const auto& s : standbys_)
+    if (s.in_sync && !s.leaving) now.push_back(s.member);
+  if (now == published_) return;
+  if (cfg_.publish_in_sync && !cfg_.publish_in_sync(now)) return;  // tried again at next push
+  published_ = std::move(now);
+  for (auto& s : standbys_)
+    if (s.leaving) {
+      s.in_sync = s.leaving = false;
+      ++dropped_total_;
+    }
+  standbys_.erase(
+      std::remove_if(standbys_.begin(), standbys_.end(), [](const standby& s) { return s.gone; }),
+      standbys_.end());
 }
 
 void replicator::on_readable(util::time_point now) {
@@ -88,13 +112,14 @@ void replicator::on_readable(util::time_point now) {
     } else if (const auto* a = std::get_if<codec::repl_synced>(&m.value())) {
       const auto it = std::find_if(standbys_.begin(), standbys_.end(),
                                    [&](const standby& s) { return s.routing_id == routing_id; });
-      if (it == standbys_.end()) continue;
+      if (it == standbys_.end() || it->gone) continue;
       it->heard = now;
       if (a->position < it->acked || a->position > journal_.position()) continue;
       it->acked = a->position;
-      if (!it->in_sync && it->acked >= it->snapshot && it->acked == pending_from_) {
-        it->in_sync = true;
+      if (!it->in_sync && !it->gone && it->acked >= it->snapshot && it->acked == pending_from_) {
+        it->in_sync = true;  // waited for from now on, then recorded
         spdlog::info("replication: standby {} is in sync at position {}", it->member, it->acked);
+        settle();
       }
     }
   }
@@ -109,10 +134,15 @@ void replicator::on_sync(const std::string& routing_id, const std::string& membe
   }
   push(now);  // what the others are owed first: the snapshot starts where they stand
   for (std::size_t i = 0; i < standbys_.size(); ++i)
-    if (standbys_[i].routing_id == routing_id || standbys_[i].member == member) {
+    if (!standbys_[i].gone &&
+        (standbys_[i].routing_id == routing_id || standbys_[i].member == member)) {
       forget(i, "it asked again");
       break;
     }
+  // One in sync until now may start over only once the group knows it is not (it asks again).
+  if (std::any_of(standbys_.begin(), standbys_.end(),
+                  [&](const standby& s) { return s.member == member; }))
+    return;
   const auto records = journal_.records_in_file();
   standby s{routing_id, member};
   s.snapshot = journal_.position();
@@ -150,20 +180,20 @@ void replicator::push(util::time_point now) {
   const auto sent_from = pending_from_;
   const bool any = !pending_.empty();
   pending_from_ = journal_.position();
-  for (std::size_t i = 0; i < standbys_.size();) {
+  for (std::size_t i = 0; i < standbys_.size(); ++i) {
     auto& s = standbys_[i];
+    if (s.gone) continue;
     if (now - s.heard > forget_after) {
       forget(i, fmt::format("it said nothing for {} ms", forget_after.count()));
       continue;
     }
-    if (s.in_sync && s.acked < sent_from) {
+    if (s.in_sync && !s.leaving && s.acked < sent_from) {
       if (s.behind_since == util::time_point{}) s.behind_since = now;
       if (now - s.behind_since > cfg_.sync_timeout) {
-        s.in_sync = false;
-        ++dropped_total_;
+        s.leaving = true;
         spdlog::warn(
             "replication: standby {} is {} bytes behind for more than {} ms (sync-timeout): "
-            "the leader no longer waits for it",
+            "the leader stops waiting for it",
             s.member, sent_from - s.acked, cfg_.sync_timeout.count());
       }
     } else if (s.acked >= sent_from) {
@@ -178,9 +208,9 @@ void replicator::push(util::time_point now) {
       }
       s.sent = now;
     }
-    ++i;
   }
   pending_.clear();
+  settle();
   next_due_ = now + std::min<util::clock::duration>(heartbeat, cfg_.sync_timeout);
 }
 
@@ -194,8 +224,9 @@ std::uint64_t replicator::held_by_all() const {
 std::vector<replicator::standby_state> replicator::standbys() const {
   std::vector<standby_state> out;
   for (const auto& s : standbys_)
-    out.push_back({s.member, s.acked, journal_.position() - std::min(s.acked, journal_.position()),
-                   s.in_sync});
+    if (!s.gone)
+      out.push_back({s.member, s.acked,
+                     journal_.position() - std::min(s.acked, journal_.position()), s.in_sync});
   return out;
 }
 

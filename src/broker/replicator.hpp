@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,12 @@ namespace rlbus::broker {
 
 struct replicator_config {
   std::string endpoint;  // to bind: the one the group's standbys were told
+  std::string self;      // the leader's member name
   std::uint64_t leader_epoch = 1;
+  /// Records in etcd who is in sync (the leader first); false when it could not. A standby
+  /// stops being waited for only once a set without it is recorded (SPEC §14.10.6). None: the
+  /// set is recorded nowhere.
+  std::function<bool(const std::vector<std::string>&)> publish_in_sync;
   std::chrono::milliseconds sync_timeout{1000};
   std::size_t max_message = 16 * 1024 * 1024;
 };
@@ -67,6 +73,8 @@ class replicator {
     std::uint64_t acked = 0;     // what it said it holds
     std::uint64_t snapshot = 0;  // the position its snapshot stood at
     bool in_sync = false;        // waited for
+    bool leaving = false;        // in sync, until a set without it is recorded
+    bool gone = false;           // and then forgotten
     util::time_point behind_since{};
     util::time_point heard{}, sent{};
   };
@@ -74,6 +82,9 @@ class replicator {
                util::time_point now);
   bool send_to(standby& s, const codec::message& m);
   void forget(std::size_t i, const std::string& why);
+  /// Records the set of standbys in sync when it changed; lets go of those leaving once it is.
+  void settle();
+  std::vector<std::string> published_;
 
   replicator_config cfg_;
   gatekeeper& gate_;

@@ -231,15 +231,14 @@ void server::run() {
 }
 
 void server::fence(std::function<util::time_point()> until, std::uint64_t leader_epoch,
-                   const std::string& replication) {
+                   replicator_config replication) {
   fence_ = std::move(until);
   leader_epoch_ = leader_epoch;
-  if (!journal_ || replication.empty()) return;
-  repl_ = std::make_unique<replicator>(
-      ctx_, gate_,
-      replicator_config{replication, leader_epoch,
-                        std::chrono::milliseconds(cfg_.cluster_sync_timeout_ms), cfg_.max_message},
-      *journal_);
+  if (!journal_ || replication.endpoint.empty()) return;
+  replication.leader_epoch = leader_epoch;
+  replication.sync_timeout = std::chrono::milliseconds(cfg_.cluster_sync_timeout_ms);
+  replication.max_message = cfg_.max_message;
+  repl_ = std::make_unique<replicator>(ctx_, gate_, std::move(replication), *journal_);
 }
 
 std::vector<replicator::standby_state> server::standbys() const {

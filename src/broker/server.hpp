@@ -84,8 +84,10 @@ class server : private task_sink, private bus_sink {
   /// and a `replication` endpoint, the broker streams its journal to the group's standbys
   /// there and sends a peer nothing before every standby in sync holds what it depends on
   /// (SPEC §14.10). Before run().
+  /// `replication.endpoint` empty: none. Its epoch, sync timeout and message bound are the
+  /// broker's.
   void fence(std::function<util::time_point()> until, std::uint64_t leader_epoch,
-             const std::string& replication = "");
+             replicator_config replication = {});
   /// The standbys that copy this leader's journal (empty without replication).
   [[nodiscard]] std::vector<replicator::standby_state> standbys() const;
   /// Whether run() returned for its fence.

@@ -17,6 +17,15 @@ namespace {
 
 using json = nlohmann::json;
 
+// Whether `value` ({"members": [...]}) names `member`.
+bool in_sync(const std::string& value, const std::string& member) {
+  const auto v = json::parse(value, nullptr, false);
+  if (!v.is_object() || !v.contains("members") || !v["members"].is_array()) return false;
+  for (const auto& m : v["members"])
+    if (m.is_string() && m.get<std::string>() == member) return true;
+  return false;
+}
+
 leader_info leader_of(const etcd_kv& kv) {
   leader_info l;
   l.epoch = kv.create_revision;
@@ -149,6 +158,15 @@ void elector::run() {
         answered();
         if (now) {
           set_leader(leader_of(*now));
+        } else if (const auto insync = etcd.get(insync_key());
+                   insync && !in_sync(insync->value, cfg_.member)) {
+          // The last leader's state is held by others only: one of them must lead.
+          if (!told_not_in_sync_)
+            spdlog::warn(
+                "cluster {}: {} may not lead: it does not hold everything the last leader "
+                "accepted (in sync: {}); it waits for a member that does",
+                cfg_.group, cfg_.member, insync->value);
+          told_not_in_sync_ = true;
         } else {
           const auto asked = util::clock::now();
           const auto lease = etcd.grant(cfg_.lease_ttl.count());
@@ -156,7 +174,14 @@ void elector::run() {
           json value = {
               {"member", cfg_.member}, {"advertise", cfg_.advertise}, {"since", util::wall_ms()}};
           if (!cfg_.replication.empty()) value["replication"] = cfg_.replication;
-          if (etcd.create(key(), value.dump(), lease.id, &holder) && holder) {
+          // With it, in one transaction: who is in sync now (itself alone), or nobody to wait
+          // for when it copies nothing; and neither if the set changed since it was read.
+          std::optional<std::string> now_in_sync;
+          if (cfg_.replicates) now_in_sync = json{{"members", json::array({cfg_.member})}}.dump();
+          if (etcd.create_with(key(), value.dump(), lease.id, insync_key(),
+                               insync ? insync->mod_revision : 0, now_in_sync, &holder) &&
+              holder) {
+            told_not_in_sync_ = false;
             lease_ = lease.id;
             epoch_ = holder->create_revision;
             set_leader(leader_of(*holder));

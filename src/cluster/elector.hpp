@@ -37,6 +37,9 @@ struct elector_config {
   std::string member;             // this broker's name in the group, unique in it
   std::string advertise;          // where peers reach this broker when it leads
   std::string replication;        // where its standbys reach it then (SPEC §14.10), if anywhere
+  // Whether it copies its leader's journal (it has one): a group whose leader copied nothing
+  // may be led by any member, one whose leader did only by a member in sync (SPEC §14.10.6).
+  bool replicates = false;
   std::chrono::seconds lease_ttl{2};
   std::chrono::milliseconds margin{500};    // stop serving this long before the lease may end
   std::chrono::milliseconds renew{500};     // how often the leader renews
@@ -85,6 +88,8 @@ class elector {
   void resign();
 
   [[nodiscard]] std::string key() const { return "/rlbus/" + cfg_.group + "/leader"; }
+  /// The members that hold everything the leader accepted: {"members": [...]} (SPEC §14.10.6).
+  [[nodiscard]] std::string insync_key() const { return "/rlbus/" + cfg_.group + "/insync"; }
 
  private:
   void run();
@@ -109,6 +114,7 @@ class elector {
   leader_info leader_;
   std::uint64_t changes_ = 0;
   std::string last_error_;
+  bool told_not_in_sync_ = false;  // the thread's: the log said why it does not campaign
   std::thread thread_;
 };
 

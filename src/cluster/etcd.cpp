@@ -217,13 +217,29 @@ std::vector<etcd_kv> etcd_client::get_prefix(const std::string& prefix) {
 
 bool etcd_client::create(const std::string& key, const std::string& value, std::int64_t lease,
                          std::optional<etcd_kv>* now) {
-  const json compare = json::array({{{"key", base64(key)},
-                                     {"target", "CREATE"},
-                                     {"result", "EQUAL"},
-                                     {"create_revision", "0"}}});
+  return create_with(key, value, lease, "", 0, std::nullopt, now);
+}
+
+bool etcd_client::create_with(const std::string& key, const std::string& value, std::int64_t lease,
+                              const std::string& also, std::int64_t also_mod_revision,
+                              const std::optional<std::string>& also_value,
+                              std::optional<etcd_kv>* now) {
+  json compare = json::array({{{"key", base64(key)},
+                               {"target", "CREATE"},
+                               {"result", "EQUAL"},
+                               {"create_revision", "0"}}});
   const json get_op = {{"request_range", {{"key", base64(key)}}}};
-  const auto a =
-      impl_->txn(compare, json::array({put_op(key, value, lease), get_op}), json::array({get_op}));
+  json ops = json::array({put_op(key, value, lease)});
+  if (!also.empty()) {
+    compare.push_back({{"key", base64(also)},
+                       {"target", "MOD"},
+                       {"result", "EQUAL"},
+                       {"mod_revision", std::to_string(also_mod_revision)}});
+    ops.push_back(also_value ? put_op(also, *also_value, 0)
+                             : json{{"request_delete_range", {{"key", base64(also)}}}});
+  }
+  ops.push_back(get_op);
+  const auto a = impl_->txn(compare, ops, json::array({get_op}));
   const bool created = a.value("succeeded", false);
   if (now != nullptr) {
     now->reset();
@@ -241,6 +257,16 @@ bool etcd_client::replace(const std::string& key, const std::string& value, std:
                                      {"result", "EQUAL"},
                                      {"mod_revision", std::to_string(mod_revision)}}});
   return impl_->txn(compare, json::array({put_op(key, value, lease)}), json::array())
+      .value("succeeded", false);
+}
+
+bool etcd_client::put_guarded(const std::string& key, const std::string& value,
+                              const std::string& guard, std::int64_t guard_create_revision) {
+  const json compare = json::array({{{"key", base64(guard)},
+                                     {"target", "CREATE"},
+                                     {"result", "EQUAL"},
+                                     {"create_revision", std::to_string(guard_create_revision)}}});
+  return impl_->txn(compare, json::array({put_op(key, value, 0)}), json::array())
       .value("succeeded", false);
 }
 

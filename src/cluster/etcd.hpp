@@ -63,6 +63,15 @@ class etcd_client {
   /// did; the key as it then is goes to `now` (when given).
   bool create(const std::string& key, const std::string& value, std::int64_t lease,
               std::optional<etcd_kv>* now = nullptr);
+  /// create() that, in the same transaction, writes `also` (deletes it when `also_value` is
+  /// empty), and does neither unless `also` has not changed since `also_mod_revision` (0: it
+  /// does not exist).
+  bool create_with(const std::string& key, const std::string& value, std::int64_t lease,
+                   const std::string& also, std::int64_t also_mod_revision,
+                   const std::optional<std::string>& also_value, std::optional<etcd_kv>* now);
+  /// Writes `key` if `guard` is still the key created at `guard_create_revision`.
+  bool put_guarded(const std::string& key, const std::string& value, const std::string& guard,
+                   std::int64_t guard_create_revision);
   /// Writes `key` if it has not changed since `mod_revision` (0: if it does not exist).
   bool replace(const std::string& key, const std::string& value, std::int64_t lease,
                std::int64_t mod_revision);

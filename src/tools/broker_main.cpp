@@ -19,8 +19,11 @@
 
 #include <pthread.h>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
 #include "broker/http_endpoint.hpp"
@@ -242,6 +245,7 @@ int serve_in_group(zmq::context_t& ctx, const rlbus::broker::config& cfg, signal
         "group {}: this broker has no journal, so no standby copies what it accepts: a takeover "
         "starts with no tasks (give each broker --journal)",
         ec.group);
+  ec.replicates = !replication.empty();
   rlbus::cluster::elector group(ec);
   std::mutex mutex;  // `current`, for the HTTP endpoint's thread
   rlbus::broker::server* current = nullptr;
@@ -294,8 +298,28 @@ int serve_in_group(zmq::context_t& ctx, const rlbus::broker::config& cfg, signal
     }
     spdlog::info("leading group {} (epoch {}): serving", ec.group, group.epoch());
     rlbus::broker::server server(ctx, cfg);
+    rlbus::broker::replicator_config rc;
+    if (!replication.empty()) {
+      rc.endpoint = replication;
+      rc.self = ec.member;
+      // Who is in sync, recorded only while this leadership holds (SPEC §14.10.6).
+      rc.publish_in_sync = [&group, &ec, epoch = group.epoch(),
+                            etcd = std::make_shared<rlbus::cluster::etcd_client>(
+                                ec.etcd, ec.renew)](const std::vector<std::string>& members) {
+        try {
+          if (etcd->put_guarded(group.insync_key(), nlohmann::json{{"members", members}}.dump(),
+                                group.key(), epoch)) {
+            spdlog::info("group {}: in sync now: {}", ec.group, fmt::join(members, ", "));
+            return true;
+          }
+        } catch (const std::exception& e) {
+          spdlog::warn("group {}: cannot record who is in sync: {}", ec.group, e.what());
+        }
+        return false;
+      };
+    }
     server.fence([&group] { return group.serving_until(); },
-                 static_cast<std::uint64_t>(group.epoch()), replication);
+                 static_cast<std::uint64_t>(group.epoch()), std::move(rc));
     {
       const serving routed(signals, server);
       {

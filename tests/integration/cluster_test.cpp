@@ -149,19 +149,23 @@ namespace {
 struct group_broker {
   std::string router, events;
   std::filesystem::path dir;
+  std::vector<std::string> args;
   std::unique_ptr<child> proc;
   group_broker(const etcd_server& e, int port, bool journal = false) {
     router = fmt::format("tcp://127.0.0.1:{}", port);
     events = fmt::format("tcp://127.0.0.1:{}", port + 1);
-    std::vector<std::string> args{"--cluster-etcd", e.url(), "--cluster-name", "g",
-                                  "--advertise",    router,  "--router",       router,
-                                  "--events",       events};
+    args = {"--cluster-etcd", e.url(),    "--cluster-name", "g",        "--advertise",
+            router,           "--router", router,           "--events", events};
     if (journal) {
       dir = std::filesystem::temp_directory_path() /
             fmt::format("rlbus-cluster-{}-{}", ::getpid(), port);
       std::filesystem::create_directories(dir);
       args.insert(args.end(), {"--journal", (dir / "journal").string()});
     }
+    start();
+  }
+  /// Starts it (again, after it was killed: same endpoints, same journal).
+  void start() {
     proc = std::make_unique<child>(rlbus::test::binary_from_env("RLBUS_BROKER_BIN"), args);
   }
   ~group_broker() {
@@ -200,13 +204,15 @@ struct led_group {
   bool journals;
   group_broker a;
   std::unique_ptr<group_broker> b;
-  explicit led_group(bool with_journals = false)
+  // With journals, a's (and b's, with `b_journal`).
+  explicit led_group(bool with_journals = false, bool b_journal = true)
       : journals(with_journals), a(e, free_ports(), with_journals) {
     INFO(a.proc->output());
     REQUIRE(a.proc->wait_for_line("rlbus-broker listening", 30s));
-    b = std::make_unique<group_broker>(e, free_ports(), journals);
+    b = std::make_unique<group_broker>(e, free_ports(), journals && b_journal);
+    const bool follows = b->proc->wait_for_line("leads group g", 30s).has_value();
     INFO(b->proc->output());
-    REQUIRE(b->proc->wait_for_line("leads group g", 30s));  // b knows who leads: a
+    REQUIRE(follows);  // b knows who leads: a
     CHECK(b->proc->output().find(a.router) != std::string::npos);
   }
 };
@@ -416,7 +422,9 @@ TEST_CASE("a standby holds every task the leader accepted: after a kill -9 each 
   auto& a = g.a;
   auto& b = *g.b;
   INFO(b.proc->output());
-  REQUIRE(b.proc->wait_for_line("replica: holds the journal of leadership", 30s));
+  INFO(a.proc->output());
+  // The leader waits for b, and etcd knows b holds everything: b may lead after a.
+  REQUIRE(a.proc->wait_for_line(fmt::format("in sync now: {}, {}", a.router, b.router), 30s));
   const auto both = b.router + "," + a.router;
   std::mutex mu;
   std::map<std::string, int> finished;
@@ -469,4 +477,59 @@ TEST_CASE("a standby holds every task the leader accepted: after a kill -9 each 
     INFO(id);
     CHECK(times == 1);
   }
+}
+
+TEST_CASE(
+    "a standby that does not hold what the leader accepted never leads: the leader does, "
+    "back with its journal",
+    "[cluster]") {
+  NEED_ETCD();
+  led_group g(true, false);  // b has no journal: it copies nothing
+  auto& a = g.a;
+  auto& b = *g.b;
+  rlbus::coordinator_options co;
+  co.endpoint = b.router + "," + a.router;
+  co.id = "coordinator";
+  co.heartbeat = 100ms;
+  std::mutex mu;
+  std::set<std::string> finished;
+  rlbus::coordinator_callbacks cb;
+  cb.deal_with_collector_finish_task = [&](const std::string& task_id, const std::string&) {
+    const std::lock_guard<std::mutex> hold(mu);
+    finished.insert(task_id);
+  };
+  rlbus::coordinator coord(co, cb);
+  REQUIRE(coord.wait_for(rlbus::connection_state::ready, 30s));
+  rlbus::task_spec t;
+  t.task_id = "kept";
+  t.kind = rlbus::role::collector;
+  const auto r = coord.submit(t);
+  REQUIRE(r);
+  REQUIRE(r->accepted);
+  a.proc->signal(SIGKILL);
+  // b sees the leader gone and says why it does not take over.
+  INFO(b.proc->output());
+  REQUIRE(b.proc->wait_for_line("may not lead: it does not hold everything", 30s));
+  a.start();
+  INFO(a.proc->output());
+  REQUIRE(a.proc->wait_for_line("rlbus-broker listening", 30s));
+  CHECK(b.proc->output().find("rlbus-broker listening") == std::string::npos);
+  // a took up its own journal: the task it accepted runs.
+  rlbus::worker_options wo;
+  wo.endpoint = co.endpoint;
+  wo.id = "collector-0";
+  wo.heartbeat = 100ms;
+  rlbus::task_handlers h;
+  h.run = [](rlbus::task_handle& task) {
+    task.emit_info(rlbus::test::flag_map("collector_done", true));
+    while (!task.stop_requested()) std::this_thread::sleep_for(1ms);
+  };
+  h.close = [](rlbus::task_handle&) { return rlbus::test::flag_map("collector_done", true); };
+  rlbus::worker w(wo, h);
+  CHECK(rlbus::test::wait_until(
+      [&] {
+        const std::lock_guard<std::mutex> hold(mu);
+        return finished.count("kept") == 1;
+      },
+      60s));
 }
