@@ -277,7 +277,16 @@ codec::blob server::ops_status(util::time_point now) const {
       {"retain_evicted", b.retain_evicted}};
   codec::map_writer bus(static_cast<std::uint32_t>(std::size(bus_counts)));
   for (const auto& [name, v] : bus_counts) bus.uint(name, v);
-  return codec::map_writer(11)
+  // A group's leader: the standbys that copy its journal (SPEC §14.10).
+  std::vector<codec::blob> standbys;
+  for (const auto& st : this->standbys())
+    standbys.push_back(codec::map_writer(4)
+                           .str("member", st.member)
+                           .uint("position", st.position)
+                           .uint("lag_bytes", st.lag)
+                           .boolean("in_sync", st.in_sync)
+                           .done());
+  return codec::map_writer(12)
       .uint("uptime_ms", ms_since(started_, now))
       .boolean("draining", s.draining)
       .raw("peers", codec::map_writer(4)
@@ -297,6 +306,7 @@ codec::blob server::ops_status(util::time_point now) const {
       .array("changes", changes)
       .uint("changes_total", changes_total_)
       .raw("bus", bus.done())
+      .array("standbys", standbys)
       .done();
 }
 

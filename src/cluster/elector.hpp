@@ -89,7 +89,10 @@ class elector {
 
   [[nodiscard]] std::string key() const { return "/rlbus/" + cfg_.group + "/leader"; }
   /// The members that hold everything the leader accepted: {"members": [...]} (SPEC §14.10.6).
-  [[nodiscard]] std::string insync_key() const { return "/rlbus/" + cfg_.group + "/insync"; }
+  [[nodiscard]] std::string insync_key() const { return insync_key_of(cfg_.group); }
+  static std::string insync_key_of(const std::string& group) {
+    return "/rlbus/" + group + "/insync";
+  }
 
  private:
   void run();

@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +23,7 @@
 #include "broker/settings.hpp"
 #include "client/session.hpp"
 #include "cluster/elector.hpp"
+#include "cluster/etcd.hpp"
 #include "cluster/membership.hpp"
 #include "codec/codec.hpp"
 #include "rlbus/types.hpp"
@@ -314,19 +317,43 @@ void print_human(const std::string& verb, const json& r) {
 // rlbus-ctl cluster: the group as etcd holds it, asked of etcd itself (a group whose brokers
 // all stand by, or that has none, is shown too).
 int show_cluster(const std::string& etcd_urls, const std::string& group,
-                 std::chrono::milliseconds timeout, bool as_json) {
+                 std::chrono::milliseconds timeout, bool as_json,
+                 const std::optional<rlbus::curve_keys>& keys) {
   rlbus::cluster::leader_info leader;
   std::vector<rlbus::cluster::member_info> members;
+  std::set<std::string> in_sync;  // empty: the leader copies its journal to nobody
   try {
     const auto urls = rlbus::util::split_endpoints(etcd_urls);
     leader = rlbus::cluster::leader_of(urls, group, timeout);
     members = rlbus::cluster::members_of(urls, group, timeout);
+    if (const auto kv = rlbus::cluster::etcd_client(urls, timeout)
+                            .get(rlbus::cluster::elector::insync_key_of(group))) {
+      const auto v = json::parse(kv->value, nullptr, false);
+      if (v.is_object() && v.contains("members") && v["members"].is_array())
+        for (const auto& m : v["members"])
+          if (m.is_string()) in_sync.insert(m.get<std::string>());
+    }
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "rlbus-ctl: %s\n", e.what());
     return exit_usage;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rlbus-ctl: group %s: %s\n", group.c_str(), e.what());
     return exit_no_answer;
+  }
+  // Each standby's lag, as the leader knows it (when it answers in time).
+  std::map<std::string, json> lag;
+  if (leader.epoch != 0) {
+    try {
+      broker_link link(leader.advertise, keys);
+      rlbus::codec::ops op;
+      op.verb = "status";
+      auto r = link.ask(op, timeout);
+      if (auto* status = std::get_if<json>(&r); status && status->contains("standbys"))
+        for (const auto& st : (*status)["standbys"])
+          lag[st.value("member", "")] = {{"position", st.value("position", 0)},
+                                         {"lag_bytes", st.value("lag_bytes", 0)}};
+    } catch (const std::exception&) {  // the view of etcd stands on its own
+    }
   }
   const auto now_ms = static_cast<std::int64_t>(rlbus::util::wall_ms());
   const auto for_ms = [&](std::int64_t since) {
@@ -339,12 +366,16 @@ int show_cluster(const std::string& etcd_urls, const std::string& group,
                        {"advertise", leader.advertise},
                        {"epoch", leader.epoch},
                        {"since_ms", leader.since_ms}};
-    for (const auto& m : members)
-      out["members"].push_back({{"member", m.member},
-                                {"advertise", m.advertise},
-                                {"version", m.version},
-                                {"since_ms", m.since_ms},
-                                {"role", m.member == leader.member ? "leader" : "standby"}});
+    for (const auto& m : members) {
+      json one{{"member", m.member},
+               {"advertise", m.advertise},
+               {"version", m.version},
+               {"since_ms", m.since_ms},
+               {"role", m.member == leader.member ? "leader" : "standby"},
+               {"in_sync", in_sync.count(m.member) == 1}};
+      if (const auto it = lag.find(m.member); it != lag.end()) one.update(it->second);
+      out["members"].push_back(std::move(one));
+    }
     std::cout << out.dump(2) << "\n";
     return 0;
   }
@@ -356,11 +387,16 @@ int show_cluster(const std::string& etcd_urls, const std::string& group,
                 leader.member.c_str(), leader.advertise.c_str(),
                 static_cast<long long>(leader.epoch), age(for_ms(leader.since_ms)).c_str());
   std::vector<std::vector<std::string>> rows;
-  for (const auto& m : members)
+  for (const auto& m : members) {
+    const auto it = lag.find(m.member);
     rows.push_back({m.member, m.member == leader.member ? "leader" : "standby", m.advertise,
-                    m.version, age(for_ms(m.since_ms))});
+                    m.version, age(for_ms(m.since_ms)), in_sync.count(m.member) == 1 ? "yes" : "no",
+                    it == lag.end()
+                        ? "-"
+                        : fmt::format("{} B", it->second["lag_bytes"].get<std::uint64_t>())});
+  }
   std::puts("");
-  table({"MEMBER", "ROLE", "ADVERTISE", "VERSION", "UP"}, rows);
+  table({"MEMBER", "ROLE", "ADVERTISE", "VERSION", "UP", "IN SYNC", "LAG"}, rows);
   return 0;
 }
 
@@ -465,7 +501,8 @@ int main(int argc, char** argv) {
   }
   auto* chosen = app.get_subcommands().front();
   if (chosen == cluster)
-    return show_cluster(cluster_etcd, cluster_name, std::chrono::milliseconds(timeout_ms), as_json);
+    return show_cluster(cluster_etcd, cluster_name, std::chrono::milliseconds(timeout_ms), as_json,
+                        keys);
   op.verb = chosen == watch ? "status" : chosen->get_name();
   if (!kind.empty()) op.kind = kind;
   if (!state.empty()) op.state = state;

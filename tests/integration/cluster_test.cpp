@@ -425,6 +425,18 @@ TEST_CASE("a standby holds every task the leader accepted: after a kill -9 each 
   INFO(a.proc->output());
   // The leader waits for b, and etcd knows b holds everything: b may lead after a.
   REQUIRE(a.proc->wait_for_line(fmt::format("in sync now: {}, {}", a.router, b.router), 30s));
+  // rlbus-ctl cluster shows it: b in sync, with how far it lags as the leader sees it.
+  const auto [shown, group] =
+      rlbus::test::run_to_end(rlbus::test::binary_from_env("RLBUS_CTL_BIN"),
+                              {"--json", "cluster", "--etcd", g.e.url(), "--name", "g"}, 30s);
+  CHECK(shown == 0);
+  const auto view = nlohmann::json::parse(group, nullptr, false);
+  INFO(group);
+  REQUIRE(view.is_object());
+  for (const auto& m : view["members"]) {
+    CHECK(m["in_sync"] == true);
+    if (m["role"] == "standby") CHECK(m.contains("lag_bytes"));
+  }
   const auto both = b.router + "," + a.router;
   std::mutex mu;
   std::map<std::string, int> finished;
