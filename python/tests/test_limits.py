@@ -342,10 +342,13 @@ def test_coordinators_that_never_ack_while_collectors_stream_stay_within_the_bud
                     payload=body))))
 
         def settled() -> bool:
-            c = answer(op, 1, verb="status")["counters"]
+            try:  # on a busy machine an answer may be lost to the full budget: ask again
+                c = answer(op, 1, verb="status")["counters"]
+            except AssertionError:
+                return False
             return c["messages_in"] >= 1 + 2 * pairs + pairs * (2 + datas)
         assert wait_until(settled, 120)
-        status = answer(op, 2, verb="status")
+        status = answer(op, 2, within=30, verb="status")
         c = status["counters"]
         rings, queues = c["stream_ring_bytes"], c["send_queue_bytes"]
         after = rss_mib(b.proc.pid)
