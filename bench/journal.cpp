@@ -6,13 +6,18 @@
 // collectors, for a fixed time per trial; the journal is a file in the bench's log folder, so
 // the figures are those of that folder's file system (named in the row).
 #include <sys/vfs.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
 #include <stdexcept>
 
 #include <fmt/format.h>
 
 #include "baselines.hpp"
+#include "process.hpp"
 #include "scenario.hpp"
 #include "wire.hpp"
 
@@ -44,16 +49,14 @@ void collector_loop(wire_peer& w, const std::atomic<bool>& stop) {
   }
 }
 
-trial_result lifecycles(const settings& s, const std::vector<std::string>& broker_args,
-                        std::chrono::milliseconds length, int trial) {
-  middle_boxes mb(s, false, false, broker_args);
+trial_result lifecycles(const std::string& router, std::chrono::milliseconds length, int trial) {
   zmq::context_t ctx(1);
-  wire_peer coord(ctx, mb.router);
+  wire_peer coord(ctx, router);
   coord.hello(rlbus::role::coordinator, "bench-journal-coord");
   std::vector<std::unique_ptr<wire_peer>> peers;
   std::vector<std::unique_ptr<socket_thread>> threads;
   for (int k = 0; k < collectors; ++k) {
-    peers.push_back(std::make_unique<wire_peer>(ctx, mb.router));
+    peers.push_back(std::make_unique<wire_peer>(ctx, router));
     peers.back()->hello(rlbus::role::collector, fmt::format("bench-journal-c{}", k));
   }
   for (auto& p : peers) {
@@ -91,6 +94,88 @@ trial_result lifecycles(const settings& s, const std::vector<std::string>& broke
   const auto seconds = std::chrono::duration<double>(last - t0).count();
   return {seconds > 0 ? static_cast<double>(finished) / seconds : 0, submitted - finished};
 }
+
+trial_result lifecycles(const settings& s, const std::vector<std::string>& broker_args,
+                        std::chrono::milliseconds length, int trial) {
+  middle_boxes mb(s, false, false, broker_args);
+  return lifecycles(mb.router, length, trial);
+}
+
+constexpr auto start_timeout = std::chrono::seconds(30);
+
+// A loopback port nothing listens on now.
+int free_port() {
+  zmq::context_t ctx;
+  zmq::socket_t sock(ctx, zmq::socket_type::router);
+  sock.set(zmq::sockopt::linger, 0);
+  sock.bind("tcp://127.0.0.1:*");
+  const std::string ep = sock.get(zmq::sockopt::last_endpoint);
+  return std::stoi(ep.substr(ep.rfind(':') + 1));
+}
+
+// etcd's path ("" when it is not installed): child_process executes a path, not a name.
+std::string etcd_binary() {
+  for (const char* dir : {"/usr/bin/", "/usr/local/bin/", "/bin/"})
+    if (const auto path = std::string(dir) + "etcd"; ::access(path.c_str(), X_OK) == 0) return path;
+  return "";
+}
+
+// A broker that leads a group of two, with a journal under `fsync`, and a standby in sync
+// that copies it (SPEC §14.10): an etcd and both brokers as child processes, in the log
+// folder. Peers talk to the leader.
+class replicated_group {
+ public:
+  replicated_group(const settings& s, const std::string& fsync, int trial) {
+    const auto dir = fmt::format("{}/group-{}", s.log_dir, trial);
+    std::filesystem::create_directories(dir);
+    const int client = free_port(), peer = free_port();
+    const auto url = fmt::format("http://127.0.0.1:{}", client);
+    etcd_ = std::make_unique<child_process>(
+        std::vector<std::string>{etcd_binary(), "--data-dir", dir + "/etcd", "--listen-client-urls",
+                                 url, "--advertise-client-urls", url, "--listen-peer-urls",
+                                 fmt::format("http://127.0.0.1:{}", peer),
+                                 "--initial-advertise-peer-urls",
+                                 fmt::format("http://127.0.0.1:{}", peer), "--initial-cluster",
+                                 fmt::format("default=http://127.0.0.1:{}", peer)},
+        log_file(s, "etcd"), s.cpus);
+    etcd_->wait_for_line("ready to serve client requests", start_timeout);
+    const auto broker = [&](const std::string& name) {
+      const auto router = fmt::format("tcp://127.0.0.1:{}", free_port());
+      std::vector<std::string> argv{s.broker_bin,
+                                    "--router",
+                                    router,
+                                    "--events",
+                                    fmt::format("tcp://127.0.0.1:{}", free_port()),
+                                    "--advertise",
+                                    router,
+                                    "--cluster-etcd",
+                                    url,
+                                    "--cluster-name",
+                                    "bench",
+                                    "--journal",
+                                    dir + "/journal-" + name,
+                                    "--journal-fsync",
+                                    fsync,
+                                    "--heartbeat-max",
+                                    "600000",
+                                    "--shutdown-linger",
+                                    "100"};
+      return std::pair{
+          router, std::make_unique<child_process>(argv, log_file(s, "broker-" + name), s.cpus)};
+    };
+    auto [a, leader] = broker("a");
+    leader_ = std::move(leader);
+    leader_->wait_for_line("rlbus broker", start_timeout);
+    router = a;
+    auto [b, standby] = broker("b");
+    standby_ = std::move(standby);
+    leader_->wait_for_line(fmt::format("in sync now: {}, {}", a, b), start_timeout);
+  }
+  std::string router;
+
+ private:
+  std::unique_ptr<child_process> etcd_, leader_, standby_;
+};
 
 std::string fs_type(const std::string& dir) {
   struct statfs st {};
@@ -131,10 +216,21 @@ std::vector<row> run_journal(const settings& s) {
     };
   };
   using entry = std::pair<std::string, std::function<double(bool)>>;
-  const std::vector<entry> variants{{"none", variant("")},
-                                    {"fsync none", variant("none")},
-                                    {"fsync batch", variant("batch")},
-                                    {"fsync always", variant("always")}};
+  std::vector<entry> variants{{"none", variant("")},
+                              {"fsync none", variant("none")},
+                              {"fsync batch", variant("batch")},
+                              {"fsync always", variant("always")}};
+  // The same journal with a standby in sync, which every answer waits for (SPEC §14.10).
+  const bool with_standby = !etcd_binary().empty();
+  if (with_standby)
+    variants.emplace_back("fsync batch, standby", [&](bool warmup) {
+      const replicated_group group(s, "batch", ++n);
+      const auto r = lifecycles(group.router, warmup ? length / 4 : length, n);
+      if (!warmup) unfinished += r.unfinished;
+      return r.tasks_per_s;
+    });
+  else
+    std::fprintf(stderr, "journal: etcd is not installed: no row with a standby\n");
   auto results = interleave<double>(s.trials, variants, "journal");
   std::vector<row> rows;
   for (const char* policy : {"none", "batch", "always"}) {
@@ -151,6 +247,20 @@ std::vector<row> run_journal(const settings& s) {
                 {"collectors", collectors},
                 {"in_flight", in_flight},
                 {"trial_ms", s.journal_trial_ms}};
+    rows.push_back(std::move(r));
+  }
+  if (with_standby) {
+    row r;
+    r.scenario = "journal";
+    r.variant = fmt::format("fsync batch+standby, {}", where);
+    r.metric = "tasks/s";
+    r.higher_is_better = true;
+    r.rlbus = results["fsync batch, standby"];
+    r.direct = results["fsync batch"];  // the same broker alone
+    r.lost = unfinished;
+    r.params = {{"fsync", "batch"},       {"standby", true},
+                {"filesystem", where},    {"collectors", collectors},
+                {"in_flight", in_flight}, {"trial_ms", s.journal_trial_ms}};
     rows.push_back(std::move(r));
   }
   return rows;

@@ -128,8 +128,9 @@ std::string format_table(const run_facts& facts, const std::vector<row>& rows) {
         "same number of DEALERs\n";
   if (std::any_of(rows.begin(), rows.end(), [](const row& r) { return r.scenario == "journal"; }))
     out +=
-        "journal: the direct column is the same broker without a journal, in the same rotation; "
-        "lost counts tasks submitted and never finished\n";
+        "journal: the direct column is the same broker without a journal (with a standby: the "
+        "same journal with no standby), in the same rotation; lost counts tasks submitted and "
+        "never finished\n";
   if (std::any_of(rows.begin(), rows.end(), [](const row& r) { return r.scenario == "cost"; }))
     out +=
         "cost: instructions of the middle process per message or task step (callgrind); >1 "

@@ -197,13 +197,15 @@ TEST_CASE("rlbus-bench journal --quick reports each fsync policy beside no journ
   const auto [status, out] = run_to_end(env("RLBUS_BENCH_BIN"),
                                         {"journal", "--quick", "--trials", "1", "--trial-ms", "100",
                                          "--broker", env("RLBUS_BROKER_BIN"), "--json", json_path},
-                                        std::chrono::seconds(60));
+                                        std::chrono::seconds(180));
   INFO(out);
   REQUIRE(status == 0);
   const auto report = take_report(json_path);
   std::set<std::string> policies;
+  bool standby = false;  // a row with a standby in sync, when etcd is installed
   for (const auto& row : report.at("rows")) {
     REQUIRE(row.at("scenario") == "journal");
+    standby = standby || row.at("params").value("standby", false);
     CHECK(row.at("metric") == "tasks/s");
     CHECK(row.at("rlbus").at("median").get<double>() > 0);
     CHECK(row.at("direct").at("median").get<double>() > 0);
@@ -211,6 +213,7 @@ TEST_CASE("rlbus-bench journal --quick reports each fsync policy beside no journ
     policies.insert(row.at("params").at("fsync").get<std::string>());
   }
   CHECK(policies == std::set<std::string>{"none", "batch", "always"});
+  CHECK(standby == (::access("/usr/bin/etcd", X_OK) == 0));
 }
 
 TEST_CASE("rlbus-bench curve --quick reports CURVE's step latency and data events beside plain",
