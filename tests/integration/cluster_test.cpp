@@ -232,6 +232,24 @@ std::optional<T> ask_until(raw_peer& p, const rlbus::codec::message& m) {
   return answer;
 }
 
+// A collector "collector-0" on `endpoint` whose every task says it is done (after `step`) and
+// runs until the coordinator closes it.
+std::unique_ptr<rlbus::worker> collector(const std::string& endpoint,
+                                         std::chrono::milliseconds step = 0ms) {
+  rlbus::worker_options wo;
+  wo.endpoint = endpoint;
+  wo.id = "collector-0";
+  wo.heartbeat = 100ms;
+  rlbus::task_handlers h;
+  h.run = [step](rlbus::task_handle& t) {
+    std::this_thread::sleep_for(step);
+    t.emit_info(rlbus::test::flag_map("collector_done", true));
+    while (!t.stop_requested()) std::this_thread::sleep_for(1ms);
+  };
+  h.close = [](rlbus::task_handle&) { return rlbus::test::flag_map("collector_done", true); };
+  return std::make_unique<rlbus::worker>(wo, h);
+}
+
 }  // namespace
 
 TEST_CASE("a group of brokers: one serves, and a standby serves once the leader is killed",
@@ -350,17 +368,8 @@ TEST_CASE("the SDK's clients go to a group's leader and follow a takeover by the
   auto& b = *g.b;
   // The standby first: its NOT_LEADER sends them to a.
   const auto both = b.router + "," + a.router;
-  rlbus::worker_options wo;
-  wo.endpoint = both;
-  wo.id = "collector-0";
-  wo.heartbeat = 100ms;
-  rlbus::task_handlers h;
-  h.run = [](rlbus::task_handle& t) {
-    t.emit_info(rlbus::test::flag_map("collector_done", true));
-    while (!t.stop_requested()) std::this_thread::sleep_for(1ms);
-  };
-  h.close = [](rlbus::task_handle&) { return rlbus::test::flag_map("collector_done", true); };
-  rlbus::worker w(wo, h);
+  const auto worker = collector(both);
+  auto& w = *worker;
   std::mutex mu;
   std::set<std::string> finished;
   rlbus::coordinator_callbacks cb;
@@ -452,18 +461,8 @@ TEST_CASE("a leader killed under load: every task it accepted finishes once, on 
   rlbus::coordinator coord(co, cb);
   REQUIRE(coord.wait_for(rlbus::connection_state::ready, 30s));
   // A collector whose steps take a while: tasks are queued, running and finished at the kill.
-  rlbus::worker_options wo;
-  wo.endpoint = both;
-  wo.id = "collector-0";
-  wo.heartbeat = 100ms;
-  rlbus::task_handlers h;
-  h.run = [](rlbus::task_handle& t) {
-    std::this_thread::sleep_for(30ms);
-    t.emit_info(rlbus::test::flag_map("collector_done", true));
-    while (!t.stop_requested()) std::this_thread::sleep_for(1ms);
-  };
-  h.close = [](rlbus::task_handle&) { return rlbus::test::flag_map("collector_done", true); };
-  rlbus::worker w(wo, h);
+  const auto worker = collector(both, 30ms);
+  auto& w = *worker;
   REQUIRE(w.wait_for(rlbus::connection_state::ready, 30s));
   constexpr std::size_t tasks = 40;
   for (std::size_t i = 0; i < tasks; ++i) {
@@ -536,17 +535,7 @@ TEST_CASE(
   REQUIRE(a.proc->wait_for_line("rlbus-broker listening", 30s));
   CHECK(b.proc->output().find("rlbus-broker listening") == std::string::npos);
   // a took up its own journal: the task it accepted runs.
-  rlbus::worker_options wo;
-  wo.endpoint = co.endpoint;
-  wo.id = "collector-0";
-  wo.heartbeat = 100ms;
-  rlbus::task_handlers h;
-  h.run = [](rlbus::task_handle& task) {
-    task.emit_info(rlbus::test::flag_map("collector_done", true));
-    while (!task.stop_requested()) std::this_thread::sleep_for(1ms);
-  };
-  h.close = [](rlbus::task_handle&) { return rlbus::test::flag_map("collector_done", true); };
-  rlbus::worker w(wo, h);
+  const auto worker = collector(co.endpoint);
   CHECK(rlbus::test::wait_until(
       [&] {
         const std::lock_guard<std::mutex> hold(mu);

@@ -86,7 +86,7 @@ def close_and_check(coord, slaves, before):
     for s in slaves:
         s.join()
     assert coord.late_calls == []
-    wait_until(lambda: not (set(threading.enumerate()) - before), 10,
+    wait_until(lambda: not (set(threading.enumerate()) - before), 30,
                "every thread of the coordinator and the slaves to end")
 
 
@@ -310,7 +310,7 @@ def test_comm_collectors_with_coordinator(ding, tmp_path, caplog):
         c.close()
     learner.close()
     assert coord.late_calls == []
-    wait_until(lambda: not (set(threading.enumerate()) - before), 10,
+    wait_until(lambda: not (set(threading.enumerate()) - before), 30,
                "every thread of the coordinator and the workers to end")
 
 
@@ -354,7 +354,7 @@ def test_comm_learner_with_coordinator(ding, tmp_path, caplog):
         c.shutdown()
     learner.close()
     assert coord.late_calls == []
-    wait_until(lambda: not (set(threading.enumerate()) - before), 10,
+    wait_until(lambda: not (set(threading.enumerate()) - before), 30,
                "every thread of the coordinator and the workers to end")
 
 
