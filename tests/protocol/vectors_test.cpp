@@ -20,6 +20,7 @@
 
 using namespace rlbus;
 using json = nlohmann::json;
+using namespace std::chrono_literals;
 
 namespace {
 
@@ -130,11 +131,11 @@ int send_invalid_vectors() {
     ++n;
     if (sender != "none") {
       p.send(codec::hello{sender_role(sender), "vector-" + std::to_string(n), 30'000, {}, {}});
-      REQUIRE(p.recv_a<codec::welcome>());
+      REQUIRE(p.recv_a<codec::welcome>(30s));  // a busy machine may starve the broker a while
     }
     const auto frames = frames_of(v);
     p.send_frames(frames);
-    const auto e = p.recv_a<codec::error>();
+    const auto e = p.recv_a<codec::error>(30s);
     REQUIRE(e);
     INFO(e->reason);
     CHECK(static_cast<int>(e->code) == v["error_code"].get<int>());
