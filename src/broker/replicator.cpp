@@ -18,7 +18,11 @@ constexpr auto heartbeat = std::chrono::milliseconds(500);
 constexpr auto forget_after = std::chrono::milliseconds(6000);
 constexpr std::size_t part_bytes = std::size_t{1024} * 1024;  // of a SNAPSHOT part, or more for
                                                               // a larger record
-constexpr int send_queue = 10'000;  // messages for one standby that libzmq holds at most
+constexpr int send_queue = 10'000;
+// A standby this close behind what was streamed is waited for (it catches up within a turn or
+// two); one further behind first catches up without holding the leader back.
+constexpr std::uint64_t join_lag =
+    std::uint64_t{1024} * 1024;  // messages for one standby that libzmq holds at most
 
 std::string_view view(const zmq::message_t& m) {
   return {static_cast<const char*>(m.data()), m.size()};
@@ -75,12 +79,14 @@ void replicator::forget(std::size_t i, const std::string& why) {
 }
 
 void replicator::settle() {
+  // Recorded once it holds everything released before it was waited for, too.
   std::vector<std::string> now{cfg_.self};
   for (const auto& s : standbys_)
-    if (s.in_sync && !s.leaving) now.push_back(s.member);
-  if (now == published_) return;
-  if (cfg_.publish_in_sync && !cfg_.publish_in_sync(now)) return;  // tried again at next push
-  published_ = std::move(now);
+    if (s.in_sync && !s.leaving && s.acked >= s.joined_at) now.push_back(s.member);
+  if (now != published_) {
+    if (cfg_.publish_in_sync && !cfg_.publish_in_sync(now)) return;  // tried again at next push
+    published_ = std::move(now);
+  }
   for (auto& s : standbys_)
     if (s.leaving) {
       s.in_sync = s.leaving = false;
@@ -116,8 +122,10 @@ void replicator::on_readable(util::time_point now) {
       it->heard = now;
       if (a->position < it->acked || a->position > journal_.position()) continue;
       it->acked = a->position;
-      if (!it->in_sync && !it->gone && it->acked >= it->snapshot && it->acked == pending_from_) {
+      if (!it->in_sync && !it->gone && it->acked >= it->snapshot &&
+          pending_from_ - std::min(pending_from_, it->acked) <= join_lag) {
         it->in_sync = true;  // waited for from now on, then recorded
+        it->joined_at = journal_.position();
         spdlog::info("replication: standby {} is in sync at position {}", it->member, it->acked);
         settle();
       }

@@ -70,11 +70,12 @@ class replicator {
  private:
   struct standby {
     std::string routing_id, member;
-    std::uint64_t acked = 0;     // what it said it holds
-    std::uint64_t snapshot = 0;  // the position its snapshot stood at
-    bool in_sync = false;        // waited for
-    bool leaving = false;        // in sync, until a set without it is recorded
-    bool gone = false;           // and then forgotten
+    std::uint64_t acked = 0;      // what it said it holds
+    std::uint64_t snapshot = 0;   // the position its snapshot stood at
+    bool in_sync = false;         // waited for
+    std::uint64_t joined_at = 0;  // the journal's position when it began to be waited for
+    bool leaving = false;         // in sync, until a set without it is recorded
+    bool gone = false;            // and then forgotten
     util::time_point behind_since{};
     util::time_point heard{}, sent{};
   };
