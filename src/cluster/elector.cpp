@@ -19,11 +19,8 @@ using json = nlohmann::json;
 
 // Whether `value` ({"members": [...]}) names `member`.
 bool in_sync(const std::string& value, const std::string& member) {
-  const auto v = json::parse(value, nullptr, false);
-  if (!v.is_object() || !v.contains("members") || !v["members"].is_array()) return false;
-  for (const auto& m : v["members"])
-    if (m.is_string() && m.get<std::string>() == member) return true;
-  return false;
+  const auto members = in_sync_members(value);
+  return std::find(members.begin(), members.end(), member) != members.end();
 }
 
 leader_info leader_of(const etcd_kv& kv) {
@@ -45,6 +42,15 @@ leader_info leader_of(const etcd_kv& kv) {
 constexpr double rate_allowance = 0.01;
 
 }  // namespace
+
+std::vector<std::string> in_sync_members(const std::string& value) {
+  std::vector<std::string> out;
+  const auto v = json::parse(value, nullptr, false);
+  if (v.is_object() && v.contains("members") && v["members"].is_array())
+    for (const auto& m : v["members"])
+      if (m.is_string()) out.push_back(m.get<std::string>());
+  return out;
+}
 
 leader_info leader_of(const std::vector<std::string>& etcd, const std::string& group,
                       std::chrono::milliseconds timeout) {

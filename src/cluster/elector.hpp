@@ -55,6 +55,9 @@ struct leader_info {
   std::int64_t since_ms = 0;  // when it took the lead (ms of the Unix epoch, its own clock)
 };
 
+/// The members an in-sync set names ({"members": [...]}, SPEC §14.10.6); none for another value.
+std::vector<std::string> in_sync_members(const std::string& value);
+
 /// The leader of `group` as etcd holds it now (epoch 0: none; throws etcd_unavailable).
 leader_info leader_of(const std::vector<std::string>& etcd, const std::string& group,
                       std::chrono::milliseconds timeout);

@@ -327,12 +327,8 @@ int show_cluster(const std::string& etcd_urls, const std::string& group,
     leader = rlbus::cluster::leader_of(urls, group, timeout);
     members = rlbus::cluster::members_of(urls, group, timeout);
     if (const auto kv = rlbus::cluster::etcd_client(urls, timeout)
-                            .get(rlbus::cluster::elector::insync_key_of(group))) {
-      const auto v = json::parse(kv->value, nullptr, false);
-      if (v.is_object() && v.contains("members") && v["members"].is_array())
-        for (const auto& m : v["members"])
-          if (m.is_string()) in_sync.insert(m.get<std::string>());
-    }
+                            .get(rlbus::cluster::elector::insync_key_of(group)))
+      for (auto& m : rlbus::cluster::in_sync_members(kv->value)) in_sync.insert(std::move(m));
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "rlbus-ctl: %s\n", e.what());
     return exit_usage;

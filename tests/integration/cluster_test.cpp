@@ -217,6 +217,16 @@ struct led_group {
   }
 };
 
+// What `rlbus-ctl --json cluster` says of group "g" (null when it fails or prints no JSON).
+nlohmann::json ctl_cluster(const etcd_server& e) {
+  const auto [status, out] =
+      rlbus::test::run_to_end(rlbus::test::binary_from_env("RLBUS_CTL_BIN"),
+                              {"--json", "cluster", "--etcd", e.url(), "--name", "g"}, 30s);
+  INFO(out);
+  CHECK(status == 0);
+  return nlohmann::json::parse(out, nullptr, false);
+}
+
 // Sends `m` every second until a T answers, for up to 30 s: a message sent while a broker
 // closes its socket is lost with it, and ZeroMQ connects again by itself.
 template <class T>
@@ -278,12 +288,7 @@ TEST_CASE("a group of brokers: one serves, and a standby serves once the leader 
   }
 
   // rlbus-ctl shows the group as etcd holds it.
-  const auto [shown, group] =
-      rlbus::test::run_to_end(rlbus::test::binary_from_env("RLBUS_CTL_BIN"),
-                              {"--json", "cluster", "--etcd", g.e.url(), "--name", "g"}, 30s);
-  CHECK(shown == 0);
-  const auto view = nlohmann::json::parse(group, nullptr, false);
-  INFO(group);
+  const auto view = ctl_cluster(g.e);
   REQUIRE(view.is_object());
   CHECK(view["leader"]["advertise"] == a.router);
   CHECK(view["leader"]["epoch"] == *first.leader_epoch);
@@ -435,12 +440,7 @@ TEST_CASE("a leader killed under load: every task it accepted finishes once, on 
   // The leader waits for b, and etcd knows b holds everything: b may lead after a.
   REQUIRE(a.proc->wait_for_line(fmt::format("in sync now: {}, {}", a.router, b.router), 30s));
   // rlbus-ctl cluster shows it: b in sync, with how far it lags as the leader sees it.
-  const auto [shown, group] =
-      rlbus::test::run_to_end(rlbus::test::binary_from_env("RLBUS_CTL_BIN"),
-                              {"--json", "cluster", "--etcd", g.e.url(), "--name", "g"}, 30s);
-  CHECK(shown == 0);
-  const auto view = nlohmann::json::parse(group, nullptr, false);
-  INFO(group);
+  const auto view = ctl_cluster(g.e);
   REQUIRE(view.is_object());
   for (const auto& m : view["members"]) {
     CHECK(m["in_sync"] == true);
