@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "baselines.hpp"
+#include "cluster/local_etcd.hpp"
 #include "process.hpp"
 #include "scenario.hpp"
 #include "wire.hpp"
@@ -113,13 +114,6 @@ int free_port() {
   return std::stoi(ep.substr(ep.rfind(':') + 1));
 }
 
-// etcd's path ("" when it is not installed): child_process executes a path, not a name.
-std::string etcd_binary() {
-  for (const char* dir : {"/usr/bin/", "/usr/local/bin/", "/bin/"})
-    if (const auto path = std::string(dir) + "etcd"; ::access(path.c_str(), X_OK) == 0) return path;
-  return "";
-}
-
 // A broker that leads a group of two, with a journal under `fsync`, and a standby in sync
 // that copies it (SPEC §14.10): an etcd and both brokers as child processes, in the log
 // folder. Peers talk to the leader.
@@ -131,12 +125,12 @@ class replicated_group {
     const int client = free_port(), peer = free_port();
     const auto url = fmt::format("http://127.0.0.1:{}", client);
     etcd_ = std::make_unique<child_process>(
-        std::vector<std::string>{etcd_binary(), "--data-dir", dir + "/etcd", "--listen-client-urls",
-                                 url, "--advertise-client-urls", url, "--listen-peer-urls",
-                                 fmt::format("http://127.0.0.1:{}", peer),
-                                 "--initial-advertise-peer-urls",
-                                 fmt::format("http://127.0.0.1:{}", peer), "--initial-cluster",
-                                 fmt::format("default=http://127.0.0.1:{}", peer)},
+        std::vector<std::string>{
+            rlbus::cluster::local_etcd::find_binary(), "--data-dir", dir + "/etcd",
+            "--listen-client-urls", url, "--advertise-client-urls", url, "--listen-peer-urls",
+            fmt::format("http://127.0.0.1:{}", peer), "--initial-advertise-peer-urls",
+            fmt::format("http://127.0.0.1:{}", peer), "--initial-cluster",
+            fmt::format("default=http://127.0.0.1:{}", peer)},
         log_file(s, "etcd"), s.cpus);
     etcd_->wait_for_line("ready to serve client requests", start_timeout);
     const auto broker = [&](const std::string& name) {
@@ -221,7 +215,7 @@ std::vector<row> run_journal(const settings& s) {
                               {"fsync batch", variant("batch")},
                               {"fsync always", variant("always")}};
   // The same journal with a standby in sync, which every answer waits for (SPEC §14.10).
-  const bool with_standby = !etcd_binary().empty();
+  const bool with_standby = !rlbus::cluster::local_etcd::find_binary().empty();
   if (with_standby)
     variants.emplace_back("fsync batch, standby", [&](bool warmup) {
       const replicated_group group(s, "batch", ++n);

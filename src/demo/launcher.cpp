@@ -1,23 +1,19 @@
-// The launcher's life in order: find the broker, start it and wait for its "listening"
-// line, start the workers, train while watching the children (and killing one on request),
-// then stop workers, broker and coordinator, and print the summary.
+// The launcher's life in order: find the broker, start it (or a group of two, see
+// brokers.hpp), start the workers, train while watching the children (and killing one on
+// request), then stop workers, brokers and coordinator, and print the summary.
 #include "demo/launcher.hpp"
 
 #include <signal.h>
 #include <unistd.h>
 
-#include <atomic>
-#include <cerrno>
-#include <condition_variable>
 #include <csignal>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "demo/brokers.hpp"
 #include "demo/console.hpp"
 #include "demo/processes.hpp"
 
@@ -47,129 +43,22 @@ std::string stamp(clock::time_point started) {
   return fmt::format("[{:6.1f}s]", std::chrono::duration<double>(clock::now() - started).count());
 }
 
-// Reads the broker's log from its pipe on a thread of its own: finds the line that says it
-// listens (and where), keeps the last lines for an error message, and passes warnings on
-// (a peer expired, a task re-queued) while `forward` is set.
-class broker_log {
- public:
-  broker_log(int fd, console& out, clock::time_point started)
-      : fd_(fd), out_(out), started_(started), thread_([this] { read_loop(); }) {}
-  ~broker_log() { thread_.join(); }  // ends at EOF: stop the broker first
-  broker_log(const broker_log&) = delete;
-  broker_log& operator=(const broker_log&) = delete;
-
-  /// True once the broker said it listens; false if it exited or `timeout` passed first.
-  bool wait_ready(std::chrono::milliseconds timeout) {
-    std::unique_lock lock(mu_);
-    changed_.wait_for(lock, timeout, [&] { return ready_ || eof_; });
-    return ready_;
-  }
-  std::string router() {
-    std::lock_guard lock(mu_);
-    return router_;
-  }
-  std::string events() {
-    std::lock_guard lock(mu_);
-    return events_;
-  }
-  std::string last_line() {
-    std::lock_guard lock(mu_);
-    return last_;
-  }
-  void forward(bool on) { forward_ = on; }
-
- private:
-  void read_loop() {
-    std::string pending;
-    char buf[4096];
-    while (true) {
-      const auto n = ::read(fd_, buf, sizeof buf);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      pending.append(buf, static_cast<std::size_t>(n));
-      std::size_t eol;
-      while ((eol = pending.find('\n')) != std::string::npos) {
-        on_line(pending.substr(0, eol));
-        pending.erase(0, eol + 1);
-      }
-    }
-    std::lock_guard lock(mu_);
-    eof_ = true;
-    changed_.notify_all();
-  }
-
-  // Lines look like "2024-05-01T10:00:00.123 warn peer ... expired ...".
-  void on_line(const std::string& line) {
-    const auto level_at = line.find(' ');
-    const auto text_at = level_at == std::string::npos ? level_at : line.find(' ', level_at + 1);
-    const std::string level =
-        text_at == std::string::npos ? "" : line.substr(level_at + 1, text_at - level_at - 1);
-    const std::string text = text_at == std::string::npos ? line : line.substr(text_at + 1);
-    std::lock_guard lock(mu_);
-    last_ = text;
-    if (!ready_ && text.rfind("rlbus broker", 0) == 0) {
-      router_ = word_after(text, "router");
-      events_ = word_after(text, "events");
-      ready_ = true;
-      changed_.notify_all();
-    } else if (forward_ &&
-               (level == "warning" || level == "warn" || level == "error" || level == "critical")) {
-      out_.line(fmt::format("{} broker: {}", stamp(started_), text));
-    }
-  }
-
-  static std::string word_after(const std::string& text, const std::string& key) {
-    const auto at = text.find(" " + key + " ");
-    if (at == std::string::npos) return {};
-    const auto from = at + key.size() + 2;
-    return text.substr(from, text.find(' ', from) - from);
-  }
-
-  int fd_;
-  console& out_;
-  clock::time_point started_;
-  std::mutex mu_;
-  std::condition_variable changed_;
-  bool ready_ = false, eof_ = false;
-  std::string router_, events_, last_;
-  std::atomic<bool> forward_{false};
-  std::thread thread_;  // last: starts once everything above exists
-};
-
-// The broker and the reader of its log; the log's thread ends once the process is gone.
-struct broker_child {
-  std::unique_ptr<process> proc;
-  std::unique_ptr<broker_log> log;
-};
-
-broker_child spawn_broker(const std::string& path, const std::vector<std::string>& args,
-                          console& out, clock::time_point started) {
-  broker_child b;
-  b.proc = std::make_unique<process>("broker", path, args, /*capture_output=*/true);
-  b.log = std::make_unique<broker_log>(b.proc->output_fd(), out, started);
-  return b;
+// The summary's line on a takeover: when the leader was killed, how long until its successor
+// led and until the coordinator heard of a task from it, and how many tasks ran again.
+std::string describe_takeover(const takeover_record& tk,
+                              std::optional<clock::time_point> first_event, std::uint64_t requeued,
+                              clock::time_point started) {
+  const auto secs = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  std::string line = fmt::format("takeover:        broker {} killed at {:.1f} s; ", tk.killed,
+                                 secs(tk.killed_at - started));
+  if (!tk.leading_at) return line + fmt::format("broker {} never led", tk.successor);
+  line += fmt::format("broker {} led {:.2f} s later", tk.successor,
+                      secs(*tk.leading_at - tk.killed_at));
+  if (first_event)
+    line += fmt::format(", first task event from it {:.2f} s after the kill",
+                        secs(*first_event - tk.killed_at));
+  return line + fmt::format("; {} tasks re-run", requeued);
 }
-
-// A journal of the broker's own, in a directory of its own, gone with the demo.
-class scratch_dir {
- public:
-  scratch_dir() {
-    std::string tmpl = "/tmp/rlbus-demo-XXXXXX";
-    if (::mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
-  }
-  ~scratch_dir() {
-    if (path_.empty()) return;
-    for (const char* name : {"/broker.journal", "/broker.journal.tmp"})
-      ::unlink((path_ + name).c_str());
-    ::rmdir(path_.c_str());
-  }
-  scratch_dir(const scratch_dir&) = delete;
-  scratch_dir& operator=(const scratch_dir&) = delete;
-  [[nodiscard]] const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 struct worker_child {
   std::string id;
@@ -205,42 +94,23 @@ int run_demo(launch_options o) {
     return exit_start_failed;
   }
 
-  // ---- the broker, with a journal: killed, it starts again where it was ----
-  const scratch_dir scratch;
-  if (scratch.path().empty()) {
-    err.line("rlbus-demo: cannot make a directory for the broker's journal under /tmp");
+  // ---- the broker (or a group of two), each with a journal ----
+  std::unique_ptr<broker_set> brokers;
+  try {
+    brokers = std::make_unique<broker_set>(
+        broker_options{broker_path, o.port, o.liveness, o.kill_leader_at.has_value()}, out,
+        started);
+  } catch (const std::exception& e) {
+    err.line(fmt::format("rlbus-demo: {}", e.what()));
     return exit_start_failed;
   }
-  const std::string journal = scratch.path() + "/broker.journal";
-  std::vector<std::string> broker_args{"--router",        fmt::format("tcp://127.0.0.1:{}", o.port),
-                                       "--events",        "tcp://127.0.0.1:0",
-                                       "--liveness",      std::to_string(o.liveness),
-                                       "--heartbeat-min", "50",
-                                       "--journal",       journal,
-                                       "--log-level",     "info"};
-  auto b = spawn_broker(broker_path, broker_args, out, started);
-  if (!b.log->wait_ready(10s)) {
-    const auto st = b.proc->wait_exit(2s);
-    err.line(fmt::format("rlbus-demo: the broker did not start on {}: {}", broker_args[1],
-                         b.log->last_line().empty() ? "no output" : b.log->last_line()));
-    if (st) err.line(fmt::format("rlbus-demo: the broker {}", describe_exit(*st)));
-    if (o.port != 0)
-      err.line(
-          fmt::format("rlbus-demo: is port {} in use? Choose another with --port (0: any "
-                      "free port).",
-                      o.port));
-    b.proc->stop(2s);
-    return exit_start_failed;
-  }
-  o.training.endpoint = b.log->router();
-  broker_args[1] = o.training.endpoint;  // a restart binds the port the first start got
-  b.log->forward(true);
+  o.training.endpoint = brokers->endpoint();
+  brokers->forward(true);
   out.line(fmt::format(
       "rlbus demo: a learner and {} collectors train a linear policy on cart-pole (CartPole-v1, "
-      "solved at mean return >= 475 over 100 episodes), all through the broker",
-      o.collectors));
-  out.line(fmt::format("  broker       pid {:<7} router {}  events {}", b.proc->pid(),
-                       o.training.endpoint, b.log->events()));
+      "solved at mean return >= 475 over 100 episodes), all through the broker{}",
+      o.collectors, o.kill_leader_at ? "s of a group" : ""));
+  for (const auto& line : brokers->describe()) out.line(line);
 
   // ---- the workers: this binary again, as separate processes ----
   std::vector<worker_child> workers;
@@ -274,6 +144,10 @@ int run_demo(launch_options o) {
     }
     bool killed = false;
     bool broker_killed = false;
+    bool leader_killed = false;
+    trainer_counts before_takeover;
+    std::optional<std::uint64_t> events_at_leading;  // once the successor leads
+    std::optional<clock::time_point> first_event_after;
     while (t && fatal.empty()) {
       result = t->poll(50ms);
       if (result != training_state::running) break;
@@ -281,26 +155,36 @@ int run_demo(launch_options o) {
         interrupted = true;
         break;
       }
-      if (const auto st = b.proc->poll_exit()) {
-        fatal = "the broker " + describe_exit(*st);
+      if (auto why = brokers->failure()) {
+        fatal = std::move(*why);
         break;
       }
       if (o.kill_broker_at && !broker_killed && t->iteration() >= *o.kill_broker_at) {
         broker_killed = true;
-        const auto old_pid = b.proc->pid();
-        b.proc->signal(SIGKILL);
-        (void)b.proc->wait_exit(5s);
-        b.log.reset();  // its pipe is at its end
-        b = spawn_broker(broker_path, broker_args, out, started);
-        if (!b.log->wait_ready(10s)) {
-          fatal = "the broker did not start again on its journal: " + b.log->last_line();
+        try {
+          const auto what = brokers->kill_and_restart();
+          out.line(
+              fmt::format("{} chaos: {} (iteration {})", stamp(started), what, t->iteration()));
+        } catch (const std::exception& e) {
+          fatal = std::string("the broker did not start again on its journal: ") + e.what();
           break;
         }
-        b.log->forward(true);
-        out.line(fmt::format(
-            "{} chaos: SIGKILL the broker (pid {}) at iteration {}; started again as pid {} on "
-            "its journal: expect its tasks back and the running ones re-queued",
-            stamp(started), old_pid, t->iteration(), b.proc->pid()));
+      }
+      // Killed only once the standby holds all the leader accepted: before, no broker would
+      // be allowed to lead.
+      if (o.kill_leader_at && !leader_killed && t->iteration() >= *o.kill_leader_at &&
+          brokers->standby_in_sync()) {
+        leader_killed = true;
+        before_takeover = t->counts();
+        const auto iteration = t->iteration();
+        out.line(fmt::format("{} chaos: {} (iteration {})", stamp(started), brokers->kill_leader(),
+                             iteration));
+      }
+      if (const auto tk = brokers->takeover(); tk && tk->leading_at && !first_event_after) {
+        if (t->counts().events > events_at_leading.value_or(UINT64_MAX))
+          first_event_after = clock::now();
+        else if (!events_at_leading)
+          events_at_leading = t->counts().events;
       }
       for (auto& w : workers) {
         if (!w.proc) {
@@ -351,14 +235,20 @@ int run_demo(launch_options o) {
     if (o.kill_broker_at && !broker_killed && result == training_state::solved)
       out.line(fmt::format("{} chaos: solved before iteration {}; the broker was not killed",
                            stamp(started), *o.kill_broker_at));
+    if (o.kill_leader_at && !leader_killed && result == training_state::solved)
+      out.line(fmt::format("{} chaos: solved before iteration {}; the leader was not killed",
+                           stamp(started), *o.kill_leader_at));
 
     // ---- stop, in order: coordinator, workers, broker ----
-    b.log->forward(false);
+    brokers->forward(false);
     if (t) t->stop();
     for (auto& w : workers)
       if (w.proc) w.proc->stop(3s);
-    b.proc->stop(5s);
+    brokers->stop(5s);
     if (t) t->print_summary(interrupted ? training_state::running : result);
+    if (const auto tk = brokers->takeover(); tk && t)
+      out.line(describe_takeover(*tk, first_event_after,
+                                 t->counts().requeued - before_takeover.requeued, started));
   }
 
   if (!fatal.empty()) {

@@ -1,8 +1,8 @@
 // `rlbus-demo run`: the launcher. It starts the real broker binary, then this binary again
 // as a learner and N collectors (separate processes, over tcp), and is itself the
-// coordinator (a trainer). It supervises the children, reports them, can kill a collector or
-// the broker on purpose (chaos) and restart it (the broker on its journal), and stops
-// everything in order at the end or on Ctrl-C.
+// coordinator (a trainer). It supervises the children, reports them, can kill a collector,
+// the broker (started again on its journal) or the leader of a group of brokers (its standby
+// takes over) on purpose (chaos), and stops everything in order at the end or on Ctrl-C.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +21,9 @@ struct launch_options {
   std::optional<std::uint64_t> kill_collector_at;
   /// SIGKILL the broker at this iteration and start it again on its journal.
   std::optional<std::uint64_t> kill_broker_at;
+  /// Run two brokers in a group beside a throwaway etcd, and SIGKILL the leader at this
+  /// iteration: the standby takes over on its copy of the journal.
+  std::optional<std::uint64_t> kill_leader_at;
   bool respawn = false;
   /// Broker liveness: a worker silent for liveness x heartbeat (training.heartbeat) is lost.
   std::uint32_t liveness = 4;

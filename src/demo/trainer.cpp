@@ -304,6 +304,11 @@ std::optional<busy_collector> trainer::find_busy_collector() const {
   return busy_collector{best->collector, best_id};
 }
 
+trainer_counts trainer::counts() const {
+  std::lock_guard lock(st_->mu);
+  return {st_->events, st_->requeued};
+}
+
 void trainer::stop() {
   if (coord_) coord_->stop();
 }

@@ -41,6 +41,12 @@ struct busy_collector {
   std::string task_id;
 };
 
+/// Running totals the launcher compares across a chaos event.
+struct trainer_counts {
+  std::uint64_t events = 0;    // task events heard from the broker
+  std::uint64_t requeued = 0;  // tasks the broker re-queued (their worker or broker was lost)
+};
+
 /// Single-owner: one thread calls start/poll/stop; the coordinator's callback thread feeds
 /// it through its own lock.
 class trainer {
@@ -62,6 +68,7 @@ class trainer {
   /// The latest iteration the learner reported (0 before its first report).
   [[nodiscard]] std::uint64_t iteration() const;
   [[nodiscard]] std::optional<busy_collector> find_busy_collector() const;
+  [[nodiscard]] trainer_counts counts() const;
 
   /// Disconnects; the broker cancels whatever is still open.
   void stop();

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   auto& t = o.training;
   std::uint64_t kill_at = 0;
   std::uint64_t kill_broker_at = 0;
+  std::uint64_t kill_leader_at = 0;
   std::uint32_t time_limit_s = 120;
   std::uint32_t heartbeat_ms = 250;
 
@@ -53,6 +54,12 @@ int main(int argc, char** argv) {
   auto* kill_broker = app.add_option("--kill-broker-at", kill_broker_at,
                                      "chaos: SIGKILL the broker at this iteration and start it "
                                      "again on its journal; training goes on");
+  auto* kill_leader =
+      app.add_option("--kill-leader-at", kill_leader_at,
+                     "chaos: run two brokers in a group beside a throwaway etcd (etcd-server "
+                     "must be installed) and SIGKILL the leader at this iteration; the standby "
+                     "takes over on its copy of the journal and training goes on")
+          ->excludes(kill_broker);
   app.add_flag("--respawn", o.respawn, "restart a collector that died (same id)");
   app.add_option("--broker", o.broker_path, "rlbus-broker binary (default: next to rlbus-demo)");
   app.add_option("--episode-cost-ms", t.episode_cost_ms,
@@ -121,6 +128,7 @@ int main(int argc, char** argv) {
     }
     if (kill->count() > 0) o.kill_collector_at = kill_at;
     if (kill_broker->count() > 0) o.kill_broker_at = kill_broker_at;
+    if (kill_leader->count() > 0) o.kill_leader_at = kill_leader_at;
     t.time_limit = std::chrono::seconds(time_limit_s);
     t.heartbeat = std::chrono::milliseconds(heartbeat_ms);
     return run_demo(o);

@@ -22,10 +22,10 @@
 
 #include "cluster/elector.hpp"
 #include "cluster/etcd.hpp"
+#include "cluster/local_etcd.hpp"
 #include "rlbus/coordinator.hpp"
 #include "rlbus/worker.hpp"
 #include "support/child.hpp"
-#include "support/etcd.hpp"
 #include "support/support.hpp"
 
 using namespace std::chrono_literals;
@@ -33,7 +33,7 @@ using rlbus::cluster::elector;
 using rlbus::cluster::elector_config;
 using rlbus::cluster::etcd_client;
 using rlbus::test::child;
-using rlbus::test::etcd_server;
+using etcd_server = rlbus::cluster::local_etcd;
 using rlbus::test::raw_peer;
 
 namespace {

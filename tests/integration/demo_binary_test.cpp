@@ -10,6 +10,7 @@
 #include <sstream>
 #include <vector>
 
+#include "cluster/local_etcd.hpp"
 #include "support/child.hpp"
 #include "support/support.hpp"
 
@@ -32,7 +33,8 @@ long summary_number(const std::string& out, const std::string& label) {
   return rest ? n : -1;
 }
 
-// The pids the launcher lists at start ("  collector-1  pid 1234").
+// The pids the launcher lists at start ("  collector-1  pid 1234"), and those of brokers it
+// started again ("broker a started again as pid 1234").
 std::vector<int> child_pids(const std::string& out) {
   std::vector<int> pids;
   std::istringstream lines(out);
@@ -41,10 +43,14 @@ std::vector<int> child_pids(const std::string& out) {
     std::istringstream words(line);
     std::string name, pid_word;
     int pid = 0;
+    if (const auto again = line.find("started again as pid "); again != std::string::npos) {
+      pids.push_back(std::atoi(line.c_str() + again + 21));
+      continue;
+    }
     if (line.rfind("  ", 0) != 0 || !(words >> name >> pid_word >> pid) || pid_word != "pid")
       continue;
     const bool worker = name.rfind("learner-", 0) == 0 || name.rfind("collector-", 0) == 0;
-    if (name == "broker" || worker) pids.push_back(pid);
+    if (name.rfind("broker", 0) == 0 || name == "etcd" || worker) pids.push_back(pid);
   }
   return pids;
 }
@@ -100,6 +106,38 @@ TEST_CASE("the demo solves cart-pole although the broker is SIGKILLed and restar
   for (const int pid : child_pids(out)) CHECK(wait_until([&] { return gone(pid); }, 5s));
 }
 
+TEST_CASE("the demo solves cart-pole although the leader of its group of brokers is SIGKILLed",
+          "[demo-binary]") {
+  if (!rlbus::cluster::local_etcd::available()) {
+    WARN("skipped: etcd is not installed (apt-get install etcd-server)");
+    return;
+  }
+  child demo(demo_bin(), {"run", "--port", "0", "--kill-leader-at", "2", "--episode-cost-ms", "40",
+                          "--broker", binary_from_env("RLBUS_BROKER_BIN"), "--time-limit", "90"});
+  const auto status = demo.wait(120s);
+  const auto& out = demo.output();
+  INFO(out);
+  REQUIRE(status);
+  CHECK(*status == 0);
+  CHECK_THAT(out, Catch::Contains("result:          solved"));
+  const auto kill = out.find("chaos: SIGKILL the leader, broker a");
+  REQUIRE(kill != std::string::npos);
+  // b took over on its copy of the journal: the running attempts came back, named, nothing
+  // failed, the learner went on from its version; a came back as b's standby.
+  CHECK(out.find("broker b: leading group", kill) != std::string::npos);
+  CHECK(out.find("broker restarted", kill) != std::string::npos);
+  CHECK(out.find("broker a: standing by: b leads", kill) != std::string::npos);
+  CHECK(summary_number(out, "failed tasks") == 0);
+  CHECK(out.find("policy v0", kill) == std::string::npos);
+  const auto takeover = out.find("\ntakeover:        broker a killed at ");
+  REQUIRE(takeover != std::string::npos);
+  CHECK(out.find("broker b led ", takeover) != std::string::npos);
+  CHECK(out.find("tasks re-run", takeover) != std::string::npos);
+  const auto pids = child_pids(out);
+  CHECK(pids.size() == 8);  // etcd, a, b, a again, the learner and 3 collectors
+  for (const int pid : pids) CHECK(wait_until([&] { return gone(pid); }, 5s));
+}
+
 TEST_CASE("Ctrl-C stops the demo and every process it started", "[demo-binary]") {
   // Slow collectors, so the run is surely still going when the signal comes.
   child demo(demo_bin(), {"--port", "0", "--episode-cost-ms", "200", "--broker",
@@ -134,12 +172,17 @@ TEST_CASE("a port in use is a clear error, not a hang", "[demo-binary]") {
 TEST_CASE("the demo's flags are documented and bad ones refused", "[demo-binary]") {
   auto [status, out] = run_to_end(demo_bin(), {"--help"});
   CHECK(status == 0);
-  for (const char* flag : {"--port", "--collectors", "--seed", "--max-iterations", "--time-limit",
-                           "--kill-collector-at", "--kill-broker-at", "--respawn", "--broker"})
+  for (const char* flag :
+       {"--port", "--collectors", "--seed", "--max-iterations", "--time-limit",
+        "--kill-collector-at", "--kill-broker-at", "--kill-leader-at", "--respawn", "--broker"})
     CHECK_THAT(out, Catch::Contains(flag));
   std::tie(status, out) = run_to_end(demo_bin(), {"run", "--no-such-flag"});
   CHECK(status == 2);
   std::tie(status, out) = run_to_end(demo_bin(), {"--broker", "/nonexistent/rlbus-broker"});
   CHECK(status == 3);
   CHECK_THAT(out, Catch::Contains("/nonexistent/rlbus-broker"));
+  std::tie(status, out) =
+      run_to_end(demo_bin(), {"--kill-broker-at", "2", "--kill-leader-at", "2"});
+  CHECK(status == 2);
+  CHECK_THAT(out, Catch::Contains("excludes"));
 }

@@ -1,13 +1,12 @@
-// See etcd.hpp.
-#include "support/etcd.hpp"
+// See local_etcd.hpp.
+#include "cluster/local_etcd.hpp"
 
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -15,51 +14,51 @@
 #include <thread>
 
 #include "cluster/etcd.hpp"
+#include "util/free_port.hpp"
 
-namespace rlbus::test {
+namespace rlbus::cluster {
 
-namespace {
-
-constexpr const char* etcd_binary = "/usr/bin/etcd";
-
-// A port nothing listens on now (the kernel's pick for a socket bound to port 0).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    ::close(fd);
-    throw std::runtime_error("no free port");
+std::string local_etcd::find_binary() {
+  std::string path = std::getenv("PATH") != nullptr ? std::getenv("PATH") : "";
+  path += ":/usr/bin";
+  std::size_t from = 0;
+  while (from <= path.size()) {
+    auto to = path.find(':', from);
+    if (to == std::string::npos) to = path.size();
+    if (to > from) {
+      const auto candidate = path.substr(from, to - from) + "/etcd";
+      if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    }
+    from = to + 1;
   }
-  ::close(fd);
-  return ntohs(a.sin_port);
+  return {};
 }
 
-}  // namespace
-
-bool etcd_server::available() {
-  return ::access(etcd_binary, X_OK) == 0;
-}
-
-etcd_server::etcd_server() {
+local_etcd::local_etcd(std::chrono::seconds start_timeout, int death_signal)
+    : binary_(find_binary()), start_timeout_(start_timeout), death_signal_(death_signal) {
+  if (binary_.empty())
+    throw std::runtime_error("etcd is not installed (apt-get install etcd-server)");
   std::string tmpl = (std::filesystem::temp_directory_path() / "rlbus-etcd-XXXXXX").string();
   if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
   dir_ = tmpl;
-  url_ = "http://127.0.0.1:" + std::to_string(free_port());
-  peer_url_ = "http://127.0.0.1:" + std::to_string(free_port());
-  start();
+  url_ = "http://127.0.0.1:" + std::to_string(util::free_tcp_port());
+  peer_url_ = "http://127.0.0.1:" + std::to_string(util::free_tcp_port());
+  try {
+    start();
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+    throw;
+  }
 }
 
-etcd_server::~etcd_server() {
+local_etcd::~local_etcd() {
   proc_.reset();  // SIGKILL and reap
   std::error_code ec;
   std::filesystem::remove_all(dir_, ec);
 }
 
-void etcd_server::start() {
+void local_etcd::start() {
   const int log =
       ::open((dir_ + "/etcd.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (log < 0) throw std::runtime_error("cannot write " + dir_ + "/etcd.log");
@@ -67,21 +66,22 @@ void etcd_server::start() {
   o.stdout_fd = log;
   o.stderr_fd = log;
   o.reset_signals = true;
+  o.death_signal = death_signal_;
   // Short raft timers: a one-member etcd elects itself at once, and takes leases of 1 s.
   proc_ = std::make_unique<util::subprocess>(
-      etcd_binary,
-      std::vector<std::string>{"--name", "rlbus-test", "--data-dir", dir_ + "/data",
+      binary_,
+      std::vector<std::string>{"--name", "rlbus-local", "--data-dir", dir_ + "/data",
                                "--listen-client-urls", url_, "--advertise-client-urls", url_,
                                "--listen-peer-urls", peer_url_, "--initial-advertise-peer-urls",
-                               peer_url_, "--initial-cluster", "rlbus-test=" + peer_url_,
+                               peer_url_, "--initial-cluster", "rlbus-local=" + peer_url_,
                                "--heartbeat-interval", "50", "--election-timeout", "500"},
       o);
   ::close(log);
   cluster::etcd_client c({url_}, std::chrono::milliseconds(1000));
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  const auto deadline = std::chrono::steady_clock::now() + start_timeout_;
   while (true) {
     try {
-      (void)c.get("/rlbus-test/ready");
+      (void)c.get("/rlbus-local/ready");
       return;
     } catch (const std::exception&) {
     }
@@ -91,13 +91,13 @@ void etcd_server::start() {
   }
 }
 
-void etcd_server::kill() {
+void local_etcd::kill() {
   if (!proc_) return;
   proc_->signal(SIGKILL);
   (void)proc_->wait_exit(std::chrono::seconds(30));
 }
 
-std::string etcd_server::log_tail() const {
+std::string local_etcd::log_tail() const {
   std::ifstream in(dir_ + "/etcd.log");
   std::stringstream all;
   all << in.rdbuf();
@@ -105,4 +105,4 @@ std::string etcd_server::log_tail() const {
   return s.size() > 4000 ? s.substr(s.size() - 4000) : s;
 }
 
-}  // namespace rlbus::test
+}  // namespace rlbus::cluster
