@@ -50,6 +50,15 @@ replicator::~replicator() {
   gate_.release(sock_, monitor_);
 }
 
+std::vector<std::string> replicator::successors() const {
+  std::vector<std::string> out;
+  for (const auto& s : standbys_)
+    if (s.in_sync && !s.leaving && !s.gone &&
+        std::find(published_.begin(), published_.end(), s.member) != published_.end())
+      out.push_back(s.member);
+  return out;
+}
+
 bool replicator::send_to(standby& s, const codec::message& m) {
   const auto h = codec::make_header(codec::type_of(m));
   const auto body = codec::encode_body(m);

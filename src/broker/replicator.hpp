@@ -65,6 +65,9 @@ class replicator {
     bool in_sync = false;
   };
   [[nodiscard]] std::vector<standby_state> standbys() const;
+  /// The standbys in sync that etcd records as such: any of them may lead after this broker
+  /// (SPEC §14.10.6). Empty when none is.
+  [[nodiscard]] std::vector<std::string> successors() const;
   [[nodiscard]] std::uint64_t dropped_total() const noexcept { return dropped_total_; }
 
  private:

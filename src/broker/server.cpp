@@ -151,7 +151,13 @@ void server::run() {
     auto now = util::clock::now();
     if (past_fence()) break;
     const auto stops = stop_requests_.load(std::memory_order_relaxed);
-    if (stops > 0 && !draining_) begin_drain(now);
+    if (stops > 0 && !draining_) {
+      // A leader whose standbys hold all it accepted hands its tasks over to them rather than
+      // drain and cancel them: the group goes on with every task (SPEC §14.10.7).
+      if (repl_) handing_over_to_ = repl_->successors();
+      if (!handing_over_to_.empty()) break;
+      begin_drain(now);
+    }
     if (stops > 1) {
       why_stopped = "broker shutting down: stopped again before its running tasks ended";
       break;
@@ -926,13 +932,23 @@ void server::begin_drain(util::time_point now) {
 }
 
 void server::shutdown(const std::string& reason) {
-  if (const auto aborted = tasks_.abort_all(reason); aborted > 0)
+  if (!handing_over_to_.empty()) {
+    const auto counts = tasks_.counts();
+    spdlog::info(
+        "stopping: handing over to {} (in sync): its {} running and {} queued tasks stay with "
+        "the group",
+        fmt::join(handing_over_to_, ", "), counts.running, counts.queued);
+  } else if (const auto aborted = tasks_.abort_all(reason); aborted > 0) {
     spdlog::warn("aborted {} tasks still running: {}", aborted, reason);
+  }
   store_counters();
   spdlog::info("shutting down: telling {} peers", peers_.size());
-  peers_.for_each([this](const peer& p) {
-    (void)send(p.routing_id, codec::disconnect{static_cast<std::uint16_t>(codec::error_code::busy),
-                                               "broker shutting down"});
+  const std::string goodbye = handing_over_to_.empty()
+                                  ? "broker shutting down"
+                                  : "broker handing over to another broker of its group";
+  peers_.for_each([&](const peer& p) {
+    (void)send(p.routing_id,
+               codec::disconnect{static_cast<std::uint16_t>(codec::error_code::busy), goodbye});
   });
   settle_held();
   router_.set(zmq::sockopt::linger, static_cast<int>(cfg_.shutdown_linger_ms));

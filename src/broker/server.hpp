@@ -174,9 +174,6 @@ class server : private task_sink, private bus_sink {
   void release_held();
   /// At a stop: waits up to sync-timeout for the standbys to take what is held.
   void settle_held();
-  std::unique_ptr<replicator> repl_;
-  std::deque<held> held_;
-  bool held_open_ = false;  // the last held message still takes frames
   /// What the task manager said of a task message: a refusal is answered and counted.
   void task_result(std::string_view routing_id, peer* p, std::optional<refusal> refused,
                    std::uint8_t type);
@@ -230,6 +227,12 @@ class server : private task_sink, private bus_sink {
   std::map<std::string, std::string> coordinator_keys_;
   // ERRORs sent to connections that have no session, by routing id (bounded: see fault()).
   std::unordered_map<std::string, std::uint32_t> unintroduced_;
+  // The journal's stream to the standbys, and what waits for them: declared last, so gone
+  // before the journal it taps and the gatekeeper that watches its socket.
+  std::unique_ptr<replicator> repl_;
+  std::deque<held> held_;
+  bool held_open_ = false;                    // the last held message still takes frames
+  std::vector<std::string> handing_over_to_;  // stopped with standbys in sync: who may lead
 };
 
 /// Runs a server on a thread of its own: started by the constructor, stopped and joined by

@@ -149,9 +149,14 @@ void elector::run() {
     lease_ = 0;
   };
   while (!stop_) {
-    if (resign_.exchange(false) && lease_ != 0) {
-      step_down("resigned");
-      give_back();
+    if (resign_) {
+      // The broker is stopping: it gives its leadership back and never campaigns again (a
+      // campaign now would record it alone in sync, and the standbys could not follow it).
+      if (lease_ != 0) {
+        step_down("resigned");
+        give_back();
+      }
+      break;
     }
     if (lease_ == 0) {
       // A standby: who leads, and if nobody does, try to.

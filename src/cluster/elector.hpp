@@ -87,7 +87,8 @@ class elector {
 
   /// Waits until something changed (leadership won or lost, another leader seen) or `until`.
   void wait_change(util::time_point until);
-  /// Gives leadership up (a leader being stopped): serving ends now, the lease is revoked.
+  /// Gives leadership up for good (the broker is stopping): serving ends now, the lease is
+  /// revoked, and it never campaigns again.
   void resign();
 
   [[nodiscard]] std::string key() const { return "/rlbus/" + cfg_.group + "/leader"; }

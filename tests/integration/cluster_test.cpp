@@ -429,8 +429,10 @@ TEST_CASE("the SDK's clients go to a group's leader and follow a takeover by the
   CHECK(after.find("\"uptime_ms\"") != std::string::npos);  // from b: a is gone
 }
 
-TEST_CASE("a leader killed under load: every task it accepted finishes once, on the standby",
-          "[cluster]") {
+TEST_CASE(
+    "a leader killed or stopped under load: every task it accepted finishes once, on the "
+    "standby",
+    "[cluster]") {
   NEED_ETCD();
   led_group g(true);
   auto& a = g.a;
@@ -479,8 +481,22 @@ TEST_CASE("a leader killed under load: every task it accepted finishes once, on 
         return finished.size() >= 5;
       },
       60s));
-  a.proc->signal(SIGKILL);
-  REQUIRE(b.proc->wait_for_line("rlbus-broker listening", 30s));
+  SECTION("SIGKILL") {
+    a.proc->signal(SIGKILL);
+    CHECK(a.proc->wait(30s) == 128 + SIGKILL);
+  }
+  SECTION("SIGTERM: it hands its tasks over instead of cancelling them, and exits cleanly") {
+    a.proc->signal(SIGTERM);
+    const auto status = a.proc->wait(30s);
+    REQUIRE(status);
+    CHECK(*status == 0);
+    CHECK(a.proc->output().find(fmt::format("handing over to {} (in sync)", b.router)) !=
+          std::string::npos);
+  }
+  const bool took_over = b.proc->wait_for_line("rlbus-broker listening", 30s).has_value();
+  INFO(b.proc->output());
+  INFO(a.proc->output());
+  REQUIRE(took_over);
   CHECK(b.proc->output().find("taking over with the journal") != std::string::npos);
   // The coordinator and the worker find b; the coordinator adopts its tasks there, and every
   // one of them finishes: those a finished are not run again, the others run on b.
