@@ -17,7 +17,7 @@
 #include <fmt/format.h>
 
 #include "baselines.hpp"
-#include "cluster/local_etcd.hpp"
+#include "group.hpp"
 #include "process.hpp"
 #include "scenario.hpp"
 #include "wire.hpp"
@@ -102,75 +102,6 @@ trial_result lifecycles(const settings& s, const std::vector<std::string>& broke
   return lifecycles(mb.router, length, trial);
 }
 
-constexpr auto start_timeout = std::chrono::seconds(30);
-
-// A loopback port nothing listens on now.
-int free_port() {
-  zmq::context_t ctx;
-  zmq::socket_t sock(ctx, zmq::socket_type::router);
-  sock.set(zmq::sockopt::linger, 0);
-  sock.bind("tcp://127.0.0.1:*");
-  const std::string ep = sock.get(zmq::sockopt::last_endpoint);
-  return std::stoi(ep.substr(ep.rfind(':') + 1));
-}
-
-// A broker that leads a group of two, with a journal under `fsync`, and a standby in sync
-// that copies it (SPEC §14.10): an etcd and both brokers as child processes, in the log
-// folder. Peers talk to the leader.
-class replicated_group {
- public:
-  replicated_group(const settings& s, const std::string& fsync, int trial) {
-    const auto dir = fmt::format("{}/group-{}", s.log_dir, trial);
-    std::filesystem::create_directories(dir);
-    const int client = free_port(), peer = free_port();
-    const auto url = fmt::format("http://127.0.0.1:{}", client);
-    etcd_ = std::make_unique<child_process>(
-        std::vector<std::string>{
-            rlbus::cluster::local_etcd::find_binary(), "--data-dir", dir + "/etcd",
-            "--listen-client-urls", url, "--advertise-client-urls", url, "--listen-peer-urls",
-            fmt::format("http://127.0.0.1:{}", peer), "--initial-advertise-peer-urls",
-            fmt::format("http://127.0.0.1:{}", peer), "--initial-cluster",
-            fmt::format("default=http://127.0.0.1:{}", peer)},
-        log_file(s, "etcd"), s.cpus);
-    etcd_->wait_for_line("ready to serve client requests", start_timeout);
-    const auto broker = [&](const std::string& name) {
-      const auto router = fmt::format("tcp://127.0.0.1:{}", free_port());
-      std::vector<std::string> argv{s.broker_bin,
-                                    "--router",
-                                    router,
-                                    "--events",
-                                    fmt::format("tcp://127.0.0.1:{}", free_port()),
-                                    "--advertise",
-                                    router,
-                                    "--cluster-etcd",
-                                    url,
-                                    "--cluster-name",
-                                    "bench",
-                                    "--journal",
-                                    dir + "/journal-" + name,
-                                    "--journal-fsync",
-                                    fsync,
-                                    "--heartbeat-max",
-                                    "600000",
-                                    "--shutdown-linger",
-                                    "100"};
-      return std::pair{
-          router, std::make_unique<child_process>(argv, log_file(s, "broker-" + name), s.cpus)};
-    };
-    auto [a, leader] = broker("a");
-    leader_ = std::move(leader);
-    leader_->wait_for_line("rlbus broker", start_timeout);
-    router = a;
-    auto [b, standby] = broker("b");
-    standby_ = std::move(standby);
-    leader_->wait_for_line(fmt::format("in sync now: {}, {}", a, b), start_timeout);
-  }
-  std::string router;
-
- private:
-  std::unique_ptr<child_process> etcd_, leader_, standby_;
-};
-
 std::string fs_type(const std::string& dir) {
   struct statfs st {};
   if (::statfs(dir.c_str(), &st) != 0) return "?";
@@ -215,11 +146,12 @@ std::vector<row> run_journal(const settings& s) {
                               {"fsync batch", variant("batch")},
                               {"fsync always", variant("always")}};
   // The same journal with a standby in sync, which every answer waits for (SPEC §14.10).
-  const bool with_standby = !rlbus::cluster::local_etcd::find_binary().empty();
+  const bool with_standby = etcd_missing().empty();
   if (with_standby)
     variants.emplace_back("fsync batch, standby", [&](bool warmup) {
-      const replicated_group group(s, "batch", ++n);
-      const auto r = lifecycles(group.router, warmup ? length / 4 : length, n);
+      const broker_group group(s, std::to_string(++n),
+                               {"--journal-fsync", "batch", "--heartbeat-max", "600000"});
+      const auto r = lifecycles(group.leader_router(), warmup ? length / 4 : length, n);
       if (!warmup) unfinished += r.unfinished;
       return r.tasks_per_s;
     });

@@ -117,8 +117,9 @@ int main(int argc, char** argv) {
       "throughput (collectors streaming data events to one coordinator); on their own,\n"
       "scale (idle heartbeating workers; a worker's death to its task's re-assignment),\n"
       "cost (instructions per message under valgrind's callgrind), journal (task\n"
-      "lifecycles per second with the journal under each fsync policy) and curve (task step\n"
-      "latency and data events/s with CURVE on, beside plain)."};
+      "lifecycles per second with the journal under each fsync policy), curve (task step\n"
+      "latency and data events/s with CURVE on, beside plain) and takeover (a group's leader\n"
+      "SIGKILLed: time to its successor's first task and event, beside a restart)."};
   app.get_formatter()->column_width(30);
   app.fallthrough();
   app.require_subcommand(0, 1);
@@ -249,6 +250,14 @@ int main(int argc, char** argv) {
       "curve",
       "scenario 6: task step latency and data events/s with CURVE on, beside the same broker "
       "plain");
+  auto* takeover = app.add_subcommand(
+      "takeover",
+      "scenario 7: a group's leader SIGKILLed under load: time to the first task and the first "
+      "coordinator event from its successor, beside a lone broker restarted on its journal; "
+      "task step latency with a standby, beside the broker alone (needs etcd-server)");
+  takeover->add_option("--kills", s.takeover_kills, "leaders to kill (and lone brokers to restart)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
   auto* python_cmd = app.add_subcommand(
       "python",
       "the Python SDK's rows (latency, data items/s) beside a bare pyzmq loop, the C++ SDK and "
@@ -308,7 +317,9 @@ int main(int argc, char** argv) {
   const bool run_cost_rows = cost->parsed();
   const bool run_journal_rows = journal->parsed();
   const bool run_curve_rows = curve->parsed();
-  const bool on_its_own = run_scale_rows || run_cost_rows || run_journal_rows || run_curve_rows;
+  const bool run_takeover_rows = takeover->parsed();
+  const bool on_its_own =
+      run_scale_rows || run_cost_rows || run_journal_rows || run_curve_rows || run_takeover_rows;
   const bool run_latency_rows = !throughput->parsed() && !on_its_own;
   const bool run_throughput_rows = !latency->parsed() && !on_its_own;
   try {
@@ -361,6 +372,7 @@ int main(int argc, char** argv) {
     if (app.count("--http-steps") == 0) s.http_steps = 32;
     if (scale->count("--idle-s") == 0) s.idle_s = 1;
     if (journal->count("--trial-ms") == 0) s.journal_trial_ms = 300;
+    if (takeover->count("--kills") == 0) s.takeover_kills = 2;
   } else if (run_scale_rows && app.count("--trials") == 0) {
     // A scale trial starts a broker and N workers from nothing: fewer trials by default.
     s.trials = 3;
@@ -424,6 +436,7 @@ int main(int argc, char** argv) {
                     {"death_heartbeat_ms", s.death_heartbeat_ms},
                     {"cost_base", s.cost_base},
                     {"journal_trial_ms", s.journal_trial_ms},
+                    {"takeover_kills", s.takeover_kills},
                     {"broker", s.broker_bin}};
 
   std::vector<row> rows;
@@ -450,6 +463,10 @@ int main(int argc, char** argv) {
     }
     if (run_curve_rows) {
       auto r = run_curve(s);
+      rows.insert(rows.end(), r.begin(), r.end());
+    }
+    if (run_takeover_rows) {
+      auto r = run_takeover(s);
       rows.insert(rows.end(), r.begin(), r.end());
     }
   } catch (const std::exception& e) {

@@ -50,6 +50,8 @@ struct settings {
   std::uint64_t cost_base = 3000;  // cost: messages (and task steps) of the short run, N1
   // scenario 5 (journal)
   std::uint32_t journal_trial_ms = 2000;  // task lifecycles run for this long per trial
+  // scenario 7 (takeover)
+  int takeover_kills = 20;  // leaders killed (and, beside them, lone brokers restarted)
 };
 
 /// The middle of each path, as child processes: the real broker, and (optionally) the
@@ -134,5 +136,9 @@ std::vector<row> run_scale(const settings& s);
 std::vector<row> run_journal(const settings& s);
 /// Scenario 6: task step latency and data events/s with CURVE on, beside plain.
 std::vector<row> run_curve(const settings& s);
+/// Scenario 7: from a leader's SIGKILL to the first task and the first coordinator event
+/// from its successor, beside a lone broker restarted on its journal; and the task step
+/// latency with a standby, beside the broker alone. Throws when etcd is not installed.
+std::vector<row> run_takeover(const settings& s);
 
 }  // namespace rlbus::bench

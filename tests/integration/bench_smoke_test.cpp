@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cluster/local_etcd.hpp"
 #include "support/child.hpp"
 #include "support/support.hpp"
 
@@ -214,6 +215,33 @@ TEST_CASE("rlbus-bench journal --quick reports each fsync policy beside no journ
   }
   CHECK(policies == std::set<std::string>{"none", "batch", "always"});
   CHECK(standby == (::access("/usr/bin/etcd", X_OK) == 0));
+}
+
+TEST_CASE("rlbus-bench takeover --quick times a leader's SIGKILL beside a restart",
+          "[bench-smoke]") {
+  if (!rlbus::cluster::local_etcd::available()) {
+    WARN("skipped: etcd is not installed (apt-get install etcd-server)");
+    return;
+  }
+  const auto json_path = "/tmp/rlbus-bench-takeover-smoke-" + std::to_string(::getpid()) + ".json";
+  const auto [status, out] =
+      run_to_end(env("RLBUS_BENCH_BIN"),
+                 {"takeover", "--quick", "--kills", "1", "--trials", "1", "--rounds", "20",
+                  "--broker", env("RLBUS_BROKER_BIN"), "--json", json_path},
+                 std::chrono::seconds(180));
+  INFO(out);
+  REQUIRE(status == 0);
+  const auto report = take_report(json_path);
+  std::set<std::string> metrics;
+  for (const auto& row : report.at("rows")) {
+    REQUIRE(row.at("scenario") == "takeover");
+    metrics.insert(row.at("metric").get<std::string>());
+    // Each a time measured from an event: never zero, and a takeover is no instant.
+    CHECK(row.at("rlbus").at("median").get<double>() > 0);
+    CHECK(row.at("direct").at("median").get<double>() > 0);
+  }
+  CHECK(report.at("rows").size() == 3);
+  CHECK(metrics == std::set<std::string>{"ms", "median us"});
 }
 
 TEST_CASE("rlbus-bench curve --quick reports CURVE's step latency and data events beside plain",
