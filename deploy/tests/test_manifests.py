@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import time
 import tomllib
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -31,24 +32,31 @@ def load(name):
         return [d for d in yaml.safe_load_all(f) if d is not None]
 
 
-def manifests():
-    """The manifests of a plain deployment (curve.yaml is the variant that replaces one)."""
+# Variants: curve.yaml replaces broker.yaml's ConfigMap; group.yaml (with etcd.yaml) replaces
+# broker.yaml.
+VARIANTS = {"curve.yaml", "group.yaml", "etcd.yaml"}
+
+
+def manifests(group=False):
+    """The manifests of a plain deployment, or (`group`) of a group of brokers beside etcd."""
     docs = {}
-    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
-        if path.name == "curve.yaml":
-            continue
-        for d in load(path.name):
+    names = sorted(p.name for p in (DEPLOY / "k8s").glob("*.yaml")
+                   if p.name not in VARIANTS and not (group and p.name == "broker.yaml"))
+    for name in names + (["group.yaml", "etcd.yaml"] if group else []):
+        for d in load(name):
             docs[(d["kind"], d["metadata"]["name"])] = d
     return docs
 
 
-def effective_config(toml_text):
-    """What the real broker makes of a config file (it must take it): the printed TOML."""
+def effective_config(toml_text, env=None):
+    """What the real broker makes of a config file (it must take it), with `env` added to
+    its environment: the printed TOML."""
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "broker.toml"
         path.write_text(toml_text)
         run = subprocess.run([BROKER, "--config", str(path), "--print-config"],
-                             capture_output=True, text=True, timeout=30)
+                             capture_output=True, text=True, timeout=30,
+                             env={**os.environ, **(env or {})})
         assert run.returncode == 0, run.stderr
         return tomllib.loads(run.stdout)
 
@@ -265,3 +273,165 @@ def test_curve_reads_its_keys_where_the_init_container_puts_them(docs):
     for path in (config["security"]["curve-key"], config["security"]["allowlist"]):
         assert str(Path(path).parent) == mounts["keys"], path
         assert f"--from-file={Path(path).name}=" in comment, path  # the Secret holds it
+
+
+# ---- a group of brokers (group.yaml beside etcd.yaml) ----
+
+@pytest.fixture(scope="module")
+def group_docs():
+    return manifests(group=True)
+
+
+def pod_env(container, pod_name):
+    """The container's environment as the kubelet makes it for pod `pod_name`: $(VAR)
+    references to earlier variables expanded."""
+    env = {}
+    for e in container["env"]:
+        if "valueFrom" in e:
+            assert e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+            env[e["name"]] = pod_name
+        else:
+            env[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], e["value"])
+    return env
+
+
+def test_each_broker_of_the_group_joins_it_under_its_own_name(group_docs):
+    pod, container = broker_container(group_docs)
+    sts = group_docs[("StatefulSet", "rlbus-broker")]
+    assert sts["spec"]["replicas"] >= 3  # a leader and two standbys
+    toml = group_docs[("ConfigMap", "rlbus-broker")]["data"]["broker.toml"]
+    seen = set()
+    for k in range(sts["spec"]["replicas"]):
+        name = f"rlbus-broker-{k}"
+        config = effective_config(toml, pod_env(container, name))
+        cluster = config["cluster"]
+        assert cluster["member"] == name
+        # It advertises its name under the headless Service, on its router's port.
+        members = group_docs[("Service", sts["spec"]["serviceName"])]
+        assert members["spec"]["clusterIP"] == "None"
+        assert members["spec"]["publishNotReadyAddresses"] is True  # standbys by name too
+        host, port = cluster["advertise"].removeprefix("tcp://").rsplit(":", 1)
+        assert host == f"{name}.{members['metadata']['name']}"
+        assert int(port) == port_of(config["router"])
+        seen.add(cluster["advertise"])
+        # The journal the standbys copy, and the fixed port they copy it from.
+        assert config["durability"]["journal"]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert port_of(cluster["replication"]) == ports["replication"]
+        assert ports["replication"] in {p["port"] for p in members["spec"]["ports"]}
+    assert len(seen) == sts["spec"]["replicas"]
+
+
+def test_the_group_reaches_every_member_of_its_etcd(group_docs):
+    _, broker = broker_container(group_docs)
+    config = effective_config(group_docs[("ConfigMap", "rlbus-broker")]["data"]["broker.toml"],
+                              pod_env(broker, "rlbus-broker-0"))
+    etcd = group_docs[("StatefulSet", "rlbus-etcd")]
+    service = group_docs[("Service", etcd["spec"]["serviceName"])]
+    client = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "client")
+    expected = {f"http://rlbus-etcd-{k}.{service['metadata']['name']}:{client}"
+                for k in range(etcd["spec"]["replicas"])}
+    assert set(config["cluster"]["etcd"].split(",")) == expected
+    assert etcd["spec"]["replicas"] % 2 == 1  # a majority survives one lost member
+    (container,) = etcd["spec"]["template"]["spec"]["containers"]
+    flags = dict(a.split("=", 1) for a in container["command"][1:])
+    initial = dict(m.split("=", 1) for m in flags["--initial-cluster"].split(","))
+    assert set(initial) == {f"rlbus-etcd-{k}" for k in range(etcd["spec"]["replicas"])}
+    assert labels_match(service["spec"]["selector"], etcd["spec"]["template"]["metadata"]["labels"])
+
+
+def test_only_the_leader_is_behind_the_service_peers_use(group_docs):
+    pod, container = broker_container(group_docs)
+    # Readiness is the leader's alone (/readyz is 503 on a standby), and the Service peers
+    # connect to is not one that publishes pods that are not ready.
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    service = group_docs[("Service", "rlbus-broker")]
+    assert not service["spec"].get("publishNotReadyAddresses", False)
+    assert labels_match(service["spec"]["selector"], pod["metadata"]["labels"])
+    # The brokers may reach each other's replication endpoint through the policy.
+    policy = group_docs[("NetworkPolicy", "rlbus-broker")]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    from_brokers = [r for r in policy["spec"]["ingress"]
+                    if any(labels_match(f.get("podSelector", {}).get("matchLabels", {}),
+                                        pod["metadata"]["labels"]) for f in r.get("from", []))]
+    assert from_brokers and ports["replication"] in {p["port"] for p in from_brokers[0]["ports"]}
+    # A voluntary eviction takes one broker at a time.
+    assert group_docs[("PodDisruptionBudget", "rlbus-broker")]["spec"]["maxUnavailable"] == 1
+
+
+def test_the_standby_readyz_says_it_is_not_ready(tmp_path):
+    """The probe the Service relies on, on the real binary: a broker of a group that stands
+    by answers /readyz 503 and /healthz 200."""
+    etcd = shutil.which("etcd")
+    if etcd is None:
+        pytest.skip("etcd is not installed (apt-get install etcd-server)")
+    client, peer = free_port(), free_port()
+    url = f"http://127.0.0.1:{client}"
+    procs = [subprocess.Popen(
+        [etcd, "--data-dir", str(tmp_path / "etcd"), "--listen-client-urls", url,
+         "--advertise-client-urls", url, "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+         "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+         "--initial-cluster", f"default=http://127.0.0.1:{peer}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        # A group's broker refuses to start while its etcd does not answer.
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2):
+                    break
+            except OSError:
+                assert procs[0].poll() is None, "etcd exited"
+                assert time.monotonic() < deadline, "etcd did not answer within 60 s"
+                time.sleep(0.05)
+        metrics = {}
+        for name in ("a", "b"):
+            router = f"tcp://127.0.0.1:{free_port()}"
+            metrics[name] = free_port()
+            procs.append(subprocess.Popen(
+                [BROKER, "--router", router, "--events", "tcp://127.0.0.1:0", "--advertise",
+                 router, "--cluster-etcd", url, "--cluster-name", "probe", "--cluster-member",
+                 name, "--metrics-port", str(metrics[name])],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+        def status(name, path):
+            try:
+                with urllib.request.urlopen(
+                        f"http://127.0.0.1:{metrics[name]}{path}", timeout=2) as r:
+                    return r.status
+            except urllib.error.HTTPError as e:
+                return e.code
+            except OSError:
+                return None
+
+        deadline = time.monotonic() + 60
+        while sorted([status("a", "/readyz"), status("b", "/readyz")],
+                     key=str) != [200, 503]:
+            for p in procs:
+                assert p.poll() is None, "etcd or a broker exited"
+            assert time.monotonic() < deadline, "no leader ready and standby not ready in 60 s"
+            time.sleep(0.1)
+        assert status("a", "/healthz") == 200 and status("b", "/healthz") == 200
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+            p.wait(timeout=30)
+
+
+def test_the_systemd_group_config_is_taken_on_each_machine():
+    unit = (DEPLOY / "systemd" / "rlbus-broker.service").read_text()
+    env_file = re.search(r"^EnvironmentFile=-(\S+)$", unit, re.M).group(1)
+    env = dict(line.split("=", 1) for line in
+               (DEPLOY / "systemd" / "broker-group.env").read_text().splitlines()
+               if line and not line.startswith("#"))
+    assert env_file == "/etc/rlbus/broker.env"
+    config = effective_config((DEPLOY / "systemd" / "broker-group.toml").read_text(), env)
+    cluster = config["cluster"]
+    assert cluster["member"] == env["RLBUS_BROKER_CLUSTER_MEMBER"]
+    assert cluster["advertise"] == env["RLBUS_BROKER_ADVERTISE"]
+    assert port_of(cluster["advertise"]) == port_of(config["router"])
+    assert len(cluster["etcd"].split(",")) == 3
+    assert port_of(cluster["replication"]) not in {port_of(config["router"]),
+                                                   port_of(config["events"])}
+    state = re.search(r"^StateDirectory=(\S+)$", unit, re.M).group(1)
+    assert config["durability"]["journal"].startswith(f"/var/lib/{state}/")
