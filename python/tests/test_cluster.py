@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from pathlib import Path
 from typing import Iterator, List
 
 import pytest
@@ -85,11 +86,12 @@ def etcd() -> Iterator[str]:
             p.stop()
 
 
-def group_broker(etcd_url: str) -> tuple:
+def group_broker(etcd_url: str, journal: str = "") -> tuple:
     router = f"tcp://127.0.0.1:{free_port()}"
     events = f"tcp://127.0.0.1:{free_port()}"
     return router, Process([BROKER, "--cluster-etcd", etcd_url, "--cluster-name", "g",
-                            "--advertise", router, "--router", router, "--events", events])
+                            "--advertise", router, "--router", router, "--events", events]
+                           + (["--journal", journal] if journal else []))
 
 
 def test_clients_follow_the_leader_across_a_takeover(etcd: str) -> None:
@@ -143,6 +145,51 @@ def test_clients_follow_the_leader_across_a_takeover(etcd: str) -> None:
         assert c._core.epoch != first_epoch  # another broker serves them now
         works("after", b"two")
         assert finished.count("before") == 1 and finished.count("after") == 1
+    finally:
+        for x in reversed(opened):
+            x.close()
+        a.stop()
+        if b is not None:
+            b.stop()
+
+
+def test_tasks_a_python_coordinator_submitted_finish_once_across_a_takeover(
+        etcd: str, tmp_path: Path) -> None:
+    """Both brokers keep a journal, so the standby holds every task the leader accepted: a
+    Python coordinator's tasks all finish, each once, though the leader is killed halfway."""
+    if not os.path.exists(BROKER):
+        pytest.skip(f"broker binary not built: {BROKER}")
+    a_router, a = group_broker(etcd, str(tmp_path / "a.journal"))
+    b = None
+    opened: list = []
+    try:
+        a.wait_for("rlbus-broker listening")
+        b_router, b = group_broker(etcd, str(tmp_path / "b.journal"))
+        a.wait_for(f"in sync now: {a_router}, {b_router}")
+        both = f"{a_router},{b_router}"
+        finished: List[str] = []
+
+        def run(task: rlbus.Task) -> None:
+            time.sleep(0.05)
+            task.emit_info({"collector_done": True})
+            task.wait_stop(60)
+        w = rlbus.Worker(both, role="collector", id="collector-0", run=run,
+                         close=lambda task: {"collector_done": True}, heartbeat=0.1)
+        opened.append(w)
+        c = rlbus.Coordinator(both, id="coord", heartbeat=0.1, callbacks={
+            "deal_with_collector_finish_task": lambda t, r: finished.append(t)})
+        opened.append(c)
+        assert wait_until(lambda: c.state == "ready", 30), c.last_error
+        tasks = [f"t{k}" for k in range(20)]
+        for t in tasks:
+            assert c.submit(t, "collector").accepted
+        assert wait_until(lambda: len(finished) >= 4, 60), c.last_error
+        a.proc.send_signal(signal.SIGKILL)
+        b.wait_for("rlbus-broker listening")
+        assert b.saw("taking over with the journal")
+        assert wait_until(lambda: len(set(finished)) == len(tasks), 60), \
+            (sorted(set(tasks) - set(finished)), c.last_error)
+        assert sorted(finished) == sorted(tasks)  # each once: none lost, none run twice
     finally:
         for x in reversed(opened):
             x.close()

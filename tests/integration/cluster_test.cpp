@@ -559,3 +559,52 @@ TEST_CASE(
       },
       60s));
 }
+
+TEST_CASE(
+    "etcd killed and restarted: the leader stops serving rather than risk a second leader, and "
+    "the group serves again, with the tasks it accepted, once etcd is back",
+    "[cluster]") {
+  NEED_ETCD();
+  led_group g(true);
+  auto& a = g.a;
+  auto& b = *g.b;
+  REQUIRE(a.proc->wait_for_line(fmt::format("in sync now: {}, {}", a.router, b.router), 30s));
+  rlbus::coordinator_options co;
+  co.endpoint = a.router + "," + b.router;
+  co.id = "coordinator";
+  co.heartbeat = 100ms;
+  std::mutex mu;
+  std::set<std::string> finished;
+  rlbus::coordinator_callbacks cb;
+  cb.deal_with_collector_finish_task = [&](const std::string& task_id, const std::string&) {
+    const std::lock_guard<std::mutex> hold(mu);
+    finished.insert(task_id);
+  };
+  rlbus::coordinator coord(co, cb);
+  REQUIRE(coord.wait_for(rlbus::connection_state::ready, 30s));
+  rlbus::task_spec t;
+  t.task_id = "kept";
+  t.kind = rlbus::role::collector;
+  const auto r = coord.submit(t);
+  REQUIRE(r);
+  REQUIRE(r->accepted);  // no collector yet: it stays queued
+  g.e.kill();
+  // a cannot renew its lease: it stops serving and stands by (SPEC §14.9).
+  const auto stepped_down = a.proc->wait_for_line("no longer leads", 30s);
+  INFO(a.proc->output());
+  INFO(b.proc->output());
+  REQUIRE(stepped_down);
+  CHECK(stepped_down->find("its lease could not be renewed in time") != std::string::npos);
+  g.e.start();
+  // A leader again, a or b, on the journal both hold: the task a accepted runs and finishes.
+  const auto worker = collector(co.endpoint);
+  const bool done = rlbus::test::wait_until(
+      [&] {
+        const std::lock_guard<std::mutex> hold(mu);
+        return finished.count("kept") == 1;
+      },
+      60s);
+  INFO(a.proc->output());
+  INFO(b.proc->output());
+  CHECK(done);
+}
