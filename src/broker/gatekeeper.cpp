@@ -16,6 +16,7 @@
 
 #include "util/bind.hpp"
 #include "util/curve_keys.hpp"
+#include "util/inproc.hpp"
 #include "util/poll.hpp"
 
 namespace rlbus::broker {
@@ -78,8 +79,7 @@ int gatekeeper::secure(zmq::socket_t& s, std::string_view domain) {
     s.set(zmq::sockopt::curve_server, 1);
     s.set(zmq::sockopt::curve_secretkey, secret_key_);
   }
-  const auto endpoint = fmt::format("inproc://rlbus.gate.monitor.{}.{}",
-                                    static_cast<const void*>(this), monitors_.size());
+  const auto endpoint = util::unique_inproc("gate.monitor");
   if (zmq_socket_monitor(s.handle(), endpoint.c_str(),
                          ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0)
     throw zmq::error_t();

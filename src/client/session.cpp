@@ -13,6 +13,7 @@
 #include "codec/codec.hpp"
 #include "util/curve_keys.hpp"
 #include "util/endpoint_list.hpp"
+#include "util/inproc.hpp"
 #include "util/poll.hpp"
 #include "util/zmq_send.hpp"
 
@@ -90,8 +91,7 @@ void session::open(util::time_point now) {
   }
   // The broker's door refuses in the handshake, before any message: only the socket's
   // monitor hears of it, and it tells the user why no WELCOME comes.
-  const auto mon = fmt::format("inproc://rlbus.session.{}.{}", static_cast<const void*>(this),
-                               ++sockets_opened_);
+  const auto mon = util::unique_inproc("session.monitor");
   // Of a group's brokers, it tells a refused TCP connection too: the next one is tried then.
   followed_ = !leader_.empty();
   current_ = followed_ ? leader_ : endpoints_[next_];

@@ -124,7 +124,6 @@ class session {
   payload_callback on_payload_;
   std::optional<zmq::socket_t> socket_;
   std::optional<zmq::socket_t> monitor_;  // the socket's handshake failures
-  unsigned sockets_opened_ = 0;
   std::vector<std::string> endpoints_;  // the list, in order
   std::size_t next_ = 0;                // the one the next attempt takes
   std::string leader_;                  // a NOT_LEADER's leader, for the next attempt

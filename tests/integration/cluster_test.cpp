@@ -260,6 +260,51 @@ std::unique_ptr<rlbus::worker> collector(const std::string& endpoint,
   return std::make_unique<rlbus::worker>(wo, h);
 }
 
+// A coordinator "coordinator" on `endpoint` that counts how often each of its tasks finished.
+class counting_coordinator {
+ public:
+  explicit counting_coordinator(const std::string& endpoint) {
+    rlbus::coordinator_callbacks cb;
+    cb.deal_with_collector_finish_task = [this](const std::string& task_id, const std::string&) {
+      const std::lock_guard<std::mutex> hold(mu_);
+      ++finished_[task_id];
+    };
+    rlbus::coordinator_options co;
+    co.endpoint = endpoint;
+    co.id = "coordinator";
+    co.heartbeat = 100ms;
+    coord_ = std::make_unique<rlbus::coordinator>(co, cb);
+    REQUIRE(coord_->wait_for(rlbus::connection_state::ready, 30s));
+  }
+  /// Submits a collector task; the broker must accept it.
+  void submit(const std::string& task_id) {
+    rlbus::task_spec t;
+    t.task_id = task_id;
+    t.kind = rlbus::role::collector;
+    const auto r = coord_->submit(t);
+    REQUIRE(r);
+    REQUIRE(r->accepted);
+  }
+  /// Waits up to `timeout` until `n` distinct tasks have finished.
+  bool wait_finished(std::size_t n, std::chrono::milliseconds timeout) {
+    return rlbus::test::wait_until(
+        [&] {
+          const std::lock_guard<std::mutex> hold(mu_);
+          return finished_.size() >= n;
+        },
+        timeout);
+  }
+  std::map<std::string, int> finished() {
+    const std::lock_guard<std::mutex> hold(mu_);
+    return finished_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, int> finished_;
+  std::unique_ptr<rlbus::coordinator> coord_;
+};
+
 }  // namespace
 
 TEST_CASE("a group of brokers: one serves, and a standby serves once the leader is killed",
@@ -343,6 +388,12 @@ TEST_CASE("a frozen leader sends nothing once its lease may have run out, and st
   REQUIRE(refusal);
   CHECK(refusal->code == 421);
   CHECK(refusal->leader == b.router);
+  // b goes: a leads again, in the same process, and serves a peer as it did the first time.
+  b.proc->signal(SIGKILL);
+  REQUIRE(a.proc->wait_for_line("rlbus-broker listening", 30s));
+  raw_peer again(ctx, a.router);
+  const auto w = again.introduce("w2", rlbus::role::collector, 30'000);
+  CHECK(w.leader_epoch);
 }
 
 TEST_CASE("a group broker refuses to start without etcd or its advertised endpoint", "[cluster]") {
@@ -449,38 +500,13 @@ TEST_CASE(
     if (m["role"] == "standby") CHECK(m.contains("lag_bytes"));
   }
   const auto both = b.router + "," + a.router;
-  std::mutex mu;
-  std::map<std::string, int> finished;
-  rlbus::coordinator_callbacks cb;
-  cb.deal_with_collector_finish_task = [&](const std::string& task_id, const std::string&) {
-    const std::lock_guard<std::mutex> hold(mu);
-    ++finished[task_id];
-  };
-  rlbus::coordinator_options co;
-  co.endpoint = both;
-  co.id = "coordinator";
-  co.heartbeat = 100ms;
-  rlbus::coordinator coord(co, cb);
-  REQUIRE(coord.wait_for(rlbus::connection_state::ready, 30s));
+  counting_coordinator coord(both);
   // A collector whose steps take a while: tasks are queued, running and finished at the kill.
   const auto worker = collector(both, 30ms);
-  auto& w = *worker;
-  REQUIRE(w.wait_for(rlbus::connection_state::ready, 30s));
+  REQUIRE(worker->wait_for(rlbus::connection_state::ready, 30s));
   constexpr std::size_t tasks = 40;
-  for (std::size_t i = 0; i < tasks; ++i) {
-    rlbus::task_spec t;
-    t.task_id = fmt::format("t{}", i);
-    t.kind = rlbus::role::collector;
-    const auto r = coord.submit(t);
-    REQUIRE(r);
-    REQUIRE(r->accepted);
-  }
-  REQUIRE(rlbus::test::wait_until(
-      [&] {
-        const std::lock_guard<std::mutex> hold(mu);
-        return finished.size() >= 5;
-      },
-      60s));
+  for (std::size_t i = 0; i < tasks; ++i) coord.submit(fmt::format("t{}", i));
+  REQUIRE(coord.wait_finished(5, 60s));
   SECTION("SIGKILL") {
     a.proc->signal(SIGKILL);
     CHECK(a.proc->wait(30s) == 128 + SIGKILL);
@@ -500,14 +526,8 @@ TEST_CASE(
   CHECK(b.proc->output().find("taking over with the journal") != std::string::npos);
   // The coordinator and the worker find b; the coordinator adopts its tasks there, and every
   // one of them finishes: those a finished are not run again, the others run on b.
-  const bool all = rlbus::test::wait_until(
-      [&] {
-        const std::lock_guard<std::mutex> hold(mu);
-        return finished.size() == tasks;
-      },
-      60s);
-  const std::lock_guard<std::mutex> hold(mu);
-  CHECK(all);
+  CHECK(coord.wait_finished(tasks, 60s));
+  const auto finished = coord.finished();
   CHECK(finished.size() == tasks);
   for (const auto& [id, times] : finished) {
     INFO(id);
@@ -523,25 +543,9 @@ TEST_CASE(
   led_group g(true, false);  // b has no journal: it copies nothing
   auto& a = g.a;
   auto& b = *g.b;
-  rlbus::coordinator_options co;
-  co.endpoint = b.router + "," + a.router;
-  co.id = "coordinator";
-  co.heartbeat = 100ms;
-  std::mutex mu;
-  std::set<std::string> finished;
-  rlbus::coordinator_callbacks cb;
-  cb.deal_with_collector_finish_task = [&](const std::string& task_id, const std::string&) {
-    const std::lock_guard<std::mutex> hold(mu);
-    finished.insert(task_id);
-  };
-  rlbus::coordinator coord(co, cb);
-  REQUIRE(coord.wait_for(rlbus::connection_state::ready, 30s));
-  rlbus::task_spec t;
-  t.task_id = "kept";
-  t.kind = rlbus::role::collector;
-  const auto r = coord.submit(t);
-  REQUIRE(r);
-  REQUIRE(r->accepted);
+  const auto both = b.router + "," + a.router;
+  counting_coordinator coord(both);
+  coord.submit("kept");
   a.proc->signal(SIGKILL);
   // b sees the leader gone and says why it does not take over.
   INFO(b.proc->output());
@@ -551,13 +555,9 @@ TEST_CASE(
   REQUIRE(a.proc->wait_for_line("rlbus-broker listening", 30s));
   CHECK(b.proc->output().find("rlbus-broker listening") == std::string::npos);
   // a took up its own journal: the task it accepted runs.
-  const auto worker = collector(co.endpoint);
-  CHECK(rlbus::test::wait_until(
-      [&] {
-        const std::lock_guard<std::mutex> hold(mu);
-        return finished.count("kept") == 1;
-      },
-      60s));
+  const auto worker = collector(both);
+  CHECK(coord.wait_finished(1, 60s));
+  CHECK(coord.finished() == std::map<std::string, int>{{"kept", 1}});
 }
 
 TEST_CASE(
@@ -569,25 +569,9 @@ TEST_CASE(
   auto& a = g.a;
   auto& b = *g.b;
   REQUIRE(a.proc->wait_for_line(fmt::format("in sync now: {}, {}", a.router, b.router), 30s));
-  rlbus::coordinator_options co;
-  co.endpoint = a.router + "," + b.router;
-  co.id = "coordinator";
-  co.heartbeat = 100ms;
-  std::mutex mu;
-  std::set<std::string> finished;
-  rlbus::coordinator_callbacks cb;
-  cb.deal_with_collector_finish_task = [&](const std::string& task_id, const std::string&) {
-    const std::lock_guard<std::mutex> hold(mu);
-    finished.insert(task_id);
-  };
-  rlbus::coordinator coord(co, cb);
-  REQUIRE(coord.wait_for(rlbus::connection_state::ready, 30s));
-  rlbus::task_spec t;
-  t.task_id = "kept";
-  t.kind = rlbus::role::collector;
-  const auto r = coord.submit(t);
-  REQUIRE(r);
-  REQUIRE(r->accepted);  // no collector yet: it stays queued
+  const auto both = a.router + "," + b.router;
+  counting_coordinator coord(both);
+  coord.submit("kept");  // no collector yet: it stays queued
   g.e.kill();
   // a cannot renew its lease: it stops serving and stands by (SPEC §14.9).
   const auto stepped_down = a.proc->wait_for_line("no longer leads", 30s);
@@ -597,14 +581,10 @@ TEST_CASE(
   CHECK(stepped_down->find("its lease could not be renewed in time") != std::string::npos);
   g.e.start();
   // A leader again, a or b, on the journal both hold: the task a accepted runs and finishes.
-  const auto worker = collector(co.endpoint);
-  const bool done = rlbus::test::wait_until(
-      [&] {
-        const std::lock_guard<std::mutex> hold(mu);
-        return finished.count("kept") == 1;
-      },
-      60s);
+  const auto worker = collector(both);
+  const bool done = coord.wait_finished(1, 60s);
   INFO(a.proc->output());
   INFO(b.proc->output());
   CHECK(done);
+  CHECK(coord.finished() == std::map<std::string, int>{{"kept", 1}});
 }
