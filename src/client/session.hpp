@@ -124,14 +124,14 @@ class session {
   payload_callback on_payload_;
   std::optional<zmq::socket_t> socket_;
   std::optional<zmq::socket_t> monitor_;  // the socket's handshake failures
-  std::vector<std::string> endpoints_;  // the list, in order
-  std::size_t next_ = 0;                // the one the next attempt takes
-  std::string leader_;                  // a NOT_LEADER's leader, for the next attempt
-  std::string current_;                 // the endpoint of this socket
-  bool followed_ = false;               // this socket goes to a NOT_LEADER's leader
-  std::uint64_t leader_epoch_ = 0;      // the highest leadership epoch seen
-  std::string handshake_why_;           // the monitor's latest handshake failure
-  bool refused_ = false;                // the monitor saw the TCP connection refused
+  std::vector<std::string> endpoints_;    // the list, in order
+  std::size_t next_ = 0;                  // the one the next attempt takes
+  std::string leader_;                    // a NOT_LEADER's leader, for the next attempt
+  std::string current_;                   // the endpoint of this socket
+  bool followed_ = false;                 // this socket goes to a NOT_LEADER's leader
+  std::uint64_t leader_epoch_ = 0;        // the highest leadership epoch seen
+  std::string handshake_why_;             // the monitor's latest handshake failure
+  bool refused_ = false;                  // the monitor saw the TCP connection refused
   connection_state state_ = connection_state::connecting;
   std::uint64_t token_ = 0;
   bool welcomed_ = false;  // a WELCOME came once: a lost connection is then "reconnecting"

@@ -101,6 +101,12 @@ void elector::resign() {
   notify();
 }
 
+void elector::step_aside() {
+  aside_ = true;
+  serving_until_ = 0;
+  notify();
+}
+
 void elector::notify() {
   {
     const std::lock_guard lock(mu_);
@@ -121,7 +127,7 @@ void elector::set_leader(leader_info l) {
 
 void elector::sleep_for(std::chrono::milliseconds d) {
   std::unique_lock lock(mu_);
-  cv_.wait_for(lock, d, [&] { return stop_ || resign_; });
+  cv_.wait_for(lock, d, [&] { return stop_ || resign_ || aside_; });
 }
 
 void elector::run() {
@@ -157,6 +163,12 @@ void elector::run() {
         give_back();
       }
       break;
+    }
+    if (aside_.exchange(false) && lease_ != 0) {
+      step_down("it could not serve");
+      give_back();
+      sleep_for(std::chrono::seconds(1));
+      continue;
     }
     if (lease_ == 0) {
       // A standby: who leads, and if nobody does, try to.
@@ -258,7 +270,7 @@ void elector::extend(util::time_point asked, std::int64_t ttl_s) {
           .count();
   // Never past a resign() that came meanwhile (it clears the time after raising the flag).
   auto was = serving_until_.load();
-  while (!resign_ && until > was && !serving_until_.compare_exchange_weak(was, until)) {
+  while (!resign_ && !aside_ && until > was && !serving_until_.compare_exchange_weak(was, until)) {
   }
 }
 

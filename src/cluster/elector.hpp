@@ -90,6 +90,9 @@ class elector {
   /// Gives leadership up for good (the broker is stopping): serving ends now, the lease is
   /// revoked, and it never campaigns again.
   void resign();
+  /// Gives this leadership up (the broker could not serve: an endpoint it cannot bind) and
+  /// campaigns again a second later; the group's in-sync set is left as it is.
+  void step_aside();
 
   [[nodiscard]] std::string key() const { return "/rlbus/" + cfg_.group + "/leader"; }
   /// The members that hold everything the leader accepted: {"members": [...]} (SPEC §14.10.6).
@@ -113,7 +116,7 @@ class elector {
   std::atomic<util::clock::rep> serving_until_{0};
   std::atomic<std::int64_t> epoch_{0};
   std::atomic<bool> reachable_{false};
-  std::atomic<bool> stop_{false}, resign_{false};
+  std::atomic<bool> stop_{false}, resign_{false}, aside_{false};
   std::int64_t lease_ = 0;   // the thread's: the lease it leads under
   std::int64_t orphan_ = 0;  // and one it could not give back yet
   mutable std::mutex mu_;

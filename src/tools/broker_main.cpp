@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -272,7 +273,16 @@ int serve_in_group(zmq::context_t& ctx, const rlbus::broker::config& cfg, signal
         spdlog::info("standing by: {} leads group {} (epoch {}, peers at {})", l.member, ec.group,
                      l.epoch, l.advertise);
       }
-      if (!door) door = std::make_unique<rlbus::broker::standby_door>(ctx, cfg, replication);
+      if (!door) {
+        try {
+          door = std::make_unique<rlbus::broker::standby_door>(ctx, cfg, replication);
+        } catch (const std::exception& e) {  // its last leadership's sockets not yet gone
+          spdlog::warn("group {}: cannot bind its endpoints to stand by: {}; trying again",
+                       ec.group, e.what());
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          continue;
+        }
+      }
       if (!replication.empty() && !copy)
         copy = std::make_unique<rlbus::broker::replica>(ctx, replica_settings(cfg, ec.member));
       rlbus::broker::leader_hint hint;
@@ -297,29 +307,44 @@ int serve_in_group(zmq::context_t& ctx, const rlbus::broker::config& cfg, signal
                    cfg.journal_path, held.epoch, held.position);
     }
     spdlog::info("leading group {} (epoch {}): serving", ec.group, group.epoch());
-    rlbus::broker::server server(ctx, cfg);
-    rlbus::broker::replicator_config rc;
-    if (!replication.empty()) {
-      rc.endpoint = replication;
-      rc.self = ec.member;
-      // Who is in sync, recorded only while this leadership holds (SPEC §14.10.6).
-      rc.publish_in_sync = [&group, &ec, epoch = group.epoch(),
-                            etcd = std::make_shared<rlbus::cluster::etcd_client>(
-                                ec.etcd, ec.renew)](const std::vector<std::string>& members) {
-        try {
-          if (etcd->put_guarded(group.insync_key(), nlohmann::json{{"members", members}}.dump(),
-                                group.key(), epoch)) {
-            spdlog::info("group {}: in sync now: {}", ec.group, fmt::join(members, ", "));
-            return true;
+    // A leader that cannot bind its endpoints (a socket of its own last turn not yet gone, or
+    // another process on the port) gives the leadership back and campaigns again: it may be
+    // the only broker in sync, so exiting would leave the group without a leader.
+    std::optional<rlbus::broker::server> leading;
+    try {
+      leading.emplace(ctx, cfg);
+      rlbus::broker::replicator_config rc;
+      if (!replication.empty()) {
+        rc.endpoint = replication;
+        rc.self = ec.member;
+        // Who is in sync, recorded only while this leadership holds (SPEC §14.10.6).
+        rc.publish_in_sync = [&group, &ec, epoch = group.epoch(),
+                              etcd = std::make_shared<rlbus::cluster::etcd_client>(
+                                  ec.etcd, ec.renew)](const std::vector<std::string>& members) {
+          try {
+            if (etcd->put_guarded(group.insync_key(), nlohmann::json{{"members", members}}.dump(),
+                                  group.key(), epoch)) {
+              spdlog::info("group {}: in sync now: {}", ec.group, fmt::join(members, ", "));
+              return true;
+            }
+          } catch (const std::exception& e) {
+            spdlog::warn("group {}: cannot record who is in sync: {}", ec.group, e.what());
           }
-        } catch (const std::exception& e) {
-          spdlog::warn("group {}: cannot record who is in sync: {}", ec.group, e.what());
-        }
-        return false;
-      };
+          return false;
+        };
+      }
+      leading->fence([&group] { return group.serving_until(); },
+                     static_cast<std::uint64_t>(group.epoch()), std::move(rc));
+    } catch (const std::exception& e) {
+      spdlog::error(
+          "group {}: cannot serve as its leader: {}; it gives the leadership back and "
+          "campaigns again in a second",
+          ec.group, e.what());
+      leading.reset();
+      group.step_aside();
+      continue;
     }
-    server.fence([&group] { return group.serving_until(); },
-                 static_cast<std::uint64_t>(group.epoch()), std::move(rc));
+    auto& server = *leading;
     {
       const serving routed(signals, server);
       {
