@@ -359,9 +359,18 @@ def test_only_the_leader_is_behind_the_service_peers_use(group_docs):
     assert group_docs[("PodDisruptionBudget", "rlbus-broker")]["spec"]["maxUnavailable"] == 1
 
 
+def wait_until_true(what, timeout):
+    deadline = time.monotonic() + timeout
+    while not what():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def test_the_standby_readyz_says_it_is_not_ready(tmp_path):
     """The probe the Service relies on, on the real binary: a broker of a group that stands
-    by answers /readyz 503 and /healthz 200."""
+    by answers /readyz 503 and /healthz 200, and /metrics says which role each has."""
     etcd = shutil.which("etcd")
     if etcd is None:
         pytest.skip("etcd is not installed (apt-get install etcd-server)")
@@ -391,7 +400,8 @@ def test_the_standby_readyz_says_it_is_not_ready(tmp_path):
             procs.append(subprocess.Popen(
                 [BROKER, "--router", router, "--events", "tcp://127.0.0.1:0", "--advertise",
                  router, "--cluster-etcd", url, "--cluster-name", "probe", "--cluster-member",
-                 name, "--metrics-port", str(metrics[name])],
+                 name, "--metrics-port", str(metrics[name]),
+                 "--journal", str(tmp_path / f"{name}.journal")],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
         def status(name, path):
@@ -412,6 +422,19 @@ def test_the_standby_readyz_says_it_is_not_ready(tmp_path):
             assert time.monotonic() < deadline, "no leader ready and standby not ready in 60 s"
             time.sleep(0.1)
         assert status("a", "/healthz") == 200 and status("b", "/healthz") == 200
+        # /metrics by role: the standby says it stands by; the leader, that it waits for the
+        # standby, which copies its journal.
+        leader, standby = ("a", "b") if status("a", "/readyz") == 200 else ("b", "a")
+
+        def metrics_of(name):
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics[name]}/metrics",
+                                        timeout=2) as r:
+                return r.read().decode()
+        assert re.search(r"^rlbus_standby 1$", metrics_of(standby), re.M)
+        assert re.search(r"^rlbus_standby 0$", metrics_of(leader), re.M)
+        in_sync = f'rlbus_replication_in_sync{{member="{standby}"}} 1'
+        assert wait_until_true(lambda: in_sync in metrics_of(leader), 60), metrics_of(leader)
+        assert f'rlbus_replication_lag_bytes{{member="{standby}"}}' in metrics_of(leader)
     finally:
         for p in reversed(procs):
             p.terminate()

@@ -222,6 +222,15 @@ std::string prometheus_text(const stats& s) {
   e.one("rlbus_draining", "gauge", "1 while the broker drains before it stops", s.draining ? 1 : 0);
   e.one("rlbus_standby", "gauge", "1 while the broker stands by for its group's leader",
         s.standby ? 1 : 0);
+  // A group's leader: each standby that copies its journal (SPEC §14.10).
+  e.head("rlbus_replication_in_sync", "gauge",
+         "1 while a standby holds everything the leader wrote and is waited for");
+  for (const auto& b : s.standbys)
+    e.sample("rlbus_replication_in_sync", "member", escaped(b.member), b.in_sync ? 1 : 0);
+  e.head("rlbus_replication_lag_bytes", "gauge",
+         "bytes of journal records the leader wrote that a standby does not hold yet");
+  for (const auto& b : s.standbys)
+    e.sample("rlbus_replication_lag_bytes", "member", escaped(b.member), b.lag);
   bus_families(e, s);
   return e.done();
 }
@@ -244,6 +253,7 @@ stats server::snapshot() const {
     s.bus = ticked_bus_;
     s.bus_topics = ticked_topics_;
     s.bus_lag = ticked_lag_;
+    s.standbys = ticked_standbys_;
   }
   s.assignment_latency = tasks_.assignment_latency().counts();
   s.task_duration = tasks_.task_duration().counts();

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "broker/histogram.hpp"
+#include "broker/replicator.hpp"
 #include "broker/topic_bus.hpp"
 
 namespace rlbus::broker {
@@ -96,6 +97,8 @@ struct stats {
   bus_counts bus;
   std::vector<topic_stats> bus_topics;
   std::vector<node_stats> bus_lag;
+  // a group's leader, as of the last status tick: the standbys copying its journal (§14.10)
+  std::vector<replicator::standby_state> standbys;
 };
 
 /// What the broker loop counts as it goes, in atomics any thread may read (see stats).

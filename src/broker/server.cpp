@@ -902,12 +902,14 @@ void server::publish_status(util::time_point now) {
   auto policies = tasks_.policy_versions();
   auto topics = bus_.topics(max_labelled);
   auto lag = bus_.nodes(max_labelled);
+  auto standbys = repl_ ? repl_->standbys() : std::vector<replicator::standby_state>{};
   const std::lock_guard lock(ticked_mu_);
   ticked_shapes_ = std::move(shapes);
   ticked_policies_ = std::move(policies);
   ticked_bus_ = bus_.counts();
   ticked_topics_ = std::move(topics);
   ticked_lag_ = std::move(lag);
+  ticked_standbys_ = std::move(standbys);
 }
 
 // The first stop request: the broker says how long it will wait, closes its doors (HELLO of

@@ -155,6 +155,7 @@ class server : private task_sink, private bus_sink {
   bus_counts ticked_bus_;
   std::vector<topic_stats> ticked_topics_;
   std::vector<node_stats> ticked_lag_;
+  std::vector<replicator::standby_state> ticked_standbys_;
   void end_session(const peer& p, codec::error_code code, std::string reason, bool lost);
   /// end_session (lost) and the session forgotten: for every caller but expiry, whose table
   /// erases the peer itself.
