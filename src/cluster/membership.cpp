@@ -80,7 +80,10 @@ membership::membership(std::vector<std::string> etcd, std::string group, member_
   const auto lease = c.grant(ttl_.count());
   lease_ = lease.id;
   // One of its own name: another broker, or this one's earlier run whose lease still runs.
-  const auto give_up = util::clock::now() + ttl_ + std::chrono::seconds(1);
+  // That one is gone within a lease of its last renewal, once etcd's sweep of expired leases
+  // (every half second) has come round, later on a busy machine: it is waited out for twice
+  // the lease.
+  const auto give_up = util::clock::now() + 2 * ttl_ + std::chrono::seconds(1);
   std::optional<etcd_kv> held;
   while (!c.create(key(), value_of(me_), lease_, &held)) {
     if (util::clock::now() >= give_up) {
