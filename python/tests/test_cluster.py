@@ -94,6 +94,22 @@ def group_broker(etcd_url: str, journal: str = "") -> tuple:
                            + (["--journal", journal] if journal else []))
 
 
+def collector_and_coordinator(endpoint: str, finished: List[str],
+                              step: float = 0.0) -> tuple:
+    """A collector "collector-0" whose every task says it is done (after `step` seconds) and
+    runs until closed, and a coordinator "coord" that appends each finished task's id to
+    `finished`; both on `endpoint`, with short heartbeats."""
+    def run(task: rlbus.Task) -> None:
+        time.sleep(step)
+        task.emit_info({"collector_done": True})
+        task.wait_stop(60)
+    w = rlbus.Worker(endpoint, role="collector", id="collector-0", run=run,
+                     close=lambda task: {"collector_done": True}, heartbeat=0.1)
+    c = rlbus.Coordinator(endpoint, id="coord", heartbeat=0.1, callbacks={
+        "deal_with_collector_finish_task": lambda t, r: finished.append(t)})
+    return w, c
+
+
 def test_clients_follow_the_leader_across_a_takeover(etcd: str) -> None:
     if not os.path.exists(BROKER):
         pytest.skip(f"broker binary not built: {BROKER}")
@@ -107,15 +123,8 @@ def test_clients_follow_the_leader_across_a_takeover(etcd: str) -> None:
         both = f"{b_router},{a_router}"  # the standby first: it names the leader
 
         finished: List[str] = []
-        def run(task: rlbus.Task) -> None:
-            task.emit_info({"collector_done": True})
-            task.wait_stop(60)
-        w = rlbus.Worker(both, role="collector", id="collector-0", run=run,
-                         close=lambda task: {"collector_done": True}, heartbeat=0.1)
-        opened.append(w)
-        c = rlbus.Coordinator(both, id="coord", heartbeat=0.1, callbacks={
-            "deal_with_collector_finish_task": lambda t, r: finished.append(t)})
-        opened.append(c)
+        w, c = collector_and_coordinator(both, finished)
+        opened += [w, c]
         sub = rlbus.Bus(both, "sub", heartbeat=0.1)
         pub = rlbus.Bus(both, "pub", heartbeat=0.1)
         opened += [sub, pub]
@@ -168,17 +177,8 @@ def test_tasks_a_python_coordinator_submitted_finish_once_across_a_takeover(
         a.wait_for(f"in sync now: {a_router}, {b_router}")
         both = f"{a_router},{b_router}"
         finished: List[str] = []
-
-        def run(task: rlbus.Task) -> None:
-            time.sleep(0.05)
-            task.emit_info({"collector_done": True})
-            task.wait_stop(60)
-        w = rlbus.Worker(both, role="collector", id="collector-0", run=run,
-                         close=lambda task: {"collector_done": True}, heartbeat=0.1)
-        opened.append(w)
-        c = rlbus.Coordinator(both, id="coord", heartbeat=0.1, callbacks={
-            "deal_with_collector_finish_task": lambda t, r: finished.append(t)})
-        opened.append(c)
+        w, c = collector_and_coordinator(both, finished, step=0.05)
+        opened += [w, c]
         assert wait_until(lambda: c.state == "ready", 30), c.last_error
         tasks = [f"t{k}" for k in range(20)]
         for t in tasks:

@@ -16,16 +16,14 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.request
 from datetime import datetime
 from typing import Iterator, List
 
 import pytest
 
-import rlbus
 from conftest import BROKER, wait_until
-from test_cluster import ETCD, Process
+from test_cluster import ETCD, Process, collector_and_coordinator
 
 
 def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -154,17 +152,8 @@ def test_a_leader_cut_off_from_etcd_stops_before_the_standby_leads(topology: Top
 
             both = f"{a_router},{b_router}"
             finished: List[str] = []
-
-            def run(task: rlbus.Task) -> None:
-                time.sleep(0.1)
-                task.emit_info({"collector_done": True})
-                task.wait_stop(60)
-            w = rlbus.Worker(both, role="collector", id="collector-0", run=run,
-                             close=lambda task: {"collector_done": True}, heartbeat=0.1)
-            opened.append(w)
-            c = rlbus.Coordinator(both, id="coord", heartbeat=0.1, callbacks={
-                "deal_with_collector_finish_task": lambda t, r: finished.append(t)})
-            opened.append(c)
+            w, c = collector_and_coordinator(both, finished, step=0.1)
+            opened += [w, c]
             assert wait_until(lambda: c.state == "ready", 30), c.last_error
             tasks = [f"t{k}" for k in range(20)]
             for task_id in tasks:

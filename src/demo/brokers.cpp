@@ -272,7 +272,7 @@ void broker_set::forward(bool on) {
   for (auto& m : members_) m->log->forward(on, o_.group);
 }
 
-std::optional<std::string> broker_set::failure() {
+std::optional<std::string> broker_set::tend() {
   for (auto& m : members_) {
     if (m->killed) continue;
     if (const auto st = m->proc->poll_exit())

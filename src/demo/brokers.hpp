@@ -53,9 +53,10 @@ class broker_set {
   [[nodiscard]] std::vector<std::string> describe() const;
   /// Passes the brokers' warnings and errors (and, in a group, their elections) to the console.
   void forward(bool on);
-  /// Why the brokers can no longer serve (a broker died that was not killed on purpose), or
-  /// nullopt while they can.
-  std::optional<std::string> failure();
+  /// Called each turn of the launcher: starts the leader kill_leader() killed again once its
+  /// successor leads, and returns why the brokers can no longer serve (a broker died that was
+  /// not killed on purpose, or did not come back), or nullopt while they can.
+  std::optional<std::string> tend();
 
   /// Alone: SIGKILL the broker and start it again on its journal (throws if it does not
   /// come back). Returns a line for the console.

@@ -155,7 +155,7 @@ int run_demo(launch_options o) {
         interrupted = true;
         break;
       }
-      if (auto why = brokers->failure()) {
+      if (auto why = brokers->tend()) {
         fatal = std::move(*why);
         break;
       }
