@@ -15,17 +15,31 @@ event_bus::event_bus(zmq::context_t& ctx, const std::string& endpoint, std::uint
   open(endpoint);
 }
 
+event_bus::~event_bus() {
+  release();
+}
+
 void event_bus::open(const std::string& endpoint) {
   pub_ = zmq::socket_t(ctx_, zmq::socket_type::xpub);
   pub_.set(zmq::sockopt::sndhwm, 100'000);
   pub_.set(zmq::sockopt::linger, 0);
   if (prepare_) handle_ = prepare_(pub_);
-  util::bind_freed(pub_, endpoint);
+  try {
+    util::bind_freed(pub_, endpoint);
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+void event_bus::release() {
+  if (release_ && handle_ >= 0) release_(handle_);
+  handle_ = -1;
 }
 
 void event_bus::reopen() {
   const auto ep = endpoint();
-  if (release_) release_(pub_, handle_);
+  release();
   pub_.close();
   prefixes_.clear();  // the subscribers subscribe again when they reconnect
   open(ep);           // the old listener may take a moment to free the port (util/bind.hpp)

@@ -25,13 +25,16 @@ namespace rlbus::broker {
 class event_bus {
  public:
   /// Readies a new socket before it binds (security options, monitor); returns a handle
-  /// the bus gives back to `release` when it closes that socket.
+  /// the bus gives back to `release` before it closes that socket.
   using prepare_fn = std::function<int(zmq::socket_t&)>;
-  using release_fn = std::function<void(zmq::socket_t&, int)>;
+  using release_fn = std::function<void(int)>;
 
   /// Binds an XPUB socket on `endpoint`; throws zmq::error_t if it cannot.
   event_bus(zmq::context_t& ctx, const std::string& endpoint, std::uint64_t epoch,
             prepare_fn prepare = {}, release_fn release = {});
+  ~event_bus();
+  event_bus(const event_bus&) = delete;
+  event_bus& operator=(const event_bus&) = delete;
   /// Closes the socket and binds a new one on the same endpoint: every subscriber is cut
   /// off and connects again (its SUB socket does so by itself), passing the door anew.
   /// Sequence numbers go on. Throws zmq::error_t if the endpoint cannot be bound again.
@@ -58,11 +61,12 @@ class event_bus {
 
  private:
   void open(const std::string& endpoint);
+  void release();
 
   zmq::context_t& ctx_;
   prepare_fn prepare_;
   release_fn release_;
-  int handle_ = 0;  // what prepare_ gave for the socket in use
+  int handle_ = -1;  // what prepare_ gave for the socket in use; -1: nothing to release
   zmq::socket_t pub_;
   std::uint64_t epoch_;
   std::uint64_t seq_ = 0;

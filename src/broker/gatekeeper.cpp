@@ -3,6 +3,9 @@
 // [version][request id][status code][status text][user id][metadata].
 #include "broker/gatekeeper.hpp"
 
+#include <algorithm>
+#include <cassert>
+
 #include <netdb.h>
 #include <sys/socket.h>
 
@@ -87,15 +90,31 @@ int gatekeeper::secure(zmq::socket_t& s, std::string_view domain) {
   mon.set(zmq::sockopt::linger, 0);
   mon.connect(endpoint);
   monitor_fds_.push_back(mon.get(zmq::sockopt::fd));
+  watched_.push_back(s.handle());
   const auto handle = static_cast<int>(monitors_.size() - 1);
   if (domain == zap_domain_router) router_monitor_ = handle;
   return handle;
 }
 
-void gatekeeper::release(zmq::socket_t& s, int handle) {
-  (void)zmq_socket_monitor(s.handle(), nullptr, 0);
-  monitors_[static_cast<std::size_t>(handle)].close();
-  monitor_fds_[static_cast<std::size_t>(handle)] = -1;
+gatekeeper::~gatekeeper() {
+  // An owner that forgot release_all(): its sockets are closed by now and cannot be reached;
+  // the I/O thread may be stuck already.
+  assert(std::all_of(watched_.begin(), watched_.end(), [](void* s) { return s == nullptr; }));
+}
+
+void gatekeeper::release_all() {
+  for (std::size_t i = 0; i < watched_.size(); ++i) release(static_cast<int>(i));
+}
+
+void gatekeeper::release(int handle) {
+  const auto h = static_cast<std::size_t>(handle);
+  if (watched_[h] == nullptr) return;
+  // The monitor first: from here on libzmq reports nothing more about the socket, so its
+  // reader may close.
+  (void)zmq_socket_monitor(watched_[h], nullptr, 0);
+  watched_[h] = nullptr;
+  monitors_[h].close();
+  monitor_fds_[h] = -1;
   for (auto it = connections_.begin(); it != connections_.end();) {
     const auto next = std::next(it);
     if (it->second.monitor == handle) forget(it);

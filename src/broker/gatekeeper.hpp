@@ -59,9 +59,21 @@ class gatekeeper {
   /// Sets what a socket needs before it binds: the handshake timeout and, with CURVE on, its
   /// ZAP domain, the server role and secret key. Then monitors it for connections;
   /// returns the monitor's handle, for release().
+  ///
+  /// A secured socket must be released before it closes (and before the gatekeeper goes):
+  /// libzmq goes on reporting a closing socket's connections to its monitor from the context's
+  /// I/O thread, and a report to a monitor whose reader is gone blocks that thread for good,
+  /// which stops every TCP socket of the context (as a broker's next turn would find).
   int secure(zmq::socket_t& s, std::string_view domain);
-  /// Before a secured socket closes: stops its monitor and forgets its connections.
-  void release(zmq::socket_t& s, int handle);
+  /// Before a secured socket closes: stops its monitor and forgets its connections. Once per
+  /// handle; a handle released already is left alone.
+  void release(int handle);
+  /// Releases every socket not released yet: what an owner of secured sockets does first when
+  /// it goes, before its sockets close.
+  void release_all();
+  ~gatekeeper();
+  gatekeeper(const gatekeeper&) = delete;
+  gatekeeper& operator=(const gatekeeper&) = delete;
 
   [[nodiscard]] bool curve() const noexcept { return curve_; }
   /// The broker's public key (Z85), "" in plain mode.
@@ -128,6 +140,7 @@ class gatekeeper {
   std::optional<file_id> list_file_;
   zmq::socket_t zap_;
   std::vector<zmq::socket_t> monitors_;
+  std::vector<void*> watched_;  // the socket each monitor watches; nullptr once released
   // Their descriptors, polled as plain fds: zmq_poll would ask each socket for its state
   // (two getsockopt calls) on every turn of the broker loop, for sockets that speak only
   // when a connection comes or goes. -1: a monitor released.

@@ -37,7 +37,12 @@ replicator::replicator(zmq::context_t& ctx, gatekeeper& gate, replicator_config 
   sock_.set(zmq::sockopt::sndhwm, send_queue);
   sock_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(4096));  // SYNC and SYNCED are small
   monitor_ = gate_.secure(sock_, zap_domain_replication);
-  util::bind_freed(sock_, cfg_.endpoint);
+  try {
+    util::bind_freed(sock_, cfg_.endpoint);
+  } catch (...) {
+    gate_.release(monitor_);  // before the socket closes (gatekeeper.hpp)
+    throw;
+  }
   pending_from_ = journal_.position();
   published_ = {cfg_.self};  // what its election recorded
   journal_.tap([this](std::string_view record) {
@@ -47,7 +52,7 @@ replicator::replicator(zmq::context_t& ctx, gatekeeper& gate, replicator_config 
 
 replicator::~replicator() {
   journal_.tap(nullptr);
-  gate_.release(sock_, monitor_);
+  gate_.release(monitor_);
 }
 
 std::vector<std::string> replicator::successors() const {

@@ -70,7 +70,7 @@ server::server(zmq::context_t& ctx, config cfg)
       events_(
           ctx, normalize_endpoint(cfg_.events_endpoint), epoch_,
           [this](zmq::socket_t& s) { return gate_.secure(s, zap_domain_events); },
-          [this](zmq::socket_t& s, int handle) { gate_.release(s, handle); }),
+          [this](int handle) { gate_.release(handle); }),
       tasks_(cfg_, *this),
       bus_(cfg_, *this) {
   if (!cfg_.journal_path.empty()) open_journal();  // before anyone can connect
@@ -79,13 +79,20 @@ server::server(zmq::context_t& ctx, config cfg)
   router_.set(zmq::sockopt::linger, 0);
   router_.set(zmq::sockopt::sndhwm, 100'000);
   router_.set(zmq::sockopt::rcvhwm, 100'000);
-  (void)gate_.secure(router_, zap_domain_router);
-  util::bind_freed(router_, normalize_endpoint(cfg_.router_endpoint));
+  const auto watch = gate_.secure(router_, zap_domain_router);
+  try {
+    util::bind_freed(router_, normalize_endpoint(cfg_.router_endpoint));
+  } catch (...) {
+    gate_.release(watch);  // before the socket closes (gatekeeper.hpp)
+    throw;
+  }
   router_endpoint_ = router_.get(zmq::sockopt::last_endpoint);
   events_endpoint_ = events_.endpoint();
 }
 
-server::~server() = default;
+server::~server() {
+  gate_.release_all();  // before the sockets close (gatekeeper.hpp)
+}
 
 // Takes up what the journal holds, then starts it afresh with just that (a compaction), so a
 // torn tail is gone and the file starts small.

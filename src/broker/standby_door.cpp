@@ -32,18 +32,27 @@ standby_door::standby_door(zmq::context_t& ctx, const config& cfg, const std::st
   router_.set(zmq::sockopt::linger, 0);
   router_.set(zmq::sockopt::sndhwm, door_hwm);
   router_.set(zmq::sockopt::rcvhwm, door_hwm);
-  (void)gate_.secure(router_, zap_domain_router);
-  util::bind_freed(router_, normalize_endpoint(cfg_.router_endpoint));
-  endpoint_ = router_.get(zmq::sockopt::last_endpoint);
   events_.set(zmq::sockopt::linger, 0);
-  (void)gate_.secure(events_, zap_domain_events);
-  util::bind_freed(events_, normalize_endpoint(cfg_.events_endpoint));
   replication_.set(zmq::sockopt::linger, 0);
-  if (!replication.empty()) {
-    (void)gate_.secure(replication_, zap_domain_replication);
-    util::bind_freed(replication_, replication);
-    replication_endpoint_ = replication_.get(zmq::sockopt::last_endpoint);
+  try {
+    (void)gate_.secure(router_, zap_domain_router);
+    util::bind_freed(router_, normalize_endpoint(cfg_.router_endpoint));
+    endpoint_ = router_.get(zmq::sockopt::last_endpoint);
+    (void)gate_.secure(events_, zap_domain_events);
+    util::bind_freed(events_, normalize_endpoint(cfg_.events_endpoint));
+    if (!replication.empty()) {
+      (void)gate_.secure(replication_, zap_domain_replication);
+      util::bind_freed(replication_, replication);
+      replication_endpoint_ = replication_.get(zmq::sockopt::last_endpoint);
+    }
+  } catch (...) {
+    gate_.release_all();  // before the sockets close (gatekeeper.hpp)
+    throw;
   }
+}
+
+standby_door::~standby_door() {
+  gate_.release_all();  // before the sockets close (gatekeeper.hpp)
 }
 
 void standby_door::serve(const leader_hint& leader, util::time_point until, int wake_fd) {

@@ -32,6 +32,9 @@ class standby_door {
   /// Binds the ROUTER endpoint of `cfg` (throws zmq::error_t when it is in use), and holds
   /// `replication` (if given) for when the broker leads.
   standby_door(zmq::context_t& ctx, const config& cfg, const std::string& replication = "");
+  ~standby_door();
+  standby_door(const standby_door&) = delete;
+  standby_door& operator=(const standby_door&) = delete;
 
   /// Answers what comes until `until`, or sooner once `wake_fd` (-1: none) is readable.
   void serve(const leader_hint& leader, util::time_point until, int wake_fd = -1);

@@ -120,6 +120,10 @@ void session::open(util::time_point now) {
   set_state(waiting_state(), "");
 }
 
+session::~session() {
+  close_socket();
+}
+
 void session::close_socket() {
   if (socket_ && monitor_) (void)zmq_socket_monitor(socket_->handle(), nullptr, 0);
   monitor_.reset();

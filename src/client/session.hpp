@@ -66,6 +66,11 @@ class session {
 
   session(zmq::context_t& ctx, session_options opts, state_callback on_state,
           message_callback on_message = {}, payload_callback on_payload = {});
+  /// Stops the socket's monitor before either closes: libzmq would otherwise go on reporting
+  /// to a monitor nobody reads, which can block the context's I/O thread for good.
+  ~session();
+  session(const session&) = delete;
+  session& operator=(const session&) = delete;
 
   /// Sends one message if the session is ready; false otherwise (nothing is queued).
   bool send_ready(const codec::message& m);

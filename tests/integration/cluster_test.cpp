@@ -561,12 +561,10 @@ TEST_CASE(
   CHECK(coord.finished() == std::map<std::string, int>{{"kept", 1}});
 }
 
-// In the soak suite, not the default run: on a busy machine the leader after etcd's restart
-// sometimes answers no HELLO (under investigation).
 TEST_CASE(
     "etcd killed and restarted: the leader stops serving rather than risk a second leader, and "
     "the group serves again, with the tasks it accepted, once etcd is back",
-    "[takeover-load]") {
+    "[cluster]") {
   NEED_ETCD();
   led_group g(true);
   auto& a = g.a;

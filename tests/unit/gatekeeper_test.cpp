@@ -9,15 +9,20 @@
 #include <catch2/catch.hpp>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <zmq.hpp>
 
 #include "broker/config.hpp"
 #include "broker/gatekeeper.hpp"
+#include "broker/server.hpp"
+#include "broker/standby_door.hpp"
 #include "support/support.hpp"
 
 using namespace std::chrono_literals;
@@ -40,7 +45,7 @@ struct door {
     const std::string ep = router.get(zmq::sockopt::last_endpoint);
     port = ep.substr(ep.rfind(':') + 1);
   }
-  ~door() { gate->release(router, 0); }
+  ~door() { gate->release(0); }
   /// Reads the monitors until `ok` holds (or 10 s after the call).
   bool wait(const std::function<bool()>& ok) {
     return rlbus::test::wait_until([&] {
@@ -175,4 +180,92 @@ TEST_CASE("gatekeeper: what a cut connection said is never taken for a later con
       },
       10s));
   CHECK(d.gate->counts().refused_address == 1);
+}
+
+namespace {
+
+/// Peers that connect, say something and go, again and again, from threads of their own
+/// (and a context of their own), until destroyed.
+class churn {
+ public:
+  explicit churn(const std::string& endpoint) {
+    for (int t = 0; t < 4; ++t)
+      threads_.emplace_back([this, endpoint] {
+        zmq::context_t peers;
+        while (!done_) {
+          auto d = dealer(peers, endpoint);
+          d.send(zmq::str_buffer("x"));
+          std::this_thread::sleep_for(1ms);
+        }
+      });
+  }
+  ~churn() {
+    done_ = true;
+    for (auto& t : threads_) t.join();
+  }
+  churn(const churn&) = delete;
+  churn& operator=(const churn&) = delete;
+
+ private:
+  std::atomic<bool> done_{false};
+  std::vector<std::thread> threads_;
+};
+
+/// Whether a socket of `ctx` bound now still gets a message over TCP: not when the
+/// context's I/O thread is stuck.
+bool context_serves(zmq::context_t& ctx) {
+  zmq::context_t peers;
+  zmq::socket_t r(ctx, zmq::socket_type::router);
+  r.set(zmq::sockopt::linger, 0);
+  r.bind("tcp://127.0.0.1:*");
+  auto d = dealer(peers, r.get(zmq::sockopt::last_endpoint));
+  d.send(zmq::str_buffer("hi"));
+  zmq::pollitem_t item{r.handle(), 0, ZMQ_POLLIN, 0};
+  return zmq::poll(&item, 1, 10s) == 1;
+}
+
+rlbus::broker::config loopback_config() {
+  rlbus::broker::config cfg;
+  cfg.router_endpoint = "tcp://127.0.0.1:*";
+  cfg.events_endpoint = "tcp://127.0.0.1:*";
+  return cfg;
+}
+
+}  // namespace
+
+// A broker of a group closes its standby door when it leads, and its server when it stands by
+// again, in the same context, while its peers keep coming: libzmq reports a closing socket's
+// connections to its monitor from the I/O thread, and a report to a monitor whose reader is
+// gone would block that thread for good (the broker that led next answered no HELLO).
+TEST_CASE("gatekeeper: a door closed while peers come and go leaves its context serving",
+          "[gatekeeper]") {
+  zmq::context_t ctx;
+  const auto cfg = loopback_config();
+  SECTION("a standby's door") {
+    for (int round = 0; round < 10; ++round) {
+      std::optional<rlbus::broker::standby_door> door(std::in_place, ctx, cfg);
+      {
+        const churn peers(door->endpoint());
+        door->serve({}, rlbus::util::clock::now() + 100ms);
+        door.reset();  // while the peers still come
+      }
+      INFO("round " << round);
+      REQUIRE(context_serves(ctx));
+    }
+  }
+  SECTION("a leader's server") {
+    for (int round = 0; round < 10; ++round) {
+      std::optional<rlbus::broker::server> server(std::in_place, ctx, cfg);
+      std::thread loop([&server] { server->run(); });
+      {
+        const churn peers(server->router_endpoint());
+        std::this_thread::sleep_for(100ms);  // long enough for peers to come and go
+        server->request_stop();
+        loop.join();
+        server.reset();  // while the peers still come
+      }
+      INFO("round " << round);
+      REQUIRE(context_serves(ctx));
+    }
+  }
 }
