@@ -36,7 +36,10 @@ broker_group::broker_group(const settings& s, const std::string& tag,
                                fmt::format("{}/etcd", dir_), "--listen-client-urls", etcd_url_,
                                "--advertise-client-urls", etcd_url_, "--listen-peer-urls", peer_url,
                                "--initial-advertise-peer-urls", peer_url, "--initial-cluster",
-                               fmt::format("default={}", peer_url)},
+                               fmt::format("default={}", peer_url),
+                               // etcd grants no lease shorter than 1.5 election timeouts
+                               // (rounded up to whole seconds): 500 ms lets a group ask for 1 s
+                               "--heartbeat-interval", "50", "--election-timeout", "500"},
       log_file(s, "etcd"), s.cpus);
   etcd_->wait_for_line("ready to serve client requests", start_timeout);
   members_[0].name.assign(1, 'a');

@@ -208,7 +208,7 @@ double step_latency_us(const std::string& router, int rounds, const std::string&
 }
 
 row time_row(const std::string& variant, const std::vector<double>& group,
-             const std::vector<double>& alone, const settings& s) {
+             const std::vector<double>& alone, const settings& s, int lease_ms) {
   row r;
   r.scenario = "takeover";
   r.variant = variant;
@@ -220,7 +220,7 @@ row time_row(const std::string& variant, const std::vector<double>& group,
               {"baseline_max_ms", *std::max_element(alone.begin(), alone.end())},
               {"baseline", "one broker SIGKILLed and started again at once on its journal"},
               {"task_ms", task_length.count()},
-              {"lease_ms", 2000}};
+              {"lease_ms", lease_ms}};
   return r;
 }
 
@@ -229,19 +229,31 @@ row time_row(const std::string& variant, const std::vector<double>& group,
 std::vector<row> run_takeover(const settings& s) {
   if (const auto missing = etcd_missing(); !missing.empty())
     throw std::runtime_error("the takeover scenario needs " + missing);
-  std::vector<double> group_task, group_event, alone_task, alone_event;
-  {
-    broker_group group(s, "takeover", {});
-    task_load load(group.endpoints(), "group");
+  // The default lease, then the shortest etcd can grant (1 s, with etcd's election timeout
+  // at 500 ms), its margin a quarter of it.
+  struct lease {
+    int ms;
+    std::vector<std::string> flags;
+    std::string suffix;
+    std::vector<double> task, event;
+  };
+  std::vector<lease> leases{
+      {2000, {}, "", {}, {}},
+      {1000, {"--cluster-lease", "1000", "--cluster-lease-margin", "250"}, ", lease 1 s", {}, {}}};
+  for (auto& l : leases) {
+    broker_group group(s, fmt::format("takeover-{}", l.ms), l.flags);
+    task_load load(group.endpoints(), fmt::format("group-{}", l.ms));
     for (int k = 1; k <= s.takeover_kills; ++k) {
-      fmt_progress("takeover: the leader killed", k, s.takeover_kills);
+      fmt_progress(fmt::format("takeover: the leader killed (lease {} ms)", l.ms), k,
+                   s.takeover_kills);
       load.until_running(30s);
       const auto t = load.measure([&] { group.kill_leader(); });
-      group_task.push_back(t.first_task);
-      group_event.push_back(t.first_event);
+      l.task.push_back(t.first_task);
+      l.event.push_back(t.first_event);
       group.rejoin();
     }
   }
+  std::vector<double> alone_task, alone_event;
   {
     restarted_broker alone(s);
     task_load load(alone.router(), "alone");
@@ -253,8 +265,11 @@ std::vector<row> run_takeover(const settings& s) {
       alone_event.push_back(t.first_event);
     }
   }
-  std::vector<row> rows{time_row("kill -9 to a task run", group_task, alone_task, s),
-                        time_row("kill -9 to an event", group_event, alone_event, s)};
+  std::vector<row> rows;
+  for (const auto& l : leases) {
+    rows.push_back(time_row("kill -9 to a task run" + l.suffix, l.task, alone_task, s, l.ms));
+    rows.push_back(time_row("kill -9 to an event" + l.suffix, l.event, alone_event, s, l.ms));
+  }
 
   // Step latency: the same journal settings (the defaults) with a standby and without.
   row step;

@@ -233,15 +233,18 @@ TEST_CASE("rlbus-bench takeover --quick times a leader's SIGKILL beside a restar
   REQUIRE(status == 0);
   const auto report = take_report(json_path);
   std::set<std::string> metrics;
+  std::set<int> leases;
   for (const auto& row : report.at("rows")) {
     REQUIRE(row.at("scenario") == "takeover");
     metrics.insert(row.at("metric").get<std::string>());
+    if (row.at("metric") == "ms") leases.insert(row.at("params").at("lease_ms").get<int>());
     // Each a time measured from an event: never zero, and a takeover is no instant.
     CHECK(row.at("rlbus").at("median").get<double>() > 0);
     CHECK(row.at("direct").at("median").get<double>() > 0);
   }
-  CHECK(report.at("rows").size() == 3);
+  CHECK(report.at("rows").size() == 5);  // two times for each lease, and the step
   CHECK(metrics == std::set<std::string>{"ms", "median us"});
+  CHECK(leases == std::set<int>{1000, 2000});
 }
 
 TEST_CASE("rlbus-bench curve --quick reports CURVE's step latency and data events beside plain",
