@@ -53,6 +53,14 @@ void put_str(std::string& b, std::string_view s) {
   put_u32(b, static_cast<std::uint32_t>(s.size()));
   b.append(s);
 }
+
+// The little-endian u32 at `at` of `bytes` (4 bytes there).
+std::uint32_t u32_at(std::string_view bytes, std::size_t at) {
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data() + at);
+  return static_cast<std::uint32_t>(p[0]) | static_cast<std::uint32_t>(p[1]) << 8U |
+         static_cast<std::uint32_t>(p[2]) << 16U | static_cast<std::uint32_t>(p[3]) << 24U;
+}
+
 std::uint32_t crc_of(std::string_view s) {
   return static_cast<std::uint32_t>(
       crc32(0L, reinterpret_cast<const Bytef*>(s.data()), static_cast<uInt>(s.size())));
@@ -604,6 +612,10 @@ std::string_view journal::signature() {
   return file_signature;
 }
 
+std::size_t journal::record_end(std::string_view bytes, std::size_t at) {
+  return at + record_header + u32_at(bytes, at);
+}
+
 std::size_t journal::whole_records(std::string_view bytes, std::string* why) {
   std::size_t at = 0;
   while (at < bytes.size()) {
@@ -611,18 +623,12 @@ std::size_t journal::whole_records(std::string_view bytes, std::string* why) {
       if (why) *why = fmt::format("a record header cut short at byte {}", at);
       return at;
     }
-    const auto* p = reinterpret_cast<const unsigned char*>(bytes.data() + at);
-    const auto u32 = [&](std::size_t o) {
-      return static_cast<std::uint32_t>(p[o]) | static_cast<std::uint32_t>(p[o + 1]) << 8U |
-             static_cast<std::uint32_t>(p[o + 2]) << 16U |
-             static_cast<std::uint32_t>(p[o + 3]) << 24U;
-    };
-    const auto length = u32(0);
+    const auto length = u32_at(bytes, at);
     if (length == 0 || length > max_record || length > bytes.size() - at - record_header) {
       if (why) *why = fmt::format("a record of length {} at byte {} does not fit", length, at);
       return at;
     }
-    if (crc_of(bytes.substr(at + record_header, length)) != u32(4)) {
+    if (crc_of(bytes.substr(at + record_header, length)) != u32_at(bytes, at + 4)) {
       if (why) *why = fmt::format("the record at byte {} fails its checksum", at);
       return at;
     }

@@ -148,6 +148,9 @@ class journal {
   /// How many bytes of `bytes` are whole, sound records from its start; `why` says what is
   /// wrong with the rest, if anything is.
   static std::size_t whole_records(std::string_view bytes, std::string* why = nullptr);
+  /// Where the record that starts at `at` of `bytes` ends (its header read, nothing checked):
+  /// for records known to be whole, as records_in_file() gives them.
+  static std::size_t record_end(std::string_view bytes, std::size_t at);
   /// Locks PATH.lock for `path` as a broker does for its journal's life, and returns the
   /// descriptor that holds the lock. Throws journal_in_use when another process holds it.
   static int lock_path(const std::string& path);

@@ -176,11 +176,7 @@ void replicator::on_sync(const std::string& routing_id, const std::string& membe
     // Whole records of at most part_bytes (or one larger record alone).
     std::size_t end = at;
     while (end < records.size()) {
-      const auto* p = reinterpret_cast<const unsigned char*>(records.data() + end);
-      const std::size_t length =
-          static_cast<std::size_t>(p[0]) | static_cast<std::size_t>(p[1]) << 8U |
-          static_cast<std::size_t>(p[2]) << 16U | static_cast<std::size_t>(p[3]) << 24U;
-      const auto next = end + 8 + length;
+      const auto next = journal::record_end(records, end);
       if (next - at > part_bytes && end > at) break;
       end = next;
     }
