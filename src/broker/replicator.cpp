@@ -48,11 +48,59 @@ replicator::replicator(zmq::context_t& ctx, gatekeeper& gate, replicator_config 
   journal_.tap([this](std::string_view record) {
     if (!standbys_.empty()) pending_.append(record);
   });
+  if (cfg_.publish_in_sync) recorder_ = std::thread([this] { record_loop(); });
 }
 
 replicator::~replicator() {
+  if (recorder_.joinable()) {
+    {
+      const std::lock_guard<std::mutex> hold(record_mutex_);
+      record_stop_ = true;
+    }
+    record_wake_.notify_all();
+    recorder_.join();  // within one etcd request's timeout
+  }
   journal_.tap(nullptr);
   gate_.release(monitor_);
+}
+
+void replicator::record_loop() {
+  std::unique_lock<std::mutex> hold(record_mutex_);
+  while (true) {
+    record_wake_.wait(hold, [this] { return record_stop_ || to_record_.has_value(); });
+    if (record_stop_) return;
+    auto members = std::move(*to_record_);
+    to_record_.reset();
+    hold.unlock();
+    const bool ok = cfg_.publish_in_sync(members);
+    hold.lock();
+    // After a failure, a pause before the loop asks again: etcd may be gone for a while.
+    if (!ok && record_wake_.wait_for(hold, std::chrono::milliseconds(100),
+                                     [this] { return record_stop_; }))
+      return;
+    recorded_.emplace(std::move(members), ok);
+    hold.unlock();
+    if (cfg_.wake) cfg_.wake();
+    hold.lock();
+  }
+}
+
+void replicator::take_recorded() {
+  const std::lock_guard<std::mutex> hold(record_mutex_);
+  if (!recorded_) return;
+  if (recorded_->second) published_ = std::move(recorded_->first);
+  recorded_.reset();
+  recording_ = false;
+}
+
+void replicator::ask_record(const std::vector<std::string>& members) {
+  {
+    const std::lock_guard<std::mutex> hold(record_mutex_);
+    if (recording_) return;  // one at a time: asked again once its answer is taken up
+    to_record_ = members;
+    recording_ = true;
+  }
+  record_wake_.notify_all();
 }
 
 std::vector<std::string> replicator::successors() const {
@@ -98,8 +146,14 @@ void replicator::settle() {
   for (const auto& s : standbys_)
     if (s.in_sync && !s.leaving && s.acked >= s.joined_at) now.push_back(s.member);
   if (now != published_) {
-    if (cfg_.publish_in_sync && !cfg_.publish_in_sync(now)) return;  // tried again at next push
-    published_ = std::move(now);
+    if (cfg_.publish_in_sync)
+      take_recorded();
+    else
+      published_ = now;
+    if (now != published_) {
+      ask_record(now);  // taken up on a later turn (the recorder wakes the loop)
+      return;
+    }
   }
   for (auto& s : standbys_)
     if (s.leaving) {

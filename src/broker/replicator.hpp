@@ -11,9 +11,14 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <zmq.hpp>
@@ -31,8 +36,10 @@ struct replicator_config {
   std::uint64_t leader_epoch = 1;
   /// Records in etcd who is in sync (the leader first); false when it could not. A standby
   /// stops being waited for only once a set without it is recorded (SPEC §14.10.6). None: the
-  /// set is recorded nowhere.
+  /// set is recorded nowhere. Called on a thread of the replicator's own, as it waits for etcd.
   std::function<bool(const std::vector<std::string>&)> publish_in_sync;
+  /// Wakes the broker's loop (from that thread) once a set is recorded, or could not be.
+  std::function<void()> wake;
   std::chrono::milliseconds sync_timeout{1000};
   std::size_t max_message = 16 * 1024 * 1024;
 };
@@ -88,7 +95,20 @@ class replicator {
   void forget(std::size_t i, const std::string& why);
   /// Records the set of standbys in sync when it changed; lets go of those leaving once it is.
   void settle();
-  std::vector<std::string> published_;
+  std::vector<std::string> published_;  // the set etcd holds, as last recorded
+
+  // The recording of the set, on a thread of its own: the loop never waits for etcd. One
+  // record at a time; settle() asks for one and takes up its answer on a later turn.
+  void record_loop();
+  void take_recorded();
+  void ask_record(const std::vector<std::string>& members);
+  std::mutex record_mutex_;
+  std::condition_variable record_wake_;
+  std::optional<std::vector<std::string>> to_record_;  // asked, not yet taken by the thread
+  std::optional<std::pair<std::vector<std::string>, bool>> recorded_;  // its answer
+  bool recording_ = false;  // asked, and its answer not taken up yet
+  bool record_stop_ = false;
+  std::thread recorder_;  // last: started once the rest is
 
   replicator_config cfg_;
   gatekeeper& gate_;

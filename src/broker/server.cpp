@@ -251,6 +251,7 @@ void server::fence(std::function<util::time_point()> until, std::uint64_t leader
   replication.leader_epoch = leader_epoch;
   replication.sync_timeout = std::chrono::milliseconds(cfg_.cluster_sync_timeout_ms);
   replication.max_message = cfg_.max_message;
+  replication.wake = [this] { wake_.notify(); };
   repl_ = std::make_unique<replicator>(ctx_, gate_, std::move(replication), *journal_);
 }
 
