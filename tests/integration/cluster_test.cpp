@@ -27,6 +27,7 @@
 #include "rlbus/worker.hpp"
 #include "support/child.hpp"
 #include "support/support.hpp"
+#include "util/free_port.hpp"
 
 using namespace std::chrono_literals;
 using rlbus::cluster::elector;
@@ -177,25 +178,9 @@ struct group_broker {
   group_broker& operator=(const group_broker&) = delete;
 };
 
-// Two ports in a row that nothing listens on now.
+// Two ports in a row that nothing listens on now (below the ephemeral range: util/free_port.hpp).
 int free_ports() {
-  zmq::context_t ctx;
-  for (int tries = 0; tries < 100; ++tries) {
-    zmq::socket_t s(ctx, zmq::socket_type::router);
-    s.set(zmq::sockopt::linger, 0);
-    s.bind("tcp://127.0.0.1:*");
-    const std::string ep = s.get(zmq::sockopt::last_endpoint);
-    const int port = std::stoi(ep.substr(ep.rfind(':') + 1));
-    zmq::socket_t next(ctx, zmq::socket_type::router);
-    next.set(zmq::sockopt::linger, 0);
-    try {
-      next.bind(fmt::format("tcp://127.0.0.1:{}", port + 1));
-      return port;
-    } catch (const zmq::error_t&) {
-    }
-  }
-  FAIL("no two free ports in a row");
-  return 0;
+  return rlbus::util::free_tcp_port(2);
 }
 
 // An etcd, a broker `a` that leads group "g" and a broker `b` that stands by for it.

@@ -20,6 +20,7 @@
 #include "rlbus/worker.hpp"
 #include "support/child.hpp"
 #include "support/support.hpp"
+#include "util/free_port.hpp"
 
 using namespace rlbus;
 using namespace rlbus::test;
@@ -28,16 +29,7 @@ namespace {
 
 // A TCP port nobody listens on at the moment of asking.
 int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  ::close(fd);
-  return ntohs(a.sin_port);
+  return rlbus::util::free_tcp_port();
 }
 
 // The samples of an exposition, checked as they are read: each family has its HELP and TYPE
