@@ -136,7 +136,7 @@ std::string format_table(const run_facts& facts, const std::vector<row>& rows) {
         "cost: instructions of the middle process per message or task step (callgrind); >1 "
         "costs more than the baseline\n";
   const auto line = [](auto... cols) {
-    return fmt::format("{:<11}{:<27}{:<10}{:>11}{:>11}{:>11}{:>11}{:>9}{:>9}{:>9}{:>7}\n", cols...);
+    return fmt::format("{:<11}{:<34}{:<10}{:>11}{:>11}{:>11}{:>11}{:>9}{:>9}{:>9}{:>7}\n", cols...);
   };
   out += line("scenario", "variant", "metric", "rlbus", "proxy", "direct", "http", "r/proxy",
               "r/direct", "r/http", "lost");
