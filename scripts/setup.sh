@@ -30,7 +30,7 @@ if [ "$mode" = all ]; then
     python3-flask python3-requests  # rlbus-bench's HTTP baseline (bench/http_baseline.py)
     valgrind                        # rlbus-bench cost (callgrind), in the bench suite
     etcd-server                     # the cluster tests: a real etcd elects the leading broker
-    clang-format pyflakes3          # the lint suite (tests/lint/lint.py)
+    clang-format pyflakes3 mypy     # the lint suite (tests/lint/lint.py)
     clang-tidy                      # its tidy suite (meson test --setup tidy --suite tidy)
   )
 fi

@@ -5,6 +5,7 @@ found and none is named (a program would have nowhere to go)."""
 import argparse
 import os
 import sys
+from typing import List, Optional
 
 from . import __version__
 from ._broker import BROKER_ENV, find_broker
@@ -12,7 +13,7 @@ from ._run import listening
 from .compat._util import DEFAULT_ENDPOINT, DEFAULT_PORT, ENDPOINT_ENV
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     argparse.ArgumentParser(
         prog="python3 -m rlbus",
         description="Print the rlbus package's version, the rlbus-broker binary it finds ($"

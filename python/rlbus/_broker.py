@@ -83,7 +83,7 @@ class Broker:
         self.log_path = log_path
         self.own_session = own_session
         self.lines: List[str] = []
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: Optional["subprocess.Popen[Any]"] = None
         self._listening = threading.Event()
 
     def start(self) -> "Broker":
@@ -94,22 +94,23 @@ class Broker:
         self.lines = []
         self._listening.clear()
         if self.log_path is None:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, text=True,
-                                         start_new_session=self.own_session)
-            threading.Thread(target=self._read, args=(self.proc,), daemon=True,
+            proc: "subprocess.Popen[Any]" = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                text=True, start_new_session=self.own_session)
+            threading.Thread(target=self._read, args=(proc,), daemon=True,
                              name="rlbus-broker-output").start()
             wait = self._listening.wait
         else:
             with open(self.log_path, "ab") as out:
                 start = out.tell()
-                self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL,
-                                             start_new_session=self.own_session)
+                proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL,
+                                        start_new_session=self.own_session)
             wait = functools.partial(self._read_log, start)
+        self.proc = proc
         deadline = time.monotonic() + self.start_timeout
         while not wait(0.05):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 if self.log_path is not None:
                     self._read_log(start, 0)
@@ -131,7 +132,7 @@ class Broker:
         time.sleep(pause)
         return False
 
-    def _read(self, proc: subprocess.Popen) -> None:
+    def _read(self, proc: "subprocess.Popen[str]") -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             self.lines.append(line)

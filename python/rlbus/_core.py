@@ -66,7 +66,7 @@ class Core:
                  resources: Optional[Mapping[str, float]] = None, heartbeat: float = 1.0,
                  reconnect_min: float = 0.1, reconnect_max: float = 5.0,
                  curve: Optional[CurveKeys] = None,
-                 context: Optional[zmq.Context] = None) -> None:
+                 context: Optional["zmq.Context[Any]"] = None) -> None:
         self._session = Session(endpoint, role, id, on_state=self._set_state,
                                 on_welcome=self._welcomed,
                                 on_message=getattr(handler, "on_message", None),
@@ -227,7 +227,7 @@ class Core:
     def _run(self) -> None:
         poller = zmq.Poller()
         poller.register(self._wake_r, zmq.POLLIN)
-        registered: Optional[zmq.Socket] = None
+        registered: Optional["zmq.Socket[Any]"] = None
         idle = hasattr(self.handler, "on_idle")
         session = self._session
         try:

@@ -11,7 +11,7 @@ import os
 import stat
 import tomllib
 from dataclasses import dataclass
-from typing import Dict
+from typing import Any, Dict
 
 import zmq
 
@@ -37,7 +37,7 @@ class CurveKeys:
         if zmq.curve_public(self.secret_key.encode()).decode() != self.public_key:
             raise ValueError("curve.public_key is not the public key of curve.secret_key")
 
-    def apply(self, sock: zmq.Socket) -> None:
+    def apply(self, sock: "zmq.Socket[Any]") -> None:
         """Makes ``sock`` (before it connects) a CURVE client with these keys."""
         sock.curve_serverkey = self.server_key.encode()
         sock.curve_publickey = self.public_key.encode()

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import struct
 import threading
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Mapping, Optional, Tuple, Type, cast
 
 import msgpack
 
 # Set by configure() from messages.json's "limits".
 _MAX_ARRAY = _MAX_MAP = _MAX_STR = _MAX_BIN = _MAX_EXT = _MAX_DEPTH = 0
-_Error: type = ValueError
+_Error: Type[Exception] = ValueError
 
 
 def configure(limits: Mapping[str, int], error: type) -> None:
@@ -80,7 +80,7 @@ def pack_value(value: Any) -> bytes:
     float64. A :class:`Raw` is written as its bytes (nested Raw values too)."""
     if isinstance(value, Raw):
         return bytes(value)
-    return packer().pack(value)
+    return cast(bytes, packer().pack(value))
 
 
 def _raw_default(obj: Any) -> Any:
@@ -114,7 +114,13 @@ def _unpacker(size: int = 0) -> msgpack.Unpacker:
         max_buffer_size=max(1 << 20, size))
 
 
-class Pairs(list):
+if TYPE_CHECKING:  # a list of pairs to the type checker, a plain list subclass at run time
+    _PairList = List[Tuple[Any, Any]]
+else:
+    _PairList = list
+
+
+class Pairs(_PairList):
     """A map decoded as its (key, value) pairs: keys that Python cannot hash, kept."""
 
 
@@ -236,9 +242,9 @@ def map_count(raw: bytes) -> int:
     if 0x80 <= b <= 0x8F:
         return b & 0x0F
     if b == 0xDE:
-        return struct.unpack_from(">H", raw, 1)[0]
+        return int(struct.unpack_from(">H", raw, 1)[0])
     if b == 0xDF:
-        return struct.unpack_from(">I", raw, 1)[0]
+        return int(struct.unpack_from(">I", raw, 1)[0])
     return -1
 
 

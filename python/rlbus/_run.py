@@ -27,7 +27,7 @@ import logging
 import os
 import stat
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple, cast
 
 __all__ = ["RUN_LOCK_ENV", "prepare", "ensure_broker", "run_endpoint", "current", "for_child",
            "adopt", "leave", "join_from_environment"]
@@ -92,7 +92,7 @@ def _hold(path: str) -> Optional[int]:
 
 def _prune(base: str, keep: str) -> None:
     """Removes the folders of finished runs (nobody holds their lock) past the newest few."""
-    finished: List[tuple] = []
+    finished: List[Tuple[Any, ...]] = []
     for name in os.listdir(base):
         path = os.path.join(base, name)
         if not name.startswith("run-") or path == keep:
@@ -131,7 +131,7 @@ def _broker_gone(folder: str) -> bool:
 
 def current() -> Optional[str]:
     """The folder of the run this process belongs to, or None."""
-    return _held["dir"]
+    return cast(Optional[str], _held["dir"])
 
 
 def prepare() -> str:
@@ -140,7 +140,7 @@ def prepare() -> str:
     Returns the run's folder. Starts no broker (:func:`ensure_broker` does)."""
     with _lock:
         if _held["dir"] is not None:
-            return _held["dir"]
+            return cast(str, _held["dir"])
         import tempfile
         base = _base_dir()
         folder = tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=base)
@@ -157,7 +157,7 @@ def prepare() -> str:
         return folder
 
 
-def _endpoints(folder: str) -> tuple:
+def _endpoints(folder: str) -> Tuple[str, str]:
     return ("ipc://" + os.path.join(folder, "router"), "ipc://" + os.path.join(folder, "events"))
 
 
@@ -197,6 +197,7 @@ def ensure_broker() -> str:
         log_path = os.path.join(folder, "broker.log")
         broker = Broker(["--run-lock", os.path.join(folder, "run.lock")], router=router,
                         events=events, log_path=log_path, own_session=True).start()
+        assert broker.proc is not None  # started
         with open(pid_file, "w") as f:
             f.write(f"{broker.proc.pid}\n")
         last_started = broker

@@ -23,7 +23,7 @@ import logging
 import random
 import time
 import warnings
-from typing import Any, Callable, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -181,9 +181,9 @@ class Session:
         self.epoch: Optional[int] = None
         self.max_message = 0
         self._welcomed = False  # a WELCOME came once: a later loss is a reconnect
-        self._ctx: Optional[zmq.Context] = None
-        self._sock: Optional[zmq.Socket] = None
-        self._monitor: Optional[zmq.Socket] = None  # the socket's handshake failures
+        self._ctx: Optional["zmq.Context[Any]"] = None
+        self._sock: Optional["zmq.Socket[Any]"] = None
+        self._monitor: Optional["zmq.Socket[Any]"] = None  # the socket's handshake failures
         self._heartbeat = float(heartbeat)  # the broker's interval once it welcomed us
         self._liveness = 3
         self._attempt = 0
@@ -197,7 +197,7 @@ class Session:
     # ---- what the core calls -----------------------------------------------------------
 
     @property
-    def socket(self) -> Optional[zmq.Socket]:
+    def socket(self) -> Optional["zmq.Socket[Any]"]:
         """The socket to poll for input; None while waiting to reconnect or stopped."""
         return self._sock
 
@@ -205,7 +205,7 @@ class Session:
     def ready(self) -> bool:
         return self.state == READY and self._sock is not None
 
-    def start(self, ctx: zmq.Context) -> None:
+    def start(self, ctx: "zmq.Context[Any]") -> None:
         """Opens the socket on ``ctx`` and sends HELLO."""
         self._ctx = ctx
         self._open()
@@ -350,7 +350,7 @@ class Session:
         self._monitor = s.get_monitor_socket(events)
         s.connect(self._current)
         self._sock = s
-        fields: dict = {"role": self.role, "id": self.id, "heartbeat_ms": self.heartbeat_ms,
+        fields: Dict[str, Any] = {"role": self.role, "id": self.id, "heartbeat_ms": self.heartbeat_ms,
                         "resources": self.resources}
         if self.token:
             fields["session"] = self.token

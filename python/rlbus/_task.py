@@ -98,9 +98,9 @@ class Task:
         self._credit: Optional[int] = None  # DATA_CREDIT limit; None: no credit applies
         self._emitted = 0                   # DATA emitted so far: the last index given
         self._next_request = 0
-        self._open: set = set()             # request ids get_data waits on
+        self._open: Set[int] = set()        # request ids get_data waits on
         self._replies: Dict[int, P.Message] = {}
-        self._reask: set = set()            # open requests a lost connection may have lost
+        self._reask: Set[int] = set()       # open requests a lost connection may have lost
 
     def __repr__(self) -> str:
         return f"Task(id={self.id!r}, attempt={self.attempt}, kind={self.kind!r})"

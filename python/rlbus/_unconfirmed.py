@@ -73,8 +73,8 @@ class Unconfirmed:
         """True for an item (or a DATA_LOST) that the broker confirmed while it waited to
         be sent: nothing to send."""
         if name in INDEXED:
-            return fields["index"] <= self.confirmed
-        return name == "DATA_LOST" and fields["last"] <= self.confirmed
+            return bool(fields["index"] <= self.confirmed)
+        return name == "DATA_LOST" and bool(fields["last"] <= self.confirmed)
 
     def take_resend(self, task: Any) -> List[Tuple[str, Any, Any]]:
         """The broker may lack what was sent and not confirmed: the messages to send again,

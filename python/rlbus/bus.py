@@ -121,7 +121,7 @@ class Bus:
 
     def __init__(self, endpoint: str, id: str, *, heartbeat: float = 1.0,
                  reconnect_min: float = 0.1, reconnect_max: float = 2.0,
-                 curve: Optional[CurveKeys] = None, context: Optional[zmq.Context] = None,
+                 curve: Optional[CurveKeys] = None, context: Optional["zmq.Context[Any]"] = None,
                  max_partial_bytes: int = _MAX_PARTIAL_BYTES,
                  accept: Optional[Callable[[str], bool]] = None) -> None:
         if not isinstance(max_partial_bytes, int) or max_partial_bytes < 1:
@@ -309,7 +309,7 @@ class Bus:
     def _not_taken(self) -> int:
         """Under _cv: publications not taken. A fragmented one counts once (its last part,
         or its rest still queued); a batch counts its publications."""
-        return len(self._outq) + sum(fields.get("count", 1)
+        return len(self._outq) + sum(int(fields.get("count", 1))
                                      for _, fields, _ in self._unacked
                                      if not fields.get("more", False))
 
@@ -496,12 +496,12 @@ class Bus:
                     items = [self._outq[i].payload for i in range(n)]
                     batch = b"".join(itertools.chain.from_iterable(
                         (_LENGTH.pack(len(p)), p) for p in items))
-                    fields = {"seq": self._pub_seq + 1, "topic": out.topic, "count": n}
-                    if not self._core.send("PUBLISH", fields, batch):
+                    batch_fields = {"seq": self._pub_seq + 1, "topic": out.topic, "count": n}
+                    if not self._core.send("PUBLISH", batch_fields, batch):
                         self._core.call_later(0.005, self._io_pump)  # the socket's queue is full
                         return
                     self._pub_seq += 1
-                    self._unacked.append((self._pub_seq, fields, memoryview(batch)))
+                    self._unacked.append((self._pub_seq, batch_fields, memoryview(batch)))
                     for _ in range(n):
                         self._queued_bytes -= len(self._outq.popleft().payload)
                     self._cv.notify_all()

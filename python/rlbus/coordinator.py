@@ -325,28 +325,30 @@ class Coordinator:
             P.unpack_value(raw)  # within the limits of SPEC §5.1, as the broker will check
             fields["task_info"] = raw
         except P.ProtocolError as e:
-            return SubmitResult(task_id, False, e.code, f"SUBMIT: task_info: {e.reason}", 0)
+            return SubmitResult(task_id, False, e.code, f"SUBMIT: task_info: {e.reason}", False)
         except (TypeError, ValueError, OverflowError) as e:
             return SubmitResult(task_id, False, 402, f"SUBMIT: task_info cannot be encoded: {e}",
-                                0)
+                                False)
         except Exception as e:  # the decoder's own limits (a buffer past 1 MiB)
             return SubmitResult(task_id, False, 401,
-                                f"SUBMIT: task_info cannot be checked: {e!r}", 0)
+                                f"SUBMIT: task_info cannot be checked: {e!r}", False)
         fields = {k: v for k, v in fields.items() if v is not None}
         for name in ("start_timeout_ms", "step_timeout_ms", "close_timeout_ms",
                      "task_timeout_ms", "max_attempts", "queue_timeout_ms"):
             if isinstance(fields.get(name), bool):
-                return SubmitResult(task_id, False, 402, f"SUBMIT: {name} must be an integer", 0)
+                return SubmitResult(task_id, False, 402, f"SUBMIT: {name} must be an integer",
+                                    False)
         try:
             size = sum(len(f) for f in P.encode("SUBMIT", fields))
         except P.ProtocolError as e:
-            return SubmitResult(task_id, False, e.code, e.reason, 0)
+            return SubmitResult(task_id, False, e.code, e.reason, False)
         except (TypeError, ValueError, OverflowError) as e:
-            return SubmitResult(task_id, False, 402, f"SUBMIT: {e}", 0)
+            return SubmitResult(task_id, False, 402, f"SUBMIT: {e}", False)
         limit = self._core.max_message
         if limit and size > limit:
             return SubmitResult(task_id, False, 402, f"SUBMIT: {size} bytes, more than the "
-                                f"broker's max-message of {limit} (task_info too large)", 0)
+                                f"broker's max-message of {limit} (task_info too large)",
+                                False)
 
         wait = _SubmitWait(task_id, kind)
         if self._closing or self._core.state in ("refused", "stopped"):

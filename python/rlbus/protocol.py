@@ -36,7 +36,8 @@ import math
 import os
 import re
 import struct
-from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+from typing import (TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Set,
+                    Tuple, cast)
 
 import msgpack
 
@@ -204,7 +205,7 @@ def _make_check(name: str, typ: str, d: Mapping[str, Any]) -> _Check:
                     passed.clear()
                 passed.add(v)
             return None
-        passed: set = set()  # values of this field that passed (pattern fields only)
+        passed: Set[Any] = set()  # values of this field that passed (pattern fields only)
         return check_str
     if typ == "bin":
         max_bin = int(d.get("max_length", _MAX_BIN))
@@ -400,7 +401,7 @@ def parse_header(frame: bytes) -> int:
     return frame[_TYPE_OFFSET]
 
 
-def _check_fields(spec_name: str, fields: Sequence[FieldSpec], values: Dict[str, Any],
+def _check_fields(spec_name: str, fields: Sequence[FieldSpec], values: Mapping[str, Any],
                   raw_counts: Optional[Dict[str, int]] = None) -> None:
     for f in fields:
         v = values.get(f.name, _MISSING)
@@ -506,7 +507,7 @@ def _encode_value(f: FieldSpec, v: Any, packer: msgpack.Packer) -> bytes:
         return _pack_resources(v, packer)
     if f.type == "bin" and not isinstance(v, bytes):
         v = bytes(v)
-    return packer.pack(v)
+    return cast(bytes, packer.pack(v))
 
 
 def _pack_resources(res: Mapping[str, Any], packer: msgpack.Packer) -> bytes:
@@ -564,7 +565,13 @@ def check_body(name: str, fields: Mapping[str, Any],
 _SUBSETS: Dict[Tuple[str, Tuple[str, ...]], Tuple[FieldSpec, ...]] = {}
 
 
-class Encoded(dict):
+if TYPE_CHECKING:  # a dict of fields to the type checker, a plain dict subclass at run time
+    _Fields = Dict[str, Any]
+else:
+    _Fields = dict
+
+
+class Encoded(_Fields):
     """The fields of one message together with its body, checked and encoded once (for a
     message that is built on one thread and sent on another, or sent again): :func:`encode`
     of the same message name writes :attr:`body` without looking at the fields again. The
@@ -589,9 +596,10 @@ def encode_body(name: str, fields: Mapping[str, Any], check: bool = True) -> byt
         spec, present = _present(name, fields)
         _check_present(spec, present)
     else:
-        spec = MESSAGES.get(name)
-        if spec is None:
+        found = MESSAGES.get(name)
+        if found is None:
             raise ProtocolError(404, f"no message named {name}")
+        spec = found
     # the fields to write, in table order; plain: nothing written verbatim or specially (a
     # Raw, resources, a bin that is not bytes), so one msgpack call writes the whole map
     ordered: Dict[str, Any] = {}
@@ -609,7 +617,7 @@ def encode_body(name: str, fields: Mapping[str, Any], check: bool = True) -> byt
             plain = False
     packer = _packer()
     if plain:
-        return packer.pack(ordered)
+        return cast(bytes, packer.pack(ordered))
     parts = [_map_header(len(ordered))]
     for k, v in ordered.items():
         f = spec.by_name[k]

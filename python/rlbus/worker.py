@@ -28,12 +28,13 @@ as one DATA_BATCH (:mod:`rlbus._batching`).
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import queue
 import signal
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Mapping, Optional, Tuple, cast
 
 from . import protocol as P
 from ._batching import batchable, encode_batch
@@ -446,7 +447,8 @@ class Worker:
                 self._handler_task = None
                 if self._stopping:
                     return  # leaving: the broker ends the attempt with our session
-            self._post(lambda: self._io_done(task, outcome))
+            # bound now: by the time the I/O thread runs it, this loop may hold the next task
+            self._post(functools.partial(self._io_done, task, outcome))
 
     def _run_one(self, task: Task) -> Optional[_Out]:
         """Runs ``run`` then, when asked, ``close``; the message that ends the attempt
@@ -550,14 +552,14 @@ class Worker:
         while self._outbox:
             name, fields, task = self._outbox[0]
             a = self._cur
-            mine = a is not None and a.task is task and a.tracking
-            if mine and a.unconfirmed.is_confirmed(name, fields):
+            mine = a if a is not None and a.task is task and a.tracking else None
+            if mine is not None and mine.unconfirmed.is_confirmed(name, fields):
                 self._outbox.popleft()  # confirmed meanwhile: nothing to send
                 continue
-            if name == "DATA" and mine and self._batch_data:
+            if name == "DATA" and mine is not None and self._batch_data:
                 n = batchable(self._outbox, s.max_message)
                 if n > 1:
-                    if not self._send_batch(n, a):
+                    if not self._send_batch(n, mine):
                         return
                     continue
             try:
@@ -570,13 +572,14 @@ class Worker:
                 self._retry_soon()
                 return
             self._outbox.popleft()
-            if mine:
-                self._data_dropped += a.unconfirmed.sent(name, fields)
+            if mine is not None:
+                self._data_dropped += mine.unconfirmed.sent(name, fields)
 
     def _send_batch(self, n: int, a: _Attempt) -> bool:
         """Sends the first ``n`` DATA of the outbox as one DATA_BATCH; False when the
         socket's queue is full (they stay)."""
-        batch = encode_batch([self._outbox[i][1] for i in range(n)])
+        # the DATA of the outbox are encoded already (Task._emit_item)
+        batch = encode_batch([cast(P.Encoded, self._outbox[i][1]) for i in range(n)])
         if not self._core.send("DATA_BATCH", batch):
             self._retry_soon()
             return False

@@ -3,6 +3,7 @@
 
   format   every C++ file is laid out as .clang-format says (clang-format --dry-run)
   pyflakes the Python code has no unused import, undefined name or dead assignment
+  types    the Python package (python/rlbus) passes mypy in strict mode (python/pyproject.toml)
   tidy     clang-tidy (.clang-tidy's checks) finds nothing in src/; needs the build's
            compile_commands.json (argument: the build directory); slow: not in the default suite
 
@@ -69,6 +70,20 @@ def check_pyflakes() -> int:
     return 0
 
 
+def check_types() -> int:
+    mypy = tool("mypy")
+    r = subprocess.run([mypy, "--config-file", os.path.join("python", "pyproject.toml"),
+                        os.path.join("python", "rlbus")], capture_output=True, text=True,
+                       cwd=ROOT)
+    out = (r.stdout + r.stderr).strip()
+    if r.returncode != 0:
+        print(out)
+        print("lint types: the findings above need fixing (mypy --strict, python/pyproject.toml)")
+        return 1
+    print(f"lint types: {out}")
+    return 0
+
+
 def check_tidy(build_dir: str) -> int:
     clang_tidy = tool("clang-tidy-14", "clang-tidy")
     if not os.path.exists(os.path.join(build_dir, "compile_commands.json")):
@@ -94,13 +109,15 @@ def check_tidy(build_dir: str) -> int:
 
 
 def main(argv: List[str]) -> int:
-    if len(argv) < 2 or argv[1] not in ("format", "pyflakes", "tidy"):
+    if len(argv) < 2 or argv[1] not in ("format", "pyflakes", "types", "tidy"):
         print(__doc__)
         return 2
     if argv[1] == "format":
         return check_format()
     if argv[1] == "pyflakes":
         return check_pyflakes()
+    if argv[1] == "types":
+        return check_types()
     if len(argv) != 3:
         sys.exit("usage: lint.py tidy BUILD_DIR")
     return check_tidy(argv[2])

@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import re
+from typing import Any, Dict, Optional
 
 DEFAULT_PORT = 7235  # the broker's ROUTER port when none is given
 DEFAULT_ENDPOINT = f"tcp://127.0.0.1:{DEFAULT_PORT}"
@@ -28,23 +29,23 @@ _ID_BAD_CHAR = re.compile(r"[^A-Za-z0-9._:@/-]")
 log = logging.getLogger("rlbus.compat")
 
 # The SDK module, looked up lazily so that unit tests can put a stand-in in its place.
-_sdk_override = None
+_sdk_override: Any = None
 
 
-def sdk():
+def sdk() -> Any:
     """The `rlbus` SDK module (or the stand-in installed with set_sdk)."""
     if _sdk_override is not None:
         return _sdk_override
     return importlib.import_module("rlbus")
 
 
-def set_sdk(module):
+def set_sdk(module: Any) -> None:
     """Use `module` instead of the real SDK (tests); None restores the real one."""
     global _sdk_override
     _sdk_override = module
 
 
-def _cfg_get(cfg, key, default=None):
+def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
     if cfg is None:
         return default
     if isinstance(cfg, dict):
@@ -52,7 +53,7 @@ def _cfg_get(cfg, key, default=None):
     return getattr(cfg, key, default)
 
 
-def cfg_get(cfg, *keys, default=None):
+def cfg_get(cfg: Any, *keys: str, default: Any = None) -> Any:
     """First present, non-None value among `keys` of a dict/EasyDict/object config."""
     for key in keys:
         value = _cfg_get(cfg, key)
@@ -61,7 +62,7 @@ def cfg_get(cfg, *keys, default=None):
     return default
 
 
-def resolve_endpoint(cfg=None, explicit=None):
+def resolve_endpoint(cfg: Any = None, explicit: Any = None) -> str:
     """The broker's ROUTER endpoint: an explicit argument, then the config's `broker`
     (or `rlbus.endpoint`), then $RLBUS_ENDPOINT, then tcp://127.0.0.1:7235. When that is the
     broker of the run this process belongs to (patch_dingengine() prepared one), the broker
@@ -80,7 +81,7 @@ def resolve_endpoint(cfg=None, explicit=None):
     return str(value) if value else DEFAULT_ENDPOINT
 
 
-def curve_kwargs():
+def curve_kwargs() -> Dict[str, Any]:
     """`{"curve": keys}` when $RLBUS_CURVE_KEY and $RLBUS_BROKER_KEY name key files (the
     broker has CURVE on), else `{}`; ValueError when only one is set or a file is bad."""
     own, broker = os.environ.get(CURVE_KEY_ENV), os.environ.get(BROKER_KEY_ENV)
@@ -92,17 +93,17 @@ def curve_kwargs():
     return {"curve": sdk().curve_keys_from_files(own, broker)}
 
 
-def valid_id(text):
+def valid_id(text: object) -> bool:
     return isinstance(text, str) and bool(_ID_RE.match(text))
 
 
-def clean_id(text, fallback="worker"):
+def clean_id(text: object, fallback: str = "worker") -> str:
     """`text` made to obey the peer/task id rule: other characters become '_', cut to 128."""
     text = _ID_BAD_CHAR.sub("_", str(text))[:128]
     return text or fallback
 
 
-def plain(value):
+def plain(value: Any) -> Any:
     """A copy of `value` as JSON would have carried it: dicts with str keys, lists for
     tuples/sets, numbers and strings as they are, numpy values as Python values.
     Anything else becomes its str(), as the HTTP transport could not have sent it either."""
@@ -125,13 +126,13 @@ def plain(value):
     return str(value)
 
 
-def coerce_resources(raw, logger=None):
+def coerce_resources(raw: Any, logger: Optional[logging.Logger] = None) -> Dict[str, float]:
     """DI-engine resource dicts -> the wire's {name: non-negative finite number}.
 
     Numbers stay, numeric strings ('20', '1.5') are parsed, anything else (e.g. 'xxx',
     negative or infinite values, bad names) is dropped and logged. At most 32 entries."""
     logger = logger or log
-    out = {}
+    out: Dict[str, float] = {}
     if not isinstance(raw, dict):
         if raw is not None:
             logger.warning("resources %r are not a dict: none announced", raw)
@@ -141,7 +142,7 @@ def coerce_resources(raw, logger=None):
         if not (1 <= len(name_s.encode("utf-8")) <= 64):
             logger.warning("resource name %r is empty or longer than 64 bytes: dropped", name)
             continue
-        number = None
+        number: Optional[float] = None
         if isinstance(value, bool):
             number = float(int(value))
         elif isinstance(value, (int, float)):
@@ -168,7 +169,7 @@ def coerce_resources(raw, logger=None):
     return out
 
 
-def seconds_to_ms(value):
+def seconds_to_ms(value: Any) -> Optional[int]:
     """A timeout in seconds (config) -> whole ms in the wire's 1..86400000, None stays."""
     if value is None:
         return None

@@ -32,13 +32,14 @@ import socket
 import threading
 import time
 import uuid
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from ._util import (COORDINATOR_ID_ENV, cfg_get, clean_id, curve_kwargs, plain,
                     resolve_endpoint, sdk, seconds_to_ms, valid_id)
 from .operator import OperatorClient, pod_name
 
 
-def _run_id():
+def _run_id() -> str:
     """A coordinator id of this run alone: its process, a random part and the host."""
     return "coordinator-{}-{}-{}".format(os.getpid(), uuid.uuid4().hex[:8], socket.gethostname())
 
@@ -48,7 +49,7 @@ class _Task:
 
     __slots__ = ("task_id", "wire_id", "kind", "buffer_id")
 
-    def __init__(self, task_id, wire_id, kind, buffer_id):
+    def __init__(self, task_id: Any, wire_id: str, kind: str, buffer_id: Any) -> None:
         self.task_id = task_id
         self.wire_id = wire_id
         self.kind = kind
@@ -58,7 +59,8 @@ class _Task:
 class CommCoordinator:
     """Drop-in for ding.worker.coordinator.comm_coordinator.CommCoordinator."""
 
-    def __init__(self, cfg, callback_fn, logger=None):
+    def __init__(self, cfg: Any, callback_fn: Optional[Mapping[str, Callable[..., Any]]],
+                 logger: Optional[logging.Logger] = None) -> None:
         self._cfg = cfg
         self._callback_fn = dict(callback_fn or {})
         self._logger = logger or logging.getLogger("rlbus.compat")
@@ -89,23 +91,23 @@ class CommCoordinator:
 
         self._lock = threading.Lock()
         self._capacity = threading.Condition(self._lock)
-        self._counts = {"collector": 0, "learner": 0}
-        self._tasks = {}  # wire id -> _Task
-        self._client = None
+        self._counts: Dict[str, int] = {"collector": 0, "learner": 0}
+        self._tasks: Dict[str, _Task] = {}  # wire id -> _Task
+        self._client: Any = None  # the SDK's Coordinator
         self._closed = True  # like DI-engine: close() before start() does nothing
         self._dispatch = False  # callbacks reach callback_fn only while this is set
         self._stop_sync = threading.Event()
-        self._sync_thread = None
-        self._replicas = {"collectors": [], "learners": []}
-        self._lost_replicas = {"collectors": set(), "learners": set()}
+        self._sync_thread: Optional[threading.Thread] = None
+        self._replicas: Dict[str, List[str]] = {"collectors": [], "learners": []}
+        self._lost_replicas: Dict[str, Set[str]] = {"collectors": set(), "learners": set()}
 
     # ----------------------------------------------------------------- lifecycle
 
     @property
-    def endpoint(self):
+    def endpoint(self) -> str:
         return self._endpoint
 
-    def start(self):
+    def start(self) -> None:
         """Connects to the broker (raises ConnectionError if it is not there within
         rlbus.ready_timeout). In operator mode also asks the operator for the replicas and
         waits until both worker targets are met (TimeoutError otherwise)."""
@@ -133,7 +135,7 @@ class CommCoordinator:
             self.close()
             raise
 
-    def close(self):
+    def close(self) -> None:
         """Cancels the tasks still open (their workers get TASK_ABORT and run their own
         close step), disconnects and stops every thread this object started. Idempotent;
         no callback_fn entry runs after it returns."""
@@ -162,7 +164,7 @@ class CommCoordinator:
         except Exception as exc:  # noqa: BLE001
             self._logger.warning("rlbus coordinator close failed: %r", exc)
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:  # noqa: BLE001 - never raise from a finaliser
@@ -170,13 +172,13 @@ class CommCoordinator:
 
     # ----------------------------------------------------------------- tasks
 
-    def send_collector_task(self, collector_task):
+    def send_collector_task(self, collector_task: Any) -> bool:
         return self._send(collector_task, "collector")
 
-    def send_learner_task(self, learner_task):
+    def send_learner_task(self, learner_task: Any) -> bool:
         return self._send(learner_task, "learner")
 
-    def _send(self, task, kind):
+    def _send(self, task: Any, kind: str) -> bool:
         """Submits `task` (its task_info is copied before this returns, since DI-engine
         changes the dict right after). True when the broker accepted it; the task then
         waits for a free worker of its kind (at most the queue timeout)."""
@@ -220,7 +222,7 @@ class CommCoordinator:
                           getattr(res, "queued", 0) or 0)
         return True
 
-    def _wire_id(self, task_id):
+    def _wire_id(self, task_id: str) -> str:
         if valid_id(task_id):
             return task_id
         # A custom commander's id that breaks the wire's id rule: a stable cleaned form.
@@ -230,18 +232,18 @@ class CommCoordinator:
         suffix = "~%06x" % (hash(task_id) & 0xFFFFFF)
         return wire[:128 - len(suffix)] + suffix
 
-    def _record(self, wire_id):
+    def _record(self, wire_id: str) -> Optional[_Task]:
         with self._lock:
             return self._tasks.get(wire_id)
 
-    def _forget(self, wire_id):
+    def _forget(self, wire_id: str) -> Optional[_Task]:
         with self._lock:
             return self._tasks.pop(wire_id, None)
 
     # ----------------------------------------------------------------- callbacks
 
-    def _sdk_callbacks(self):
-        cbs = {
+    def _sdk_callbacks(self) -> Dict[str, Callable[..., Any]]:
+        cbs: Dict[str, Callable[..., Any]] = {
             "deal_with_collector_send_data": self._on_collector_data,
             "deal_with_collector_judge_finish": self._on_collector_judge,
             "deal_with_collector_finish_task": self._on_collector_finish,
@@ -263,14 +265,14 @@ class CommCoordinator:
             cbs["deal_with_decrease_collector"] = self._on_decrease
         return cbs
 
-    def _fn(self, key):
+    def _fn(self, key: str) -> Optional[Callable[..., Any]]:
         return self._callback_fn.get(key) if self._dispatch else None
 
-    def _ident(self, wire_id):
+    def _ident(self, wire_id: str) -> Tuple[Any, Optional[_Task]]:
         rec = self._record(wire_id)
         return (rec.task_id if rec else wire_id), rec
 
-    def _on_collector_data(self, task_id, buffer_id, data_id, data):
+    def _on_collector_data(self, task_id: str, buffer_id: Any, data_id: Any, data: Any) -> None:
         fn = self._fn("deal_with_collector_send_data")
         if fn is None:
             return
@@ -283,7 +285,7 @@ class CommCoordinator:
         meta.setdefault("task_id", orig)
         fn(orig, meta.get("buffer_id"), data_id, meta)
 
-    def _on_collector_judge(self, task_id, info):
+    def _on_collector_judge(self, task_id: str, info: Any) -> bool:
         if not self._dispatch:
             return False
         orig, rec = self._ident(task_id)
@@ -296,7 +298,7 @@ class CommCoordinator:
             return bool(info.get("collector_done", False))
         return bool(fn(orig, info))
 
-    def _on_collector_finish(self, task_id, result):
+    def _on_collector_finish(self, task_id: str, result: Any) -> None:
         orig, rec = self._ident(task_id)
         fn = self._fn("deal_with_collector_finish_task")
         self._forget(task_id)
@@ -306,7 +308,8 @@ class CommCoordinator:
         result.setdefault("task_id", orig)
         fn(orig, result)
 
-    def _on_learner_get_data(self, task_id, buffer_id, batch_size, cur_learner_iter):
+    def _on_learner_get_data(self, task_id: str, buffer_id: Any, batch_size: Any,
+                             cur_learner_iter: Any) -> Any:
         fn = self._fn("deal_with_learner_get_data")
         if fn is None:
             return None
@@ -319,7 +322,7 @@ class CommCoordinator:
             return None
         return None if data is None else plain(data)
 
-    def _on_learner_judge(self, task_id, info):
+    def _on_learner_judge(self, task_id: str, info: Any) -> bool:
         if not self._dispatch:
             return False
         orig, _ = self._ident(task_id)
@@ -328,14 +331,14 @@ class CommCoordinator:
             return bool(isinstance(info, dict) and info.get("learner_done", False))
         return bool(fn(orig, info))
 
-    def _on_learner_info(self, task_id, buffer_id, info):
+    def _on_learner_info(self, task_id: str, buffer_id: Any, info: Any) -> None:
         fn = self._fn("deal_with_learner_send_info")
         if fn is None:
             return
         orig, rec = self._ident(task_id)
         fn(orig, buffer_id or (rec.buffer_id if rec else None), info)
 
-    def _on_learner_finish(self, task_id, result):
+    def _on_learner_finish(self, task_id: str, result: Any) -> None:
         orig, rec = self._ident(task_id)
         fn = self._fn("deal_with_learner_finish_task")
         self._forget(task_id)
@@ -347,11 +350,11 @@ class CommCoordinator:
             result.setdefault("buffer_id", rec.buffer_id)  # the commander returns this buffer
         fn(orig, result)
 
-    def _on_requeued(self, task_id, *args):
+    def _on_requeued(self, task_id: str, *args: Any) -> None:
         orig, _ = self._ident(task_id)
         self._logger.warning("task %s re-queued: %s", orig, " ".join(str(a) for a in args))
 
-    def _on_failed(self, task_id, reason="", result=None, *rest):
+    def _on_failed(self, task_id: str, reason: Any = "", result: Any = None, *rest: Any) -> None:
         orig, rec = self._ident(task_id)
         self._forget(task_id)
         self._logger.error("task %s failed: %s%s", orig, reason,
@@ -361,12 +364,12 @@ class CommCoordinator:
         if fn is not None:
             fn(orig, reason, result)
 
-    def _on_cancelled(self, task_id, reason=""):
+    def _on_cancelled(self, task_id: str, reason: Any = "") -> None:
         orig, _ = self._ident(task_id)
         self._forget(task_id)
         self._logger.warning("task %s cancelled: %s", orig, reason)
 
-    def _on_capacity(self, kind, change, worker_id, count):
+    def _on_capacity(self, kind: Any, change: Any, worker_id: Any, count: Any) -> None:
         kind = str(getattr(kind, "value", kind))
         with self._lock:
             if kind in self._counts:
@@ -377,26 +380,27 @@ class CommCoordinator:
                 if worker_id in listed:
                     self._lost_replicas[kind + "s"].add(worker_id)
 
-    def _on_stream_lost(self, first, last):
+    def _on_stream_lost(self, first: Any, last: Any) -> None:
         self._logger.error("task events %s..%s were lost by the broker", first, last)
 
-    def _on_data_lost(self, task_id, attempt, first, last):
+    def _on_data_lost(self, task_id: str, attempt: Any, first: Any, last: Any) -> None:
         orig, _ = self._ident(task_id)
         self._logger.error("collector task %s lost data items %s..%s", orig, first, last)
 
-    def _on_increase(self):
+    def _on_increase(self) -> None:
         fn = self._fn("deal_with_increase_collector")
         if fn is not None:
             fn()
 
-    def _on_decrease(self):
+    def _on_decrease(self) -> None:
         fn = self._fn("deal_with_decrease_collector")
         if fn is not None:
             fn()
 
     # ----------------------------------------------------------------- operator mode
 
-    def _start_operator_mode(self):
+    def _start_operator_mode(self) -> None:
+        assert self._operator is not None  # only called in operator mode
         request = cfg_get(self._operator_cfg, "init_replicas_request") or {}
         deadline = time.monotonic() + self._operator_timeout
         while True:
@@ -428,7 +432,8 @@ class CommCoordinator:
         self._logger.info("%d collectors and %d learners joined: pipeline starts",
                           counts["collector"], counts["learner"])
 
-    def _sync_loop(self):
+    def _sync_loop(self) -> None:
+        assert self._operator is not None  # only started in operator mode
         while not self._stop_sync.is_set():
             with self._lock:
                 lost = {k: sorted(v) for k, v in self._lost_replicas.items()}
@@ -452,7 +457,7 @@ class CommCoordinator:
             self._stop_sync.wait(1.0)
 
 
-def _wait_ready(client, timeout_s):
+def _wait_ready(client: Any, timeout_s: float) -> bool:
     """Waits until the SDK client is ready; gives up early when the broker refused it."""
     deadline = time.monotonic() + timeout_s
     while True:

@@ -45,7 +45,7 @@ import os
 import socket
 import threading
 import uuid
-from typing import Any, Deque, Dict, Optional, Set, Tuple
+from typing import Any, Deque, Dict, FrozenSet, List, Optional, Set, Tuple, cast
 
 from .. import _run
 from ._util import DEFAULT_ENDPOINT, DEFAULT_PORT, ENDPOINT_ENV, curve_kwargs
@@ -101,7 +101,7 @@ class RlbusMQ:
         self._bus: Any = None
         self._lock = threading.Lock()
         self._topics: Set[str] = set()  # replaced, never changed in place (read unlocked)
-        self._early: list = []
+        self._early: List[Tuple[str, bytes]] = []
         # The latest message of each LATEST_WINS topic not subscribed yet, and what a
         # subscribe() made due (handed out before anything else).
         self._latest: Dict[str, bytes] = {}
@@ -112,7 +112,7 @@ class RlbusMQ:
         self._edges = edges
         self._mine = frozenset(edges["addresses"]) if edges else frozenset()
         self._dialled = frozenset(edges["attach_to"]) if edges else frozenset()
-        self._peers: Dict[str, Tuple[frozenset, frozenset]] = {}
+        self._peers: Dict[str, Tuple[FrozenSet[str], FrozenSet[str]]] = {}
         self.off_edges = 0  # messages dropped: from a node this one has no link with
 
     def _linked(self, sender: str) -> bool:
@@ -136,7 +136,7 @@ class RlbusMQ:
     def ignored(self) -> int:
         """Fragmented publications dropped on arrival: their topic was not subscribed to."""
         bus = self._bus
-        return bus.ignored if bus is not None else 0
+        return cast(int, bus.ignored) if bus is not None else 0
 
     def _accept(self, topic: str) -> bool:
         """What the node keeps of what arrives (on its I/O thread)."""
@@ -312,7 +312,7 @@ def _synthetic(tag: str, k: int) -> str:
     return f"rlbus:{tag}:worker{k}"
 
 
-def nng_attach_to(local_id: int, topology: Any, attach_to: Any, tag: str = "") -> list:
+def nng_attach_to(local_id: int, topology: Any, attach_to: Any, tag: str = "") -> List[str]:
     """What DI-engine's nng parser would give a worker as ``attach_to``: the workers before it
     in a mesh, the first one in a star, none when alone, then the caller's own. The runner's
     own workers stand in as ``rlbus:<run>:worker<k>`` (the run a tag of the runner's);
@@ -325,7 +325,7 @@ def nng_attach_to(local_id: int, topology: Any, attach_to: Any, tag: str = "") -
     return own
 
 
-def _this_host() -> list:
+def _this_host() -> List[str]:
     """The addresses another node on this machine may dial this one at (nng's default is the
     host's outward address)."""
     found = ["127.0.0.1", "localhost"]
@@ -342,7 +342,8 @@ def _this_host() -> list:
     return found
 
 
-def nng_addresses(local_id: int, protocol: Any, address: Any, ports: Any, tag: str) -> list:
+def nng_addresses(local_id: int, protocol: Any, address: Any, ports: Any,
+                  tag: str) -> List[str]:
     """The addresses a worker would listen at over nng (so that a runner elsewhere may name
     it in ``attach_to``): its synthetic one, and over tcp ``tcp://<address>:<port>``, the
     port the ``ports`` list's or the first port plus the worker's index."""
@@ -384,7 +385,7 @@ def install() -> bool:
     except ImportError as exc:
         log.debug("rlbus: no ding.framework to install the rlbus MQ into (%s)", exc)
         return False
-    registry = getattr(mq_module, "MQ_REGISTRY", None)
+    registry: Any = getattr(mq_module, "MQ_REGISTRY", None)
     if registry is None:
         from ding.utils import MQ_REGISTRY as registry  # type: ignore
     registry.register(MQ_TYPE, force_overwrite=True)(RlbusMQ)

@@ -12,6 +12,7 @@ import os
 import urllib.error
 import urllib.parse
 import urllib.request
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 from ._util import cfg_get
 
@@ -19,8 +20,11 @@ DEFAULT_NAMESPACE = "default"
 DEFAULT_POD_NAME = "coordinator"
 DEFAULT_API_VERSION = "v1alpha1"
 
+# An operator answer: (success, code, message, data).
+_Reply = Tuple[bool, Optional[int], Optional[str], Any]
 
-def _split_addr(addr):
+
+def _split_addr(addr: object) -> Tuple[str, int]:
     """'https://host:port', 'host:port' or 'host' -> (host, port). The scheme is ignored
     (DI-engine's client spoke plain HTTP whatever the address said)."""
     text = str(addr).strip()
@@ -36,7 +40,8 @@ def _split_addr(addr):
 class OperatorClient:
     """Replica requests to one operator server, as the coordinator `name` in `namespace`."""
 
-    def __init__(self, operator_cfg, logger=None, timeout_s=5.0):
+    def __init__(self, operator_cfg: Any, logger: Optional[logging.Logger] = None,
+                 timeout_s: float = 5.0) -> None:
         self._log = logger or logging.getLogger("rlbus.compat")
         addr = cfg_get(operator_cfg, "system_addr") or os.environ.get("KUBERNETES_SERVER_URL")
         if not addr:
@@ -49,16 +54,17 @@ class OperatorClient:
         self.name = os.environ.get("KUBERNETES_POD_NAME", DEFAULT_POD_NAME)
         self._timeout = timeout_s
 
-    def _url(self, path, query=None):
+    def _url(self, path: str, query: Optional[Mapping[str, str]] = None) -> str:
         url = "http://{}:{}/{}/{}".format(self.host, self.port, self.api_version, path)
         if query:
             url += "?" + urllib.parse.urlencode(query)
         return url
 
-    def _request(self, method, path, body=None, query=None):
+    def _request(self, method: str, path: str, body: Optional[Dict[str, Any]] = None,
+                 query: Optional[Mapping[str, str]] = None) -> _Reply:
         """(success, code, message, data); a network error is an unsuccessful answer."""
-        data = None
-        headers = {}
+        data: Optional[bytes] = None
+        headers: Dict[str, str] = {}
         if body is not None:
             data = json.dumps(body).encode("utf-8")
             headers["Content-Type"] = "application/json"
@@ -79,24 +85,25 @@ class OperatorClient:
         return (bool(payload.get("success")), payload.get("code"), payload.get("message"),
                 payload.get("data"))
 
-    def _who(self):
+    def _who(self) -> Dict[str, str]:
         return {"namespace": self.namespace, "coordinator": self.name}
 
-    def post_replicas(self, request):
+    def post_replicas(self, request: Optional[Mapping[str, Any]]) -> _Reply:
         body = dict(request or {})
         body.update(self._who())
         return self._request("POST", "replicas", body)
 
-    def get_replicas(self):
+    def get_replicas(self) -> _Reply:
         return self._request("GET", "replicas", query=self._who())
 
-    def post_replicas_failed(self, collectors=(), learners=()):
-        body = {"collectors": list(collectors), "learners": list(learners)}
+    def post_replicas_failed(self, collectors: Iterable[str] = (),
+                             learners: Iterable[str] = ()) -> _Reply:
+        body: Dict[str, Any] = {"collectors": list(collectors), "learners": list(learners)}
         body.update(self._who())
         return self._request("POST", "replicas/failed", body)
 
 
-def pod_name(replica):
+def pod_name(replica: object) -> str:
     """'pod.ns:port' -> 'pod' (the name the operator expects in a failure report)."""
     dns = str(replica).split(":")[0]
     parts = dns.split(".")

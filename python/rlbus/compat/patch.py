@@ -29,25 +29,32 @@ import logging
 import os
 import sys
 import threading
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Tuple, Type
 
 from .. import _run
 from ._util import ENDPOINT_ENV
 
+if TYPE_CHECKING:
+    from .coordinator import CommCoordinator
+    from .slave import Slave
+
 log = logging.getLogger("rlbus.compat")
 
 
-def _slave():
+def _slave() -> "Type[Slave]":
     from .slave import Slave
     return Slave
 
 
-def _comm_coordinator():
+def _comm_coordinator() -> "Type[CommCoordinator]":
     from .coordinator import CommCoordinator
     return CommCoordinator
 
 
 # Module -> (the name swapped in it, what replaces it).
-_SWAPS = {
+_SWAPS: Dict[str, Tuple[str, Callable[[], type]]] = {
     "ding.interaction": ("Slave", _slave),
     "ding.interaction.slave": ("Slave", _slave),
     "ding.worker.coordinator.coordinator": ("CommCoordinator", _comm_coordinator),
@@ -59,11 +66,11 @@ _COMM_MODULES = ("ding.worker.collector.comm.flask_fs_collector",
                  "ding.worker.collector.comm.utils",
                  "ding.worker.learner.comm.utils")
 
-_saved = {}  # (module, name) -> original value
+_saved: Dict[Tuple[str, str], Any] = {}  # (module, name) -> original value
 _lock = threading.RLock()
 
 
-def _swap(module):
+def _swap(module: ModuleType) -> None:
     """Puts the rlbus class into `module` (one of _SWAPS), once it has been executed."""
     name, replacement = _SWAPS[module.__name__]
     value = replacement()
@@ -84,17 +91,18 @@ def _swap(module):
 class _SwapAfterExec(importlib.abc.Loader):
     """The loader of one of _SWAPS's modules: the module's own, then the swap."""
 
-    def __init__(self, inner):
+    def __init__(self, inner: importlib.abc.Loader) -> None:
         self.inner = inner
 
-    def create_module(self, spec):
+    def create_module(self, spec: ModuleSpec) -> Optional[ModuleType]:
         return self.inner.create_module(spec)
 
-    def exec_module(self, module):
+    def exec_module(self, module: ModuleType) -> None:
         self.inner.exec_module(module)
         _swap(module)
 
-    def __getattr__(self, name):  # get_data, get_filename, is_package ... as the module's own
+    # get_data, get_filename, is_package ... as the module's own
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
 
@@ -102,7 +110,8 @@ class _Finder(importlib.abc.MetaPathFinder):
     """Finds _SWAPS's modules as the finders after it would, and has them swapped once
     executed."""
 
-    def find_spec(self, fullname, path, target=None):
+    def find_spec(self, fullname: str, path: Optional[Sequence[str]],
+                  target: Optional[ModuleType] = None) -> Optional[ModuleSpec]:
         if fullname not in _SWAPS:
             return None
         for finder in sys.meta_path:
@@ -119,7 +128,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 _finder = _Finder()
 
 
-def _try_import(name):
+def _try_import(name: str) -> Optional[ModuleType]:
     try:
         return importlib.import_module(name)
     except ImportError as exc:
@@ -127,7 +136,7 @@ def _try_import(name):
         return None
 
 
-def _has_module(name):
+def _has_module(name: str) -> bool:
     """Whether `name` can be imported, without importing it (only its parent package)."""
     try:
         return importlib.util.find_spec(name) is not None
@@ -135,7 +144,7 @@ def _has_module(name):
         return False
 
 
-def patch_dingengine(local_broker=True):
+def patch_dingengine(local_broker: bool = True) -> bool:
     """Installs the rlbus MQ (mq_type "rlbus") into an importable `ding.framework`, and the
     rlbus Slave and CommCoordinator into its legacy parallel mode as its modules are imported;
     with `local_broker`, for the legacy mode, a run of its own with a broker started at first
@@ -169,7 +178,7 @@ def patch_dingengine(local_broker=True):
     return True
 
 
-def unpatch_dingengine():
+def unpatch_dingengine() -> None:
     """Puts back what patch_dingengine() replaced (classes built meanwhile keep theirs) and
     stops swapping modules imported later; this process leaves the run patch_dingengine()
     made, if any (its broker stops once no process of the run is left)."""

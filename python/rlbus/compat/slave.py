@@ -34,6 +34,8 @@ import os
 import queue
 import threading
 import time
+from types import TracebackType
+from typing import Any, Callable, Dict, Optional, Tuple, Type, TypeVar, cast
 
 from ._util import (WORKER_ID_ENV, clean_id, coerce_resources, curve_kwargs, plain,
                     resolve_endpoint, sdk)
@@ -42,8 +44,10 @@ from .exceptions import is_named, is_task_fail
 _ABANDONED = object()
 _MAX_REASON = 1024
 
+_SlaveT = TypeVar("_SlaveT", bound="Slave")
 
-def _reason(text):
+
+def _reason(text: object) -> str:
     data = str(text).encode("utf-8")[:_MAX_REASON]
     return data.decode("utf-8", "ignore")
 
@@ -51,7 +55,7 @@ def _reason(text):
 class StepFailed(Exception):
     """A step raised TaskFail / TaskRefuse: `reason` and `result` for TASK_FAILED."""
 
-    def __init__(self, reason, result):
+    def __init__(self, reason: str, result: Dict[str, Any]) -> None:
         Exception.__init__(self, reason)
         self.reason = reason
         self.result = result
@@ -61,18 +65,19 @@ class _Pending:
     __slots__ = ("step", "task_id", "attempt", "done", "value", "error", "began", "cancelled",
                  "at_stop")
 
-    def __init__(self, step, task_id, attempt=None, at_stop=False):
+    def __init__(self, step: Dict[str, Any], task_id: Any, attempt: Any = None,
+                 at_stop: bool = False) -> None:
         self.step = step
         self.task_id = task_id
         self.attempt = attempt
         self.began = self.cancelled = False
         self.at_stop = at_stop  # runs even once the runner is stopping
         self.done = threading.Event()
-        self.value = None
-        self.error = None
+        self.value: Any = None
+        self.error: Optional[BaseException] = None
 
 
-def _kind(step):
+def _kind(step: Dict[str, Any]) -> str:
     """'start', 'close' or '' for a step dict (by its DI-engine name)."""
     name = str(step.get("name", ""))
     return "start" if name.endswith("_start_task") else "close" if name.endswith(
@@ -88,17 +93,19 @@ class _StepRunner:
     task's close step was submitted (it would build what nothing closes any more), and once
     the runner is stopping no step begins but the close of a start step that was running."""
 
-    def __init__(self, call, name):
+    def __init__(self, call: Callable[[Dict[str, Any]], Any], name: str) -> None:
         self._call = call
-        self._queue = queue.Queue()
+        self._queue: queue.Queue[Optional[_Pending]] = queue.Queue()
         self._lock = threading.Lock()
-        self._running = None  # (pending, monotonic start) of the step in user code now
-        self._closed = collections.OrderedDict()  # (task id, attempt) whose close was submitted
+        # (pending, monotonic start) of the step in user code now
+        self._running: Optional[Tuple[_Pending, float]] = None
+        # (task id, attempt) whose close was submitted
+        self._closed: collections.OrderedDict[Tuple[Any, Any], bool] = collections.OrderedDict()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, step, task_id, attempt=None):
+    def submit(self, step: Dict[str, Any], task_id: Any, attempt: Any = None) -> _Pending:
         pending = _Pending(step, task_id, attempt)
         if _kind(step) == "close":
             with self._lock:
@@ -108,19 +115,19 @@ class _StepRunner:
         self._queue.put(pending)
         return pending
 
-    def running(self):
+    def running(self) -> Optional[Tuple[_Pending, float]]:
         """The step in user code now and since when (monotonic), or None."""
         with self._lock:
             return self._running
 
-    def cancel(self, pending):
+    def cancel(self, pending: _Pending) -> bool:
         """Takes back a step that has not begun (it will not run); False if it has."""
         with self._lock:
             if not pending.began:
                 pending.cancelled = True
             return pending.cancelled
 
-    def stop(self, role=None):
+    def stop(self, role: Optional[str] = None) -> None:
         """No step begins from now on; with `role`, a start step running now is followed by
         its task's close step, so that what it builds is closed."""
         with self._lock:
@@ -130,11 +137,12 @@ class _StepRunner:
             late = ahead is not None and role is not None and _kind(ahead.step) == "start" \
                 and (ahead.task_id, ahead.attempt) not in self._closed
         if late:
+            assert ahead is not None and role is not None  # what `late` says
             self._queue.put(_Pending({"name": role + "_close_task"}, ahead.task_id,
                                      ahead.attempt, at_stop=True))
         self._queue.put(None)
 
-    def _loop(self):
+    def _loop(self) -> None:
         while True:
             pending = self._queue.get()
             if pending is None:
@@ -169,7 +177,7 @@ class Slave:
     guessed from the class names) and ready_timeout (seconds start() waits for the broker).
     """
 
-    rlbus_role = None
+    rlbus_role: Optional[str] = None
     #: seconds to wait for the coordinator's close after an info that says "done".
     done_wait_s = 10.0
     #: while a step runs longer than this, TASK_ALIVE keeps its attempt from timing out.
@@ -185,9 +193,11 @@ class Slave:
     #: is given up and the step reported stuck; the close then runs once the step returns.
     close_wait_s = 60.0
 
-    def __init__(self, host=None, port=None, heartbeat_span=None, request_retries=None,
-                 request_retry_waiting=None, channel=None, *, endpoint=None, worker_id=None,
-                 role=None, ready_timeout=10.0):
+    def __init__(self, host: Optional[str] = None, port: Optional[int] = None,
+                 heartbeat_span: Optional[float] = None, request_retries: Optional[int] = None,
+                 request_retry_waiting: Optional[float] = None, channel: Optional[int] = None,
+                 *, endpoint: Optional[str] = None, worker_id: Optional[str] = None,
+                 role: Optional[str] = None, ready_timeout: float = 10.0) -> None:
         self._rlbus_host = host or "0.0.0.0"
         self._rlbus_port = port if port is not None else 7236
         span = 3.0 if heartbeat_span is None else max(float(heartbeat_span), 0.2)
@@ -199,42 +209,43 @@ class Slave:
         wid = worker_id or os.environ.get(WORKER_ID_ENV) or "{}:{}".format(
             self._rlbus_host, self._rlbus_port)
         self._rlbus_id = clean_id(wid)
-        self._rlbus_role = role or self.rlbus_role or _guess_role(type(self))
+        # a str once checked just below
+        self._rlbus_role = cast(str, role or self.rlbus_role or _guess_role(type(self)))
         if self._rlbus_role not in ("collector", "learner"):
             raise ValueError("Slave role must be 'collector' or 'learner' (got {!r}); pass role= "
                              "or set the class attribute rlbus_role".format(self._rlbus_role))
         self._rlbus_ready_timeout = float(ready_timeout)
         self._rlbus_log = logging.getLogger("rlbus.compat.slave")
-        self._rlbus_worker = None
-        self._rlbus_raw_resources = {}
-        self._rlbus_resources = {}
+        self._rlbus_worker: Any = None  # the SDK's Worker
+        self._rlbus_raw_resources: Dict[str, Any] = {}
+        self._rlbus_resources: Dict[str, float] = {}
         self._rlbus_stop = threading.Event()
-        self._rlbus_keeper = None
+        self._rlbus_keeper: Optional[threading.Thread] = None
         self._rlbus_was_ready = False
-        self._rlbus_runner = None
+        self._rlbus_runner: Optional[_StepRunner] = None
         self._rlbus_runner_lock = threading.Lock()
 
     # ----------------------------------------------------------------- public surface
 
     @property
-    def worker_id(self):
+    def worker_id(self) -> str:
         return self._rlbus_id
 
     @property
-    def role(self):
+    def role(self) -> str:
         return self._rlbus_role
 
     @property
-    def resources(self):
+    def resources(self) -> Dict[str, float]:
         """The resources announced to the broker (numbers only)."""
         return dict(self._rlbus_resources)
 
     @property
-    def worker(self):
+    def worker(self) -> Any:
         """The rlbus.Worker underneath (None before start())."""
         return self._rlbus_worker
 
-    def start(self):
+    def start(self) -> None:
         """Asks the subclass for its resources, connects to the broker and returns once
         the broker welcomed this worker (or after ready_timeout, the worker then keeps
         trying on its own). A thread that is not a daemon keeps the process alive until
@@ -275,7 +286,7 @@ class Slave:
         self._rlbus_log.warning("slave %s: broker %s not reached yet, still trying",
                                 self._rlbus_id, self._rlbus_endpoint)
 
-    def shutdown(self):
+    def shutdown(self) -> None:
         """Leaves the broker (DISCONNECT) and stops this object's threads. Idempotent."""
         if self._rlbus_worker is None and (self._rlbus_keeper is None
                                            or self._rlbus_stop.is_set()):
@@ -300,46 +311,48 @@ class Slave:
         if keeper is not None and keeper is not threading.current_thread():
             keeper.join()
 
-    def join(self):
+    def join(self) -> None:
         """Waits until shutdown() ran (from any thread)."""
         keeper = self._rlbus_keeper
         if keeper is not None:
             keeper.join()
 
-    def close(self):
+    def close(self) -> None:
         """shutdown() and join(), as DI-engine's controllable services do."""
         self.shutdown()
         self.join()
 
-    def __enter__(self):
+    def __enter__(self: _SlaveT) -> _SlaveT:
         self.start()
         return self
 
-    def __exit__(self, exc_type, exc_value, traceback):
+    def __exit__(self, exc_type: Optional[Type[BaseException]],
+                 exc_value: Optional[BaseException],
+                 traceback: Optional[TracebackType]) -> None:
         self.close()
 
-    def ping(self):
+    def ping(self) -> bool:
         worker = self._rlbus_worker
         return worker is not None and worker.state == "ready"
 
     # ----------------------------------------------------------------- hooks (override)
 
-    def _before_connection(self, data):
+    def _before_connection(self, data: Dict[str, Any]) -> None:
         """Raise ConnectionRefuse to keep this slave off the broker."""
 
-    def _before_disconnection(self, data):
+    def _before_disconnection(self, data: Dict[str, Any]) -> None:
         """Called by shutdown(); a DisconnectionRefuse is logged and ignored."""
 
-    def _before_task(self, data):
+    def _before_task(self, data: Dict[str, Any]) -> None:
         """Called before every step; raise TaskRefuse to refuse it (the attempt fails)."""
 
-    def _lost_connection(self, master_address, err):
+    def _lost_connection(self, master_address: str, err: BaseException) -> None:
         """Called when the broker connection is lost (the worker reconnects by itself)."""
 
-    def _process_task(self, task):
+    def _process_task(self, task: Dict[str, Any]) -> Any:
         raise NotImplementedError
 
-    def _step_stuck(self, name, task_id, seconds):
+    def _step_stuck(self, name: Any, task_id: Any, seconds: float) -> None:
         """Called when a step has run past close_wait_s after its task was closed or
         aborted, or past step_limit_s: the process may want to restart. Logs an error."""
         self._rlbus_log.error("slave %s: step %s of task %s has been running for %.0f s and "
@@ -347,7 +360,7 @@ class Slave:
 
     # ----------------------------------------------------------------- driving steps
 
-    def _rlbus_call(self, step):
+    def _rlbus_call(self, step: Dict[str, Any]) -> Any:
         """One step through the hooks: the result dict, or StepFailed."""
         try:
             self._before_task(step)
@@ -371,14 +384,14 @@ class Slave:
                                  result) from exc
             raise
 
-    def _rlbus_steps(self):
+    def _rlbus_steps(self) -> _StepRunner:
         with self._rlbus_runner_lock:
             if self._rlbus_runner is None:
                 self._rlbus_runner = _StepRunner(self._rlbus_call,
                                                  "rlbus-compat-step-" + self._rlbus_id)
             return self._rlbus_runner
 
-    def _rlbus_stuck(self, steps, pending, waited_since):
+    def _rlbus_stuck(self, steps: _StepRunner, pending: _Pending, waited_since: float) -> str:
         """Why `pending` has not returned: it runs for so long, or it waits behind a step
         that does. Tells _step_stuck."""
         now = time.monotonic()
@@ -394,7 +407,7 @@ class Slave:
         self._step_stuck(name, pending.task_id, now - since)
         return "{} still running after {:.0f} s".format(name, now - since)
 
-    def _rlbus_step(self, task, step):
+    def _rlbus_step(self, task: Any, step: Dict[str, Any]) -> Any:
         """Runs `step` on the step thread and waits for it, keeping the attempt alive. When
         the task is closed or aborted meanwhile, waits for the step to return (at most
         close_wait_s) and drops its result (returns _ABANDONED): the close step never runs
@@ -402,7 +415,7 @@ class Slave:
         steps = self._rlbus_steps()
         pending = steps.submit(step, task.id, getattr(task, "attempt", None))
         submitted = last_alive = time.monotonic()
-        stopping_since = None
+        stopping_since: Optional[float] = None
         while not pending.done.wait(0.05):
             now = time.monotonic()
             if self._rlbus_stop.is_set():
@@ -440,19 +453,19 @@ class Slave:
             raise pending.error
         return pending.value
 
-    def _rlbus_failure(self, reason, result):
+    def _rlbus_failure(self, reason: str, result: Any) -> Exception:
         failure = getattr(sdk(), "TaskFailure", None)
         if failure is None:
             return RuntimeError(reason)
-        return failure(_reason(reason), result)
+        return cast(Exception, failure(_reason(reason), result))
 
-    def _rlbus_task_info(self, task):
+    def _rlbus_task_info(self, task: Any) -> Dict[str, Any]:
         info = dict(task.info) if isinstance(task.info, dict) else {}
         info.setdefault("%s_id" % self._rlbus_role, self._rlbus_id)
         info.setdefault("resource_info", dict(self._rlbus_raw_resources))
         return info
 
-    def _rlbus_run(self, task):
+    def _rlbus_run(self, task: Any) -> None:
         """The Worker's run handler: start step, then the role's loop."""
         info = self._rlbus_task_info(task)
         try:
@@ -471,7 +484,7 @@ class Slave:
             if task.aborted:
                 self._rlbus_close_after_abort(task)
 
-    def _rlbus_pull(self, task, step, failures):
+    def _rlbus_pull(self, task: Any, step: Dict[str, Any], failures: int) -> Tuple[Any, int]:
         """A data step; failed ones are logged and retried with a growing pause, and only
         a run of max_step_failures fails the attempt. Returns (result, failures)."""
         try:
@@ -487,12 +500,12 @@ class Slave:
             return None, failures
         return result, 0
 
-    def _rlbus_wait_close(self, task, what):
+    def _rlbus_wait_close(self, task: Any, what: str) -> None:
         if not task.wait_stop(self.done_wait_s):
             self._rlbus_log.info("slave %s: task %s said %s but was not closed within %g s; "
                                  "going on", self._rlbus_id, task.id, what, self.done_wait_s)
 
-    def _rlbus_collect(self, task, info):
+    def _rlbus_collect(self, task: Any, info: Dict[str, Any]) -> None:
         buffer_id = info.get("buffer_id")
         failures = 0
         while not task.stop_requested:
@@ -513,7 +526,7 @@ class Slave:
                 if result.get("collector_done"):
                     self._rlbus_wait_close(task, "collector_done")
 
-    def _rlbus_learn(self, task, info):
+    def _rlbus_learn(self, task: Any, info: Dict[str, Any]) -> None:
         failures = 0
         while not task.stop_requested:
             req, failures = self._rlbus_pull(task, {"name": "learner_get_data_task"}, failures)
@@ -543,7 +556,7 @@ class Slave:
             if learn_info.get("learner_done"):
                 self._rlbus_wait_close(task, "learner_done")
 
-    def _rlbus_close_step(self, task):
+    def _rlbus_close_step(self, task: Any) -> Dict[str, Any]:
         """The close step, on the step thread behind any step still running there: if that
         step does not return within close_wait_s the close fails its attempt naming it, and
         runs once it returns (so what the start step built is still closed)."""
@@ -561,9 +574,9 @@ class Slave:
         result.setdefault("task_id", info.get("task_id", task.id))
         if info.get("buffer_id") is not None:
             result.setdefault("buffer_id", info.get("buffer_id"))
-        return result
+        return cast(Dict[str, Any], result)  # plain() of a dict is a dict
 
-    def _rlbus_close(self, task):
+    def _rlbus_close(self, task: Any) -> Dict[str, Any]:
         """The Worker's close handler: the close step's result is the task's RESULT; a
         TaskFail there fails the attempt with its result dict."""
         try:
@@ -571,7 +584,7 @@ class Slave:
         except StepFailed as exc:
             raise self._rlbus_failure(exc.reason, exc.result) from exc
 
-    def _rlbus_close_after_abort(self, task):
+    def _rlbus_close_after_abort(self, task: Any) -> None:
         # The coordinator went away or the attempt timed out: the HTTP master sent a close
         # task in that case too, so the subclass can stop what it started. Nobody waits for
         # the result.
@@ -581,7 +594,7 @@ class Slave:
             self._rlbus_log.info("slave %s: close after abort of %s: %r", self._rlbus_id,
                                  task.id, exc)
 
-    def _rlbus_watch(self):
+    def _rlbus_watch(self) -> None:
         """Keeps the process alive until shutdown() and reports lost connections."""
         while not self._rlbus_stop.wait(0.2):
             worker = self._rlbus_worker
@@ -600,7 +613,7 @@ class Slave:
                                             self._rlbus_id, exc)
 
 
-def _guess_role(cls):
+def _guess_role(cls: type) -> Optional[str]:
     names = [c.__name__.lower() for c in cls.__mro__]
     collector = any("collector" in n for n in names)
     learner = any("learner" in n for n in names)
