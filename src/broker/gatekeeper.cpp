@@ -29,10 +29,6 @@ namespace {
 constexpr const char* zap_endpoint = "inproc://zeromq.zap.01";
 constexpr std::size_t zap_request_frames = 7;  // with one credentials frame (CURVE)
 
-std::string_view view(const zmq::message_t& m) {
-  return {m.data<char>(), m.size()};
-}
-
 // The numeric address of a connection's peer, spelled as libzmq spells it in a ZAP request.
 std::string peer_address(int fd) {
   sockaddr_storage ss{};
@@ -243,12 +239,13 @@ void gatekeeper::on_zap() {
       continue;
     }
     std::string key;
-    if (view(f[5]) == "CURVE" && n >= zap_request_frames && f[6].size() == 32) {
+    if (f[5].to_string_view() == "CURVE" && n >= zap_request_frames && f[6].size() == 32) {
       std::array<char, 41> z85{};
       zmq_z85_encode(z85.data(), f[6].data<std::uint8_t>(), 32);
       key = z85.data();
     }
-    const auto [status, text] = decide(view(f[2]), view(f[3]), view(f[5]), key);
+    const auto [status, text] =
+        decide(f[2].to_string_view(), f[3].to_string_view(), f[5].to_string_view(), key);
     (void)zap_.send(zmq::str_buffer("1.0"), zmq::send_flags::sndmore);
     (void)zap_.send(f[1], zmq::send_flags::sndmore);
     (void)zap_.send(zmq::buffer(status), zmq::send_flags::sndmore);

@@ -20,6 +20,7 @@
 #include <spdlog/spdlog.h>
 
 #include "codec/codec.hpp"
+#include "util/errno_text.hpp"
 
 namespace rlbus::broker {
 
@@ -29,7 +30,6 @@ constexpr std::string_view file_signature{"RLBUSJ1\n"};
 constexpr std::size_t record_header = 8;  // length, CRC
 // A record holds at most a task_info or an event body (each within max-message) and a few ids.
 constexpr std::size_t max_record = std::size_t{64} * 1024 * 1024;
-constexpr auto batch_interval = std::chrono::milliseconds(100);
 
 enum record : std::uint8_t {
   submitted_rec = 1,
@@ -103,10 +103,6 @@ std::optional<T> decode_as(std::string_view body, const codec::decode_limits& li
   return std::get<T>(std::move(m).value());
 }
 
-std::string errno_text() {
-  return std::strerror(errno);
-}
-
 bool known_type(std::uint8_t t) {
   return t >= submitted_rec && t <= policy_rec;
 }
@@ -177,7 +173,8 @@ journal::journal(std::string path, fsync_policy fsync, const codec::decode_limit
   if (path_ != path) spdlog::info("journal {}: the file {} names", path_, path);
   lock();
   fd_ = ::open(path_.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
-  if (fd_ < 0) throw journal_error(fmt::format("journal {}: cannot open: {}", path_, errno_text()));
+  if (fd_ < 0)
+    throw journal_error(fmt::format("journal {}: cannot open: {}", path_, util::errno_text()));
   lock_file(fd_);  // before anything is read: a hard link of a live journal is refused here
   try {
     load(limits);
@@ -186,7 +183,7 @@ journal::journal(std::string path, fsync_policy fsync, const codec::decode_limit
     throw;
   }
   if (loaded_.short_signature && ::ftruncate(fd_, 0) != 0)
-    throw journal_error(fmt::format("journal {}: cannot empty it: {}", path_, errno_text()));
+    throw journal_error(fmt::format("journal {}: cannot empty it: {}", path_, util::errno_text()));
   if (loaded_.bytes == 0) {
     write_all(file_signature.data(), file_signature.size());
     sync();
@@ -236,8 +233,8 @@ int journal::lock_path(const std::string& path) {
   const auto lock_path = path + ".lock";
   const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0)
-    throw journal_error(
-        fmt::format("journal {}: cannot open its lock {}: {}", path, lock_path, errno_text()));
+    throw journal_error(fmt::format("journal {}: cannot open its lock {}: {}", path, lock_path,
+                                    util::errno_text()));
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const auto why = errno;
     char held[32] = {};
@@ -259,7 +256,7 @@ int journal::lock_path(const std::string& path) {
   if (::ftruncate(fd, 0) != 0 ||
       ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
     spdlog::warn("journal {}: cannot write this process's id into {}: {}", path, lock_path,
-                 errno_text());
+                 util::errno_text());
   return fd;
 }
 
@@ -270,7 +267,7 @@ void journal::keep_torn(std::string_view data) {
   const int fd = ::open(aside.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0)
     throw journal_error(fmt::format("journal {}: cannot keep the file as read in {}: {}", path_,
-                                    aside, errno_text()));
+                                    aside, util::errno_text()));
   const int held = fd_;
   fd_ = fd;
   try {
@@ -290,7 +287,7 @@ void journal::load(const codec::decode_limits& limits) {
   const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return;  // a new journal
-    throw journal_error(fmt::format("journal {}: cannot read: {}", path_, errno_text()));
+    throw journal_error(fmt::format("journal {}: cannot read: {}", path_, util::errno_text()));
   }
   std::string data;
   char chunk[65536];
@@ -298,7 +295,7 @@ void journal::load(const codec::decode_limits& limits) {
     const auto n = ::read(fd, chunk, sizeof chunk);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      const auto why = errno_text();
+      const auto why = util::errno_text();
       ::close(fd);
       throw journal_error(fmt::format("journal {}: cannot read: {}", path_, why));
     }
@@ -572,7 +569,7 @@ void journal::write_all(const char* data, std::size_t n) {
     const auto w = ::write(fd_, data, n);
     if (w < 0 && errno == EINTR) continue;
     if (w < 0)
-      throw journal_error(fmt::format("journal {}: cannot write: {}", path_, errno_text()));
+      throw journal_error(fmt::format("journal {}: cannot write: {}", path_, util::errno_text()));
     data += w;
     n -= static_cast<std::size_t>(w);
   }
@@ -587,13 +584,13 @@ void journal::flush() {
   if (fsync_ == fsync_policy::always) {
     sync();
   } else if (fsync_ == fsync_policy::batch && !sync_due_) {
-    sync_due_ = util::clock::now() + batch_interval;
+    sync_due_ = util::clock::now() + batch_sync_interval;
   }
 }
 
 void journal::sync() {
   if (::fdatasync(fd_) != 0)
-    throw journal_error(fmt::format("journal {}: cannot sync: {}", path_, errno_text()));
+    throw journal_error(fmt::format("journal {}: cannot sync: {}", path_, util::errno_text()));
   ++stats_.fsyncs;
   unsynced_ = false;
   sync_due_.reset();
@@ -647,7 +644,7 @@ std::string journal::records_in_file() {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0)
       throw journal_error(fmt::format("journal {}: cannot read it back: {}", path_,
-                                      n < 0 ? errno_text() : std::string("it is shorter")));
+                                      n < 0 ? util::errno_text() : std::string("it is shorter")));
     got += static_cast<std::size_t>(n);
   }
   return out;
@@ -658,9 +655,10 @@ void journal::compact(const std::function<void(journal&)>& fill) {
   const auto tmp = path_ + ".tmp";
   const int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0)
-    throw journal_error(fmt::format("journal {}: cannot create {}: {}", path_, tmp, errno_text()));
+    throw journal_error(
+        fmt::format("journal {}: cannot create {}: {}", path_, tmp, util::errno_text()));
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0)  // the new file carries the journal's lock on
-    spdlog::warn("journal {}: cannot lock {}: {}", path_, tmp, errno_text());
+    spdlog::warn("journal {}: cannot lock {}: {}", path_, tmp, util::errno_text());
   const int old_fd = fd_;
   const auto old_size = size_;
   fd_ = fd;
@@ -676,7 +674,7 @@ void journal::compact(const std::function<void(journal&)>& fill) {
     sync();
     if (::rename(tmp.c_str(), path_.c_str()) != 0)
       throw journal_error(
-          fmt::format("journal {}: cannot replace it with {}: {}", path_, tmp, errno_text()));
+          fmt::format("journal {}: cannot replace it with {}: {}", path_, tmp, util::errno_text()));
   } catch (...) {
     compacting_ = false;
     ::close(fd);

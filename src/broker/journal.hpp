@@ -96,6 +96,9 @@ struct journal_state {
 
 class journal {
  public:
+  /// How long a write may wait for its fsync under the batch policy (a replica's file too).
+  static constexpr auto batch_sync_interval = std::chrono::milliseconds(100);
+
   /// Opens (creating it if need be) and reads `path`. Throws journal_error when it cannot.
   journal(std::string path, fsync_policy fsync, const codec::decode_limits& limits,
           std::size_t compact_bytes = std::size_t{64} * 1024 * 1024);

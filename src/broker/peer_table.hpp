@@ -23,6 +23,12 @@
 
 namespace rlbus::broker {
 
+/// Where a worker kind sits in the broker's per-kind arrays (its free pools, its live
+/// counts): collectors 0, learners 1.
+inline std::size_t worker_slot(rlbus::role kind) {
+  return kind == rlbus::role::learner ? 1 : 0;
+}
+
 struct peer {
   std::string routing_id;
   std::string id;

@@ -14,6 +14,7 @@
 #include "broker/journal.hpp"
 #include "codec/codec.hpp"
 #include "util/clock.hpp"
+#include "util/errno_text.hpp"
 
 namespace rlbus::broker {
 
@@ -23,24 +24,20 @@ namespace {
 // before the replica asks again on a new connection.
 constexpr auto patience = std::chrono::milliseconds(3000);
 constexpr auto turn = std::chrono::milliseconds(50);
-constexpr auto batch_interval = std::chrono::milliseconds(100);
-
-std::string errno_text() {
-  return std::strerror(errno);
-}
 
 void write_all(int fd, std::string_view bytes, const std::string& path) {
   while (!bytes.empty()) {
     const auto n = ::write(fd, bytes.data(), bytes.size());
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw journal_error(fmt::format("journal {}: cannot write: {}", path, errno_text()));
+    if (n < 0)
+      throw journal_error(fmt::format("journal {}: cannot write: {}", path, util::errno_text()));
     bytes.remove_prefix(static_cast<std::size_t>(n));
   }
 }
 
 void sync_fd(int fd, const std::string& path) {
   if (::fdatasync(fd) != 0)
-    throw journal_error(fmt::format("journal {}: cannot sync: {}", path, errno_text()));
+    throw journal_error(fmt::format("journal {}: cannot sync: {}", path, util::errno_text()));
 }
 
 void sync_dir(const std::string& path) {
@@ -74,7 +71,7 @@ class mirror_file {
       tmp_ = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
       if (tmp_ < 0)
         throw journal_error(
-            fmt::format("journal {}: cannot create {}: {}", path_, tmp, errno_text()));
+            fmt::format("journal {}: cannot create {}: {}", path_, tmp, util::errno_text()));
       write_all(tmp_, journal::signature(), path_);
       size_ = journal::signature().size();
     }
@@ -84,7 +81,7 @@ class mirror_file {
     sync_fd(tmp_, path_);
     if (::rename(tmp.c_str(), path_.c_str()) != 0)
       throw journal_error(
-          fmt::format("journal {}: cannot replace it with {}: {}", path_, tmp, errno_text()));
+          fmt::format("journal {}: cannot replace it with {}: {}", path_, tmp, util::errno_text()));
     sync_dir(path_);
     if (fd_ >= 0) ::close(fd_);
     fd_ = tmp_;
@@ -105,7 +102,7 @@ class mirror_file {
       sync_fd(fd_, path_);
     } else if (fsync_ == fsync_policy::batch) {
       unsynced_ = true;
-      if (!sync_due_) sync_due_ = util::clock::now() + batch_interval;
+      if (!sync_due_) sync_due_ = util::clock::now() + journal::batch_sync_interval;
     }
   }
   void on_timer(util::time_point now) {

@@ -33,7 +33,7 @@ struct replica_config {
   std::size_t compact_bytes = std::size_t{64} * 1024 * 1024;  // ask for a fresh snapshot past it
   std::string member;                                         // this broker's name in its group
   std::optional<util::curve_pair> curve;                      // the group's key pair, with CURVE on
-  std::size_t max_message = 16 * 1024 * 1024;
+  std::size_t max_message = std::size_t{16} * 1024 * 1024;
 };
 
 class replica {

@@ -24,10 +24,6 @@ constexpr int send_queue = 10'000;
 constexpr std::uint64_t join_lag =
     std::uint64_t{1024} * 1024;  // messages for one standby that libzmq holds at most
 
-std::string_view view(const zmq::message_t& m) {
-  return {static_cast<const char*>(m.data()), m.size()};
-}
-
 }  // namespace
 
 replicator::replicator(zmq::context_t& ctx, gatekeeper& gate, replicator_config cfg, journal& j)
@@ -176,11 +172,11 @@ void replicator::on_readable(util::time_point now) {
       more = rest.back().more();
     }
     if (rest.size() != 2 || rest[1].more()) continue;  // only the group's brokers get here
-    const auto h = codec::parse_header(view(rest[0]));
+    const auto h = codec::parse_header(rest[0].to_string_view());
     if (!h) continue;
-    auto m = codec::decode_body(h->type, view(rest[1]), codec::decode_limits{});
+    auto m = codec::decode_body(h->type, rest[1].to_string_view(), codec::decode_limits{});
     if (!m) continue;
-    const std::string routing_id(view(id));
+    const std::string routing_id(id.to_string_view());
     if (const auto* s = std::get_if<codec::repl_sync>(&m.value())) {
       on_sync(routing_id, s->member, s->leader_epoch, now);
     } else if (const auto* a = std::get_if<codec::repl_synced>(&m.value())) {

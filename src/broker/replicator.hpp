@@ -41,7 +41,7 @@ struct replicator_config {
   /// Wakes the broker's loop (from that thread) once a set is recorded, or could not be.
   std::function<void()> wake;
   std::chrono::milliseconds sync_timeout{1000};
-  std::size_t max_message = 16 * 1024 * 1024;
+  std::size_t max_message = std::size_t{16} * 1024 * 1024;
 };
 
 class replicator {

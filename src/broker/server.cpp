@@ -28,15 +28,10 @@ util::log_about about(std::string_view id, rlbus::role role) {
   return {.worker = id};
 }
 
-constexpr std::size_t max_frames = 4;    // routing id, header, body, a payload (SPEC §17.1.1)
 constexpr std::size_t max_batch = 1024;  // messages per poll wake-up before timers run
 constexpr std::size_t max_unintroduced_tracked = 65'536;
 constexpr std::uint32_t max_unintroduced_answers = 256;  // ERRORs to one sessionless connection
 constexpr std::size_t max_labelled = 64;  // bus topics and nodes the metrics name, each
-
-std::string_view view(const zmq::message_t& m) {
-  return {m.data<char>(), m.size()};
-}
 
 std::string_view topic_for(rlbus::role r, std::string_view what) {
   if (r == rlbus::role::bus)
@@ -46,10 +41,6 @@ std::string_view topic_for(rlbus::role r, std::string_view what) {
     return coord ? codec::topic::coordinator_joined : codec::topic::worker_joined;
   if (what == "left") return coord ? codec::topic::coordinator_left : codec::topic::worker_left;
   return coord ? codec::topic::coordinator_lost : codec::topic::worker_lost;
-}
-
-std::size_t slot(rlbus::role r) {
-  return r == rlbus::role::learner ? 1 : 0;
 }
 
 std::string resources_text(const rlbus::resources& res) {
@@ -331,25 +322,14 @@ bool server::past_fence() {
 // Each message is handled at the time it was read: a deadline it starts (a step's timeout, a
 // session's liveness) never begins before its message came, however long the batch.
 void server::drain_router() {
-  std::array<zmq::message_t, max_frames> frames;
+  util::frame_array frames;
   for (std::size_t n = 0; n < max_batch; ++n) {
     if (!util::try_recv(router_, frames[0])) {
       gate_.router_drained();
       return;
     }
-    std::size_t count = 1;
     bool overflow = false;
-    bool more = frames[0].more();
-    zmq::message_t extra;
-    while (more) {  // the rest of a multipart message is always there at once
-      zmq::message_t& dst = count < max_frames ? frames[count] : extra;
-      (void)router_.recv(dst, zmq::recv_flags::none);
-      more = dst.more();
-      if (count < max_frames)
-        ++count;
-      else
-        overflow = true;
-    }
+    const std::size_t count = util::read_rest(router_, frames, overflow);
     counters_.messages_in.fetch_add(1, std::memory_order_relaxed);
     on_frames(frames.data(), count, overflow, util::clock::now());
   }
@@ -357,7 +337,7 @@ void server::drain_router() {
 
 void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
                        util::time_point now) {
-  const std::string routing_id(view(frames[0]));
+  const std::string routing_id(frames[0].to_string_view());
   // Which connection this is, for cutting it should it stop reading (SPEC §15.5).
   const int fd = count >= 2 ? frames[1].get(ZMQ_SRCFD) : -1;
   meter_.seen(routing_id, fd);
@@ -366,7 +346,7 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
   if (p != nullptr) p->last_seen = now;  // anything from a session's connection is a sign of life
   const util::log_scope log(p == nullptr ? util::log_about{} : about(p->id, p->role));
   // Two frames after the routing id, or three for a message with a payload (SPEC §17.1.1).
-  const auto header = count >= 2 ? codec::parse_header(view(frames[1])) : std::nullopt;
+  const auto header = count >= 2 ? codec::parse_header(frames[1].to_string_view()) : std::nullopt;
   const bool with_payload = header && codec::has_payload_frame(header->type);
   if (overflow || count != (with_payload ? 4U : 3U)) {
     return fault(routing_id, p, codec::error_code::bad_frame,
@@ -408,16 +388,16 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
           header->type);
   };
   if (type == codec::msg_type::data) {  // the hot path: read in place, never copied
-    const auto d = codec::read_data(view(frames[2]), cfg_.limits);
+    const auto d = codec::read_data(frames[2].to_string_view(), cfg_.limits);
     if (!d) return fault(routing_id, p, d.error().code, d.error().reason, header->type);
     if (p->role == rlbus::role::bus) return not_for_nodes();
     counters_due_ = true;
     return task_result(routing_id, p, tasks_.on_data(p->id, p->role, d.value(), now), header->type);
   }
   if (codec::is_bus_type(header->type))
-    return on_bus(routing_id, *p, header->type, view(frames[2]),
+    return on_bus(routing_id, *p, header->type, frames[2].to_string_view(),
                   with_payload ? &frames[3] : nullptr);
-  auto decoded = codec::decode_body(header->type, view(frames[2]), cfg_.limits);
+  auto decoded = codec::decode_body(header->type, frames[2].to_string_view(), cfg_.limits);
   if (!decoded) {
     const auto& err = decoded.error();
     return fault(routing_id, p, err.code, err.reason, header->type);
@@ -567,7 +547,7 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
                                                              : cfg_.max_collectors;
   const auto role_count = h.role == rlbus::role::coordinator ? coordinators_.size()
                           : h.role == rlbus::role::bus       ? live_nodes_
-                                                             : live_workers_[slot(h.role)];
+                                                             : live_workers_[worker_slot(h.role)];
   if (role_count >= role_limit) {
     counters_.refused_role_limit.fetch_add(1, std::memory_order_relaxed);
     return refuse_hello(
@@ -814,7 +794,7 @@ void server::session_over(const peer& p, util::time_point now, bool orderly) {
 }
 
 void server::capacity_changed(const peer& worker, bool increase) {
-  auto& count = live_workers_[slot(worker.role)];
+  auto& count = live_workers_[worker_slot(worker.role)];
   count = increase ? count + 1 : count - 1;
   const auto change =
       increase ? codec::capacity_change::increase : codec::capacity_change::decrease;
@@ -828,7 +808,7 @@ void server::capacity_changed(const peer& worker, bool increase) {
 void server::send_snapshot(const peer& coordinator) {
   for (const auto kind : {rlbus::role::collector, rlbus::role::learner})
     (void)send(coordinator.routing_id, codec::capacity{kind, codec::capacity_change::snapshot, "",
-                                                       live_workers_[slot(kind)]});
+                                                       live_workers_[worker_slot(kind)]});
 }
 
 bool server::send_to(std::string_view peer_id, const codec::message& m) {

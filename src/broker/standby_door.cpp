@@ -17,8 +17,7 @@ namespace {
 // Small: a standby's answers are a few hundred bytes each, and a peer that does not read them
 // loses only refusals.
 constexpr int door_hwm = 1000;
-constexpr std::size_t door_max_message = 64 * 1024;  // a HELLO is far smaller
-constexpr std::size_t max_frames = 4;
+constexpr std::size_t door_max_message = std::size_t{64} * 1024;  // a HELLO is far smaller
 }  // namespace
 
 standby_door::standby_door(zmq::context_t& ctx, const config& cfg, const std::string& replication)
@@ -72,23 +71,15 @@ void standby_door::serve(const leader_hint& leader, util::time_point until, int 
 }
 
 void standby_door::drain(const leader_hint& leader) {
-  std::array<zmq::message_t, max_frames> frames;
+  util::frame_array frames;
   while (true) {
-    if (!router_.recv(frames[0], zmq::recv_flags::dontwait)) {
+    if (!util::try_recv(router_, frames[0])) {
       gate_.router_drained();
       return;
     }
-    std::size_t count = 1;
-    bool more = frames[0].more();
-    while (more) {  // the rest of a multipart message is always there at once
-      zmq::message_t extra;
-      zmq::message_t& dst = count < max_frames ? frames[count] : extra;
-      (void)router_.recv(dst, zmq::recv_flags::none);
-      more = dst.more();
-      if (count < max_frames) ++count;
-    }
-    const auto header =
-        count >= 2 ? codec::parse_header({frames[1].data<char>(), frames[1].size()}) : std::nullopt;
+    bool overflow = false;
+    const std::size_t count = util::read_rest(router_, frames, overflow);
+    const auto header = count >= 2 ? codec::parse_header(frames[1].to_string_view()) : std::nullopt;
     const int fd = count >= 2 ? frames[1].get(ZMQ_SRCFD) : -1;
     if (!header || (fd >= 0 && gate_.cut_off(fd))) {
       ++dropped_;

@@ -1,7 +1,7 @@
 // What the task manager's own files share (task_manager.cpp, task_stream.cpp,
 // task_journal.cpp, task_ops.cpp): how a refusal is made, how a reason is kept within its
-// limit, how a failure's own account goes into an event's body, and which free pool a worker kind
-// uses. Not for use outside the task manager.
+// limit, and how a failure's own account goes into an event's body. Not for use outside the task
+// manager.
 #pragma once
 
 #include <cstdint>
@@ -10,15 +10,11 @@
 #include <string_view>
 #include <utility>
 
+#include "broker/peer_table.hpp"
 #include "broker/refusal.hpp"
 #include "codec/codec.hpp"
 
 namespace rlbus::broker::task_helpers {
-
-/// The free pool of a worker kind: collectors 0, learners 1.
-inline std::size_t slot(rlbus::role kind) {
-  return kind == rlbus::role::learner ? 1 : 0;
-}
 
 inline refusal refuse(codec::error_code code, std::string reason) {
   const bool late =

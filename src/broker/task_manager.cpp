@@ -18,7 +18,6 @@ namespace rlbus::broker {
 
 using task_helpers::clip;
 using task_helpers::refuse;
-using task_helpers::slot;
 using task_helpers::view_of;
 
 namespace {
@@ -44,7 +43,7 @@ void task_manager::peer_joined(const std::string& id, rlbus::role role, const rl
   if (role == rlbus::role::coordinator) return;
   workers_[id] = worker_info{role, res, serial, ""};
   // A worker back under an id in quarantine (a restarted process) waits it out.
-  if (!quarantine_.held(id)) free_[slot(role)].emplace(serial, id);
+  if (!quarantine_.held(id)) free_[worker_slot(role)].emplace(serial, id);
   try_assign(now);
 }
 
@@ -93,7 +92,7 @@ void task_manager::peer_gone(const std::string& id, rlbus::role role, util::time
   const std::string task_id = it->second.task;
   const auto worker_role = it->second.role;
   const bool leaving = it->second.leaving;
-  free_[slot(worker_role)].erase(it->second.serial);
+  free_[worker_slot(worker_role)].erase(it->second.serial);
   workers_.erase(it);
   if (!task_id.empty()) {
     const auto reason = fmt::format("worker {} {}", id, leaving ? "left" : "lost");
@@ -197,7 +196,7 @@ std::optional<refusal> task_manager::on_leaving(const std::string& from, const c
   if (!w->second.leaving)
     spdlog::info("worker {} is leaving (its task may take {} ms more)", from, l.deadline_ms);
   w->second.leaving = true;
-  free_[slot(w->second.role)].erase(w->second.serial);
+  free_[worker_slot(w->second.role)].erase(w->second.serial);
   if (w->second.task.empty()) return std::nullopt;
   auto& t = tasks_.at(w->second.task);
   const auto by = now + std::chrono::milliseconds(l.deadline_ms);
@@ -520,7 +519,7 @@ void task_manager::try_assign(util::time_point now) {
   for (auto q = queue_.begin(); q != queue_.end();) {
     if (free_[0].empty() && free_[1].empty()) return;
     auto& t = tasks_.at(q->second);
-    auto& pool = free_[slot(t.kind)];
+    auto& pool = free_[worker_slot(t.kind)];
     // A re-queued task avoids the worker its last attempt ended on, unless no other fits.
     auto pick = pool.end();
     for (auto w = pool.begin(); w != pool.end(); ++w) {
@@ -605,7 +604,7 @@ void task_manager::free_worker(const std::string& worker_id) {
   if (it == workers_.end()) return;
   it->second.task.clear();
   if (!quarantine_.held(worker_id) && !it->second.leaving && !it->second.drained)
-    free_[slot(it->second.role)].emplace(it->second.serial, worker_id);
+    free_[worker_slot(it->second.role)].emplace(it->second.serial, worker_id);
 }
 
 void task_manager::ended_badly(const std::string& worker_id, rlbus::role role,
@@ -616,7 +615,7 @@ void task_manager::ended_badly(const std::string& worker_id, rlbus::role role,
   spdlog::warn("worker {} quarantined for {} ms: {} attempts in a row ended badly, the last: {}",
                worker_id, q->length.count(), q->failures, reason);
   if (const auto w = workers_.find(worker_id); w != workers_.end())
-    free_[slot(w->second.role)].erase(w->second.serial);  // if it was free: it is not now
+    free_[worker_slot(w->second.role)].erase(w->second.serial);  // if it was free: it is not now
   sink_.publish(codec::topic::worker_quarantined,
                 codec::worker_quarantine{worker_id, role, q->failures,
                                          static_cast<std::uint64_t>(q->length.count()), reason});
@@ -724,7 +723,7 @@ void task_manager::on_timers(util::time_point now) {
     spdlog::info("worker {}: quarantine over", id);
     const auto w = workers_.find(id);
     if (w != workers_.end() && w->second.task.empty() && !w->second.leaving && !w->second.drained) {
-      free_[slot(w->second.role)].emplace(w->second.serial, id);
+      free_[worker_slot(w->second.role)].emplace(w->second.serial, id);
       freed = true;
     }
   }

@@ -13,8 +13,6 @@
 
 namespace rlbus::broker {
 
-using task_helpers::slot;
-
 task_counts task_manager::counts() const {
   task_counts c = counts_;
   c.queued = queue_.size();
@@ -105,9 +103,9 @@ bool task_manager::set_drained(const std::string& id, bool drained, util::time_p
   spdlog::info("worker {} {} by an operator{}", id, drained ? "drained" : "undrained",
                drained && !w.task.empty() ? fmt::format(" (its task {} runs on)", w.task) : "");
   if (drained) {
-    free_[slot(w.role)].erase(w.serial);
+    free_[worker_slot(w.role)].erase(w.serial);
   } else if (w.task.empty() && !w.leaving && !quarantine_.held(id)) {
-    free_[slot(w.role)].emplace(w.serial, id);
+    free_[worker_slot(w.role)].emplace(w.serial, id);
     try_assign(now);
   }
   return true;
@@ -120,7 +118,7 @@ std::optional<std::string> task_manager::take_back(const std::string& id, const 
   const std::string task_id = it->second.task;
   // No new task for it while the session lasts (the caller ends it next).
   it->second.drained = true;
-  free_[slot(it->second.role)].erase(it->second.serial);
+  free_[worker_slot(it->second.role)].erase(it->second.serial);
   if (task_id.empty()) return task_id;
   auto& t = tasks_.at(task_id);
   const util::log_scope log(

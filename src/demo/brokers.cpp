@@ -28,10 +28,6 @@ namespace {
 using namespace std::chrono_literals;
 using clock = std::chrono::steady_clock;
 
-std::string stamp(clock::time_point started) {
-  return fmt::format("[{:6.1f}s]", std::chrono::duration<double>(clock::now() - started).count());
-}
-
 std::string word_after(const std::string& text, const std::string& key) {
   const auto at = text.find(" " + key + " ");
   if (at == std::string::npos) return {};

@@ -1,12 +1,23 @@
 // One place that writes the demo's output: whole lines, one writer at a time, flushed at
-// once, because the coordinator's callback thread and the launcher's loop both report.
+// once, because the coordinator's callback thread and the launcher's loop both report; and the
+// time stamp its lines begin with.
 #pragma once
 
+#include <chrono>
 #include <cstdio>
 #include <mutex>
+#include <string>
 #include <string_view>
 
+#include <fmt/format.h>
+
 namespace rlbus::demo {
+
+/// How long the run has gone, as its output lines begin: "[   2.3s]".
+inline std::string stamp(std::chrono::steady_clock::time_point started) {
+  const std::chrono::duration<double> gone = std::chrono::steady_clock::now() - started;
+  return fmt::format("[{:6.1f}s]", gone.count());
+}
 
 class console {
  public:

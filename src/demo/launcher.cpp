@@ -39,10 +39,6 @@ void install_signal_handlers() {
   ::signal(SIGPIPE, SIG_IGN);
 }
 
-std::string stamp(clock::time_point started) {
-  return fmt::format("[{:6.1f}s]", std::chrono::duration<double>(clock::now() - started).count());
-}
-
 // The summary's line on a takeover: when the leader was killed, how long until its successor
 // led and until the coordinator heard of a task from it, and how many tasks ran again.
 std::string describe_takeover(const takeover_record& tk,

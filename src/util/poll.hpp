@@ -1,7 +1,9 @@
 // zmq::poll (and a non-blocking receive) that treat a signal's interruption (EINTR) as an ordinary
-// early wake-up: the broker's signal handler interrupts the poll on purpose.
+// early wake-up: the broker's signal handler interrupts the poll on purpose; and reading the
+// rest of a peer's message whole.
 #pragma once
 
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
@@ -29,6 +31,30 @@ inline bool try_recv(zmq::socket_t& s, zmq::message_t& m) {
     if (e.num() == EINTR) return false;
     throw;
   }
+}
+
+/// The most frames a peer's message has: routing id, header, body, a payload (SPEC §17.1.1).
+inline constexpr std::size_t max_frames = 4;
+using frame_array = std::array<zmq::message_t, max_frames>;
+
+/// Reads the rest of the multipart message whose first frame is `frames[0]` (the rest of a
+/// multipart message is always there at once). Returns how many frames it kept; frames past
+/// `max_frames` are read and dropped, and `overflow` says whether there were any.
+inline std::size_t read_rest(zmq::socket_t& s, frame_array& frames, bool& overflow) {
+  std::size_t count = 1;
+  overflow = false;
+  bool more = frames[0].more();
+  zmq::message_t extra;
+  while (more) {
+    zmq::message_t& dst = count < max_frames ? frames[count] : extra;
+    (void)s.recv(dst, zmq::recv_flags::none);
+    more = dst.more();
+    if (count < max_frames)
+      ++count;
+    else
+      overflow = true;
+  }
+  return count;
 }
 
 }  // namespace rlbus::util

@@ -25,10 +25,6 @@ using namespace rlbus::test;
 
 namespace {
 
-std::string broker_bin() {
-  return binary_from_env("RLBUS_BROKER_BIN");
-}
-
 struct endpoints {
   std::string router, events;
 };

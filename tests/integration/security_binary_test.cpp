@@ -25,20 +25,16 @@ using namespace rlbus::test;
 
 namespace {
 
-std::string broker_bin() {
-  return binary_from_env("RLBUS_BROKER_BIN");
-}
-
-struct scratch {
+struct scratch_dir {
   std::string dir;
-  scratch() {
+  scratch_dir() {
     std::string tmpl = "/tmp/rlbus-sec-XXXXXX";
     REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
     dir = tmpl;
   }
-  ~scratch() { std::filesystem::remove_all(dir); }
-  scratch(const scratch&) = delete;
-  scratch& operator=(const scratch&) = delete;
+  ~scratch_dir() { std::filesystem::remove_all(dir); }
+  scratch_dir(const scratch_dir&) = delete;
+  scratch_dir& operator=(const scratch_dir&) = delete;
   [[nodiscard]] std::string path(const std::string& name) const { return dir + "/" + name; }
   void keygen(const std::string& stem) const {
     const auto [status, out] = run_to_end(broker_bin(), {"keygen", path(stem)});
@@ -69,7 +65,7 @@ std::string listening_value(child& broker, const std::string& key) {
 
 TEST_CASE("keygen writes a key pair, the secret one private, and never overwrites",
           "[binary][security]") {
-  scratch s;
+  scratch_dir s;
   s.keygen("peer");
   struct stat st {};
   REQUIRE(::stat(s.path("peer.key").c_str(), &st) == 0);
@@ -86,7 +82,7 @@ TEST_CASE("keygen writes a key pair, the secret one private, and never overwrite
 }
 
 TEST_CASE("the broker will not start with CURVE half set up", "[binary][security]") {
-  scratch s;
+  scratch_dir s;
   s.keygen("broker");
   s.keygen("peer");
   s.write("allow.toml", "[[key]]\npublic-key-file = \"peer.pub\"\nroles = [\"collector\"]\n");
@@ -169,7 +165,7 @@ TEST_CASE("plain mode binds other machines' addresses only with --insecure, and 
 
 TEST_CASE("CURVE end to end: both SDKs with keys run a task; a stranger is told why not",
           "[binary][security]") {
-  scratch s;
+  scratch_dir s;
   for (const auto* stem : {"broker", "coord", "coll", "stranger"}) s.keygen(stem);
   s.write("allow.toml",
           "[[key]]\nname = \"coord\"\npublic-key-file = \"coord.pub\"\nroles = "

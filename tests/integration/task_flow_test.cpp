@@ -10,7 +10,7 @@ using namespace rlbus::test;
 
 namespace {
 
-codec::submit task(const std::string& id, role kind) {
+codec::submit bare_task(const std::string& id, role kind) {
   return codec::submit{id, kind, codec::empty_map_blob, {}, {}, {}, {}, {}, {}};
 }
 
@@ -30,7 +30,7 @@ TEST_CASE("DI-engine's coordinator scenario runs to the end through the broker",
 
   std::vector<codec::task_event> stream;
   for (const auto* id : {"ct-0", "ct-1"}) {  // both at once: one per free collector
-    coord.send(task(id, role::collector));
+    coord.send(bare_task(id, role::collector));
     const auto ack = coord.recv_a<codec::submitted>();
     REQUIRE(ack);
     CHECK(ack->accepted);
@@ -57,7 +57,7 @@ TEST_CASE("DI-engine's coordinator scenario runs to the end through the broker",
       std::count_if(stream.begin(), stream.end(), [](const auto& e) { return e.event == "data"; });
   CHECK(data_events == 40);
 
-  coord.send(task("lt-0", role::learner));
+  coord.send(bare_task("lt-0", role::learner));
   REQUIRE(coord.recv_a<codec::submitted>());
   const auto start = l0.recv_a<codec::task_start>();
   REQUIRE(start);
@@ -102,7 +102,7 @@ TEST_CASE("a collector killed mid-task has its task re-assigned, and its ghost i
   raw_peer coord(ctx, router), doomed(ctx, router);
   coord.introduce("coordinator", role::coordinator, 5000);
   doomed.introduce("collector-doomed", role::collector, 30);  // expires 90 ms after going quiet
-  coord.send(task("t", role::collector));
+  coord.send(bare_task("t", role::collector));
   REQUIRE(coord.recv_a<codec::submitted>());
   const auto first = doomed.recv_a<codec::task_start>();
   REQUIRE(first);
@@ -143,7 +143,7 @@ TEST_CASE("a task nobody can run waits, and starts when a fitting worker joins",
   raw_peer coord(ctx, router), small(ctx, router);
   coord.introduce("coordinator", role::coordinator, 5000);
   small.introduce("learner-small", role::learner, 5000);
-  auto s = task("big", role::learner);
+  auto s = bare_task("big", role::learner);
   s.requirements = {{"gpu", 2}};
   coord.send(s);
   const auto ack = coord.recv_a<codec::submitted>();

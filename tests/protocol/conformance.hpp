@@ -77,6 +77,13 @@ inline codec::error next_error(raw_peer& p, codec::error_code code,
   return e;
 }
 
+/// Sends `m` to the broker and requires ERROR `code` about its type as the very next message.
+template <class M>
+codec::error refused(raw_peer& p, const M& m, codec::error_code code) {
+  p.send(m);
+  return next_error(p, code, ref(static_cast<std::uint8_t>(M::type)));
+}
+
 using packer = msgpack::packer<msgpack::sbuffer>;
 
 template <class F>
@@ -118,6 +125,22 @@ inline std::string be64(std::uint64_t v) {
   std::string out;
   for (int i = 7; i >= 0; --i) out.push_back(static_cast<char>(v >> (8 * i)));
   return out;
+}
+
+/// A map whose insides are not canonical: a whole float64, a uint in a wider format than it
+/// needs, keys out of order. Re-encoding it would change its bytes.
+inline std::string odd_map() {
+  using namespace std::string_literals;
+  return "\x83\xa1z"s + float64(1.0) + "\xa1y\xcd\x00\x05\xa1x\x90"s;
+}
+
+/// {"reason": reason, "attempt": attempt}, as the broker composes it (§12.5.6).
+inline std::string reason_body(const std::string& reason, std::uint64_t attempt) {
+  return packed([&](packer& pk) {
+    pk.pack_map(2);
+    pk.pack("reason").pack(reason);
+    pk.pack("attempt").pack(attempt);
+  });
 }
 
 /// Every integer anywhere inside a msgpack value (keys included).

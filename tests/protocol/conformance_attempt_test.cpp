@@ -18,13 +18,6 @@ using codec::error_code;
 
 namespace {
 
-/// Sends `m` to the broker and requires ERROR `code` about `type` as the very next message.
-template <class M>
-codec::error refused(raw_peer& p, const M& m, error_code code) {
-  p.send(m);
-  return next_error(p, code, ref(static_cast<std::uint8_t>(M::type)));
-}
-
 /// Sends TASK_ALIVE for `task_id` attempt 1 every 40 ms for `span` and reads nothing meanwhile
 /// (a round trip per keep-alive would space them by the machine's speed). Returns when the
 /// last one left: a deadline it moved runs from no earlier than that.
@@ -51,21 +44,6 @@ codec::task_abort abort_of(raw_peer& worker) {
   }
   REQUIRE(abort);
   return *abort;
-}
-
-/// A map whose insides are not canonical: a whole float64, a uint in a wider format than it
-/// needs, keys out of order. Re-encoding it would change its bytes.
-std::string odd_map() {
-  return "\x83\xa1z"s + float64(1.0) + "\xa1y\xcd\x00\x05\xa1x\x90"s;
-}
-
-/// {"reason": reason, "attempt": attempt}, as the broker composes it (§12.5.6).
-std::string reason_body(const std::string& reason, std::uint64_t attempt) {
-  return packed([&](packer& pk) {
-    pk.pack_map(2);
-    pk.pack("reason").pack(reason);
-    pk.pack("attempt").pack(attempt);
-  });
 }
 
 /// {"reason": reason, "attempt": attempt, "result": <result's bytes>} (§12.5.6).

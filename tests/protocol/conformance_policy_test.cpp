@@ -25,13 +25,6 @@ codec::submit with_policy(codec::submit s, std::string policy_id) {
   return s;
 }
 
-/// Sends `m`; the very next message must be ERROR `code` about it.
-template <class M>
-codec::error refused(raw_peer& p, const M& m, error_code code) {
-  p.send(m);
-  return next_error(p, code, ref(static_cast<std::uint8_t>(M::type)));
-}
-
 /// Publishes and proves the broker has read it: the HEARTBEAT answer follows any ERROR.
 void publish(raw_peer& learner, const codec::policy& p) {
   learner.send(p);

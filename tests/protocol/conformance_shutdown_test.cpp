@@ -41,10 +41,6 @@ std::string reason_of(const codec::task_event& e) {
   return "";
 }
 
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
 /// The very next message must be DISCONNECT 503.
 void expect_busy_disconnect(raw_peer& p) {
   const auto d = next_a<codec::disconnect>(p);

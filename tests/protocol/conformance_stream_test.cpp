@@ -24,13 +24,6 @@ inline constexpr std::uint8_t type_ack = 0x41;
 inline constexpr std::uint8_t type_stream_gap = 0x42;
 inline constexpr std::uint8_t type_data_credit = 0x48;
 
-/// Sends `m`; the very next message must be ERROR `code` about it.
-template <class M>
-codec::error refused(raw_peer& p, const M& m, error_code code) {
-  p.send(m);
-  return next_error(p, code, ref(static_cast<std::uint8_t>(M::type)));
-}
-
 /// A collector task started on `w` for `coord`, from a stream that is still plain: SUBMITTED,
 /// TASK_START, `assigned`, STARTED, `started` (seq 1 and 2).
 void start_plain(raw_peer& coord, raw_peer& w, const std::string& id = "t") {
@@ -47,12 +40,6 @@ void infos(raw_peer& w, int n, const std::string& task = "t") {
 std::vector<std::uint64_t> next_seqs(raw_peer& coord, std::size_t n) {
   std::vector<std::uint64_t> out;
   for (std::size_t i = 0; i < n; ++i) out.push_back(next_a<codec::task_event>(coord).seq);
-  return out;
-}
-
-std::vector<std::uint64_t> range(std::uint64_t first, std::uint64_t last) {
-  std::vector<std::uint64_t> out;
-  for (auto s = first; s <= last; ++s) out.push_back(s);
   return out;
 }
 

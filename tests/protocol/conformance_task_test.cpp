@@ -19,35 +19,9 @@ using codec::error_code;
 
 namespace {
 
-/// A map whose insides are not canonical: a whole float64, a uint in a wider format than it
-/// needs, keys out of order. Re-encoding it would change its bytes.
-std::string odd_map() {
-  return "\x83\xa1z"s + float64(1.0) + "\xa1y\xcd\x00\x05\xa1x\x90"s;
-}
-
 /// An array, likewise: [int8 5, float64 2.0].
 std::string odd_array() {
   return "\x92\xd0\x05"s + float64(2.0);
-}
-
-/// {"reason": reason, "attempt": attempt}, as the broker composes it (§12.5.6).
-std::string reason_body(const std::string& reason, std::uint64_t attempt) {
-  return packed([&](packer& pk) {
-    pk.pack_map(2);
-    pk.pack("reason").pack(reason);
-    pk.pack("attempt").pack(attempt);
-  });
-}
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
-/// Sends `m` to the broker and requires ERROR `code` about `type` as the very next message.
-template <class M>
-codec::error refused(raw_peer& p, const M& m, error_code code) {
-  p.send(m);
-  return next_error(p, code, ref(static_cast<std::uint8_t>(M::type)));
 }
 
 }  // namespace

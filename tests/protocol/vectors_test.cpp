@@ -20,6 +20,7 @@
 
 using namespace rlbus;
 using json = nlohmann::json;
+using test::unhex;
 using namespace std::chrono_literals;
 
 namespace {
@@ -34,13 +35,6 @@ json load(const std::string& rel) {
   std::ifstream in(protocol_dir() + "/" + rel);
   REQUIRE(in.good());
   return json::parse(in);
-}
-
-std::string unhex(const std::string& hex) {
-  std::string out;
-  for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
-    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
-  return out;
 }
 
 // The meaning of a body, independent of the typed codec.
@@ -94,8 +88,9 @@ json meaning(const std::string& body) {
 // The frames a vector travels in after the routing id: header and body, and its payload
 // frame when its type has one.
 std::vector<std::string> frames_of(const json& v) {
-  std::vector<std::string> out{unhex(v["header_hex"]), unhex(v["body_hex"])};
-  if (v.contains("payload_hex")) out.push_back(unhex(v["payload_hex"]));
+  std::vector<std::string> out{unhex(v["header_hex"].get<std::string>()),
+                               unhex(v["body_hex"].get<std::string>())};
+  if (v.contains("payload_hex")) out.push_back(unhex(v["payload_hex"].get<std::string>()));
   return out;
 }
 
@@ -153,11 +148,11 @@ TEST_CASE("valid vectors decode to their meaning and re-encode byte for byte",
   REQUIRE(doc["vectors"].size() >= 10);
   for (const auto& v : doc["vectors"]) {
     INFO("vector " << v["name"].get<std::string>());
-    const auto header = codec::parse_header(unhex(v["header_hex"]));
+    const auto header = codec::parse_header(unhex(v["header_hex"].get<std::string>()));
     REQUIRE(header);
     CHECK(header->version == codec::protocol_version);
     CHECK(codec::type_name(header->type).value_or("") == v["type"].get<std::string>());
-    const auto body = unhex(v["body_hex"]);
+    const auto body = unhex(v["body_hex"].get<std::string>());
     auto decoded = codec::decode_body(header->type, body);
     INFO((decoded ? "" : decoded.error().reason));
     REQUIRE(decoded);
@@ -173,9 +168,9 @@ TEST_CASE("invalid vectors are refused with their stated code", "[protocol][vect
   REQUIRE(doc["vectors"].size() >= 20);
   for (const auto& v : doc["vectors"]) {
     INFO("vector " << v["name"].get<std::string>() << ": " << v["note"].get<std::string>());
-    const auto header = codec::parse_header(unhex(v["header_hex"]));
+    const auto header = codec::parse_header(unhex(v["header_hex"].get<std::string>()));
     REQUIRE(header);
-    auto decoded = codec::decode_body(header->type, unhex(v["body_hex"]));
+    auto decoded = codec::decode_body(header->type, unhex(v["body_hex"].get<std::string>()));
     REQUIRE_FALSE(decoded);
     CHECK(static_cast<int>(decoded.error().code) == v["error_code"].get<int>());
     check_payload_key(v, header->type);
@@ -197,10 +192,10 @@ TEST_CASE("event vectors decode to their meaning and re-encode byte for byte",
   REQUIRE(doc["vectors"].size() >= 6);
   for (const auto& v : doc["vectors"]) {
     INFO("vector " << v["name"].get<std::string>());
-    const auto header = codec::parse_header(unhex(v["header_hex"]));
+    const auto header = codec::parse_header(unhex(v["header_hex"].get<std::string>()));
     REQUIRE(header);
     CHECK(header->type == static_cast<std::uint8_t>(codec::msg_type::event));
-    const auto body = unhex(v["body_hex"]);
+    const auto body = unhex(v["body_hex"].get<std::string>());
     auto decoded = codec::decode_event(v["topic"].get<std::string>(), body);
     INFO((decoded ? "" : decoded.error().reason));
     REQUIRE(decoded);
@@ -262,7 +257,7 @@ TEST_CASE("DATA read in place agrees with the decoder on every DATA vector",
   all.insert(all.end(), invalid.begin(), invalid.end());
   for (const auto& v : all) {
     INFO("vector " << v["name"].get<std::string>());
-    const auto body = unhex(v["body_hex"]);
+    const auto body = unhex(v["body_hex"].get<std::string>());
     const auto decoded = codec::decode_body(static_cast<std::uint8_t>(codec::msg_type::data), body);
     const auto read = codec::read_data(body);
     REQUIRE(read.ok() == decoded.ok());
@@ -284,7 +279,7 @@ TEST_CASE("TASK_EVENTs written from their attempt's fixed part are the vectors' 
   REQUIRE(vectors.size() >= 3);
   for (const auto& v : vectors) {
     INFO("vector " << v["name"].get<std::string>());
-    const auto body = unhex(v["body_hex"]);
+    const auto body = unhex(v["body_hex"].get<std::string>());
     const auto decoded =
         codec::decode_body(static_cast<std::uint8_t>(codec::msg_type::task_event), body);
     REQUIRE(decoded);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -37,6 +38,31 @@ broker::config test_config(const std::string& transport = "tcp");
 /// The binary an environment variable names (the meson tests set RLBUS_BROKER_BIN and the
 /// like); fails the test when it is unset.
 std::string binary_from_env(const char* name);
+
+/// The broker binary under test ($RLBUS_BROKER_BIN).
+inline std::string broker_bin() {
+  return binary_from_env("RLBUS_BROKER_BIN");
+}
+
+/// Whether `needle` occurs in `haystack`.
+inline bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+/// first, first + 1, ..., last.
+inline std::vector<std::uint64_t> range(std::uint64_t first, std::uint64_t last) {
+  std::vector<std::uint64_t> out;
+  for (auto s = first; s <= last; ++s) out.push_back(s);
+  return out;
+}
+
+/// The bytes a hex string spells ("a1ff" -> "\xa1\xff").
+inline std::string unhex(std::string_view hex) {
+  std::string out;
+  for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
+    out.push_back(static_cast<char>(std::stoi(std::string(hex.substr(i, 2)), nullptr, 16)));
+  return out;
+}
 
 /// A fresh ipc:// endpoint path under /tmp.
 std::string ipc_endpoint(const std::string& tag);

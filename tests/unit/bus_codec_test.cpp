@@ -11,22 +11,14 @@
 
 #include "codec/batch.hpp"
 #include "codec/codec.hpp"
+#include "unit/round_trip.hpp"
 
 using namespace rlbus;
 using codec::error_code;
 using codec::msg_type;
+using test::round_trip;
 
 namespace {
-
-template <class T>
-T round_trip(const T& m) {
-  const auto bytes = codec::encode_body(codec::message{m});
-  auto back = codec::decode_body(static_cast<std::uint8_t>(codec::type_of(m)), bytes);
-  INFO((back ? "" : back.error().reason));
-  REQUIRE(back);
-  REQUIRE(std::holds_alternative<T>(back.value()));
-  return std::get<T>(back.value());
-}
 
 using packer = msgpack::packer<msgpack::sbuffer>;
 

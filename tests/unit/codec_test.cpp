@@ -14,28 +14,14 @@
 #include "codec/field_reader.hpp"
 #include "codec/map_writer.hpp"
 #include "support/support.hpp"
+#include "unit/round_trip.hpp"
 
 using namespace rlbus;
 using codec::error_code;
+using test::round_trip;
+using test::unhex;
 
 namespace {
-
-std::string unhex(std::string_view hex) {
-  std::string out;
-  for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
-    out.push_back(static_cast<char>(std::stoi(std::string(hex.substr(i, 2)), nullptr, 16)));
-  return out;
-}
-
-template <class T>
-T round_trip(const T& m) {
-  const auto bytes = codec::encode_body(codec::message{m});
-  auto back = codec::decode_body(static_cast<std::uint8_t>(codec::type_of(m)), bytes);
-  INFO((back ? "" : back.error().reason));
-  REQUIRE(back);
-  REQUIRE(std::holds_alternative<T>(back.value()));
-  return std::get<T>(back.value());
-}
 
 error_code refusal(std::uint8_t type, const std::string& body) {
   auto r = codec::decode_body(type, body);

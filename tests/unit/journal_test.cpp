@@ -52,7 +52,7 @@ journal open(const scratch& s, broker::fsync_policy fsync = broker::fsync_policy
   return journal(s.path, fsync, codec::decode_limits{});
 }
 
-journal_task task(const std::string& id, const std::string& owner, std::uint64_t order) {
+journal_task journal_task_of(const std::string& id, const std::string& owner, std::uint64_t order) {
   journal_task t;
   t.owner = owner;
   t.order = order;
@@ -78,9 +78,9 @@ TEST_CASE("journal: what was written is what a restart reads", "[unit][journal]"
   {
     auto j = open(s);
     CHECK(j.loaded().records == 0);
-    j.submitted(task("t1", "coord", 1));
-    j.submitted(task("t2", "coord", 2));
-    j.submitted(task("t3", "coord", 3));
+    j.submitted(journal_task_of("t1", "coord", 1));
+    j.submitted(journal_task_of("t2", "coord", 2));
+    j.submitted(journal_task_of("t3", "coord", 3));
     j.started("t1", 1, "w1");
     j.started("t2", 1, "w2");
     j.requeued("t2", 1);
@@ -104,7 +104,7 @@ TEST_CASE("journal: what was written is what a restart reads", "[unit][journal]"
   CHECK(st.tasks[0].attempt == 1);
   CHECK(st.tasks[0].running);
   CHECK(st.tasks[0].worker == "w1");
-  CHECK(st.tasks[0].submit.task_info == task("t1", "coord", 1).submit.task_info);
+  CHECK(st.tasks[0].submit.task_info == journal_task_of("t1", "coord", 1).submit.task_info);
   CHECK(st.tasks[0].step_timeout_ms == 1000);
   CHECK(st.tasks[1].submit.task_id == "t2");
   CHECK_FALSE(st.tasks[1].running);
@@ -126,8 +126,8 @@ TEST_CASE("journal: a torn last record is skipped, reported and kept aside", "[u
   scratch s;
   {
     auto j = open(s);
-    j.submitted(task("t1", "coord", 1));
-    j.submitted(task("t2", "coord", 2));
+    j.submitted(journal_task_of("t1", "coord", 1));
+    j.submitted(journal_task_of("t2", "coord", 2));
   }
   const auto whole = s.read();
   struct tail {
@@ -155,8 +155,8 @@ TEST_CASE("journal: a last record that fails its checksum is damage, not a torn 
   scratch s;
   {
     auto j = open(s);
-    j.submitted(task("t1", "coord", 1));
-    j.submitted(task("t2", "coord", 2));
+    j.submitted(journal_task_of("t1", "coord", 1));
+    j.submitted(journal_task_of("t2", "coord", 2));
   }
   auto bad_sum = s.read();
   bad_sum.back() = static_cast<char>(bad_sum.back() ^ 0x5A);  // whole length, wrong bytes
@@ -171,10 +171,11 @@ TEST_CASE("journal: a length damaged to run past the end is damage when whole re
   std::size_t second = 0;  // where the second record starts
   {
     auto j = open(s);
-    j.submitted(task("t0", "coord", 0));
+    j.submitted(journal_task_of("t0", "coord", 0));
     j.flush();
     second = s.read().size();
-    for (std::uint64_t i = 1; i < 20; ++i) j.submitted(task("t" + std::to_string(i), "coord", i));
+    for (std::uint64_t i = 1; i < 20; ++i)
+      j.submitted(journal_task_of("t" + std::to_string(i), "coord", i));
   }
   auto bad = s.read();
   bad[second + 3] = 0x01;  // the length's high byte: 16 MiB more, past the end of the file
@@ -192,7 +193,8 @@ TEST_CASE("journal: every one-byte change and every cut is refused or loses noth
   scratch s;
   {
     auto j = open(s);
-    for (std::uint64_t i = 1; i <= 20; ++i) j.submitted(task("t" + std::to_string(i), "coord", i));
+    for (std::uint64_t i = 1; i <= 20; ++i)
+      j.submitted(journal_task_of("t" + std::to_string(i), "coord", i));
     for (const auto* id : {"t2", "t5", "t9"}) j.started(id, 1, "w");
     j.requeued("t5", 1);
     j.end_event("coord", end_of("t9", 4));  // ends t9 by itself
@@ -273,11 +275,11 @@ TEST_CASE("journal: a journaled end ends its task though the record that erases 
   scratch s;
   {
     auto j = open(s);
-    j.submitted(task("t1", "coord", 1));
+    j.submitted(journal_task_of("t1", "coord", 1));
     j.started("t1", 1, "w");
-    j.end_event("coord", end_of("t1", 3));  // the broker was killed before ended("t1")
-    j.submitted(task("t1", "coord", 2));    // the same id, submitted again after its end
-    j.submitted(task("t2", "coord", 3));
+    j.end_event("coord", end_of("t1", 3));           // the broker was killed before ended("t1")
+    j.submitted(journal_task_of("t1", "coord", 2));  // the same id, submitted again after its end
+    j.submitted(journal_task_of("t2", "coord", 3));
     j.started("t2", 1, "w");
     j.end_event("other", end_of("t2", 5));  // another coordinator's task of that name: not it
   }
@@ -293,11 +295,11 @@ TEST_CASE("journal: a journaled end ends its task though the record that erases 
 TEST_CASE("journal: one broker per journal, across compactions", "[unit][journal]") {
   scratch s;
   auto first = open(s);
-  first.submitted(task("t1", "coord", 1));
+  first.submitted(journal_task_of("t1", "coord", 1));
   CHECK_THROWS_AS(open(s), broker::journal_in_use);
   CHECK_THROWS_WITH(open(s), Catch::Contains("another broker") &&
                                  Catch::Contains(fmt::format("process {}", ::getpid())));
-  first.compact([](journal& out) { out.submitted(task("t1", "coord", 1)); });
+  first.compact([](journal& out) { out.submitted(journal_task_of("t1", "coord", 1)); });
   CHECK_THROWS_AS(open(s), broker::journal_in_use);  // the lock is not the journal's inode
 }
 
@@ -309,7 +311,7 @@ TEST_CASE("journal: the same file under another name is refused too", "[unit][jo
     for (const auto& p : {link, hard, hard + ".lock"}) ::unlink(p.c_str());
   };
   auto first = open(s);
-  first.submitted(task("t1", "coord", 1));
+  first.submitted(journal_task_of("t1", "coord", 1));
   first.flush();
   REQUIRE(::symlink(s.path.c_str(), link.c_str()) == 0);
   REQUIRE(::link(s.path.c_str(), hard.c_str()) == 0);
@@ -319,7 +321,7 @@ TEST_CASE("journal: the same file under another name is refused too", "[unit][jo
   CHECK_THROWS_AS(by(link), broker::journal_in_use);
   CHECK_THROWS_WITH(by(hard), Catch::Contains("under another name"));
   // After a compaction the live journal is a new file: a hard link made to it now is refused
-  first.compact([](journal& out) { out.submitted(task("t1", "coord", 1)); });
+  first.compact([](journal& out) { out.submitted(journal_task_of("t1", "coord", 1)); });
   ::unlink(hard.c_str());
   REQUIRE(::link(s.path.c_str(), hard.c_str()) == 0);
   CHECK_THROWS_AS(by(hard), broker::journal_in_use);
@@ -335,7 +337,7 @@ TEST_CASE("journal: a file that holds part of the signature only is taken as emp
     auto j = open(s);
     CHECK(j.loaded().short_signature);
     CHECK(j.loaded().tasks.empty());
-    j.submitted(task("t1", "coord", 1));
+    j.submitted(journal_task_of("t1", "coord", 1));
   }
   {
     auto j = open(s);  // and it is a journal from then on
@@ -351,12 +353,12 @@ TEST_CASE("journal: compaction keeps the live state and drops the history", "[un
   {
     auto j = open(s);
     for (std::uint64_t i = 1; i <= 2000; ++i) {
-      j.submitted(task("t" + std::to_string(i), "coord", i));
+      j.submitted(journal_task_of("t" + std::to_string(i), "coord", i));
       j.ended("t" + std::to_string(i));
     }
-    j.submitted(task("keep", "coord", 2001));
+    j.submitted(journal_task_of("keep", "coord", 2001));
     const auto before = s.read().size();
-    j.compact([](journal& out) { out.submitted(task("keep", "coord", 2001)); });
+    j.compact([](journal& out) { out.submitted(journal_task_of("keep", "coord", 2001)); });
     CHECK(s.read().size() * 50 < before);
     CHECK(j.stats().compactions == 1);
     j.started("keep", 1, "w");  // appends go on, into the new file
@@ -371,7 +373,7 @@ TEST_CASE("journal: garbage after the signature never crashes the reader", "[uni
   scratch s;
   {
     auto j = open(s);
-    j.submitted(task("t1", "coord", 1));
+    j.submitted(journal_task_of("t1", "coord", 1));
     j.end_event("coord", end_of("t1", 3));
   }
   const auto good = s.read();

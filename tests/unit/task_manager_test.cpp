@@ -13,11 +13,13 @@
 #include "codec/codec.hpp"
 #include "codec/map_writer.hpp"
 #include "support/fake_sink.hpp"
+#include "support/support.hpp"
 
 using namespace rlbus;
 using namespace std::chrono_literals;
 using broker::task_manager;
 using test::fake_sink;
+using test::range;
 
 namespace {
 
@@ -439,12 +441,6 @@ std::vector<std::uint64_t> seqs(const std::vector<codec::message>& ms) {
   std::vector<std::uint64_t> out;
   for (const auto& m : ms)
     if (const auto* e = std::get_if<codec::task_event>(&m)) out.push_back(e->seq);
-  return out;
-}
-
-std::vector<std::uint64_t> range(std::uint64_t first, std::uint64_t last) {
-  std::vector<std::uint64_t> out;
-  for (auto s = first; s <= last; ++s) out.push_back(s);
   return out;
 }
 
