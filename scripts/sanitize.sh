@@ -58,6 +58,10 @@ if [ $# -eq 0 ]; then
   [ "$kind" = address ] && suites+=(--suite integration)
   mapfile -t tests < <(meson test -C "$dir" --no-rebuild --list "${suites[@]}" 2>/dev/null |
     sed -n 's|^.* / ||p' | grep -vx bench-smoke)
+  if [ ${#tests[@]} -eq 0 ]; then
+    echo "rlbus sanitize: $dir/ lists no test of ${suites[*]}" >&2
+    exit 1
+  fi
   set -- "${tests[@]}"
 fi
 status=0

@@ -15,7 +15,8 @@ from typing import Dict, List
 ROOT = Path(__file__).resolve().parents[2]
 
 # Each stand-in appends its arguments to calls.log. ninja prints the progress lines a real
-# build prints (and fails when NINJA_FAILS is set); `meson test` exits with MESON_FAILS.
+# build prints (and fails when NINJA_FAILS is set); `meson test` exits with MESON_FAILS, and
+# lists two tests.
 STANDINS = {
     "dpkg-query": 'printf "install ok installed"',
     "apt-get": 'echo "apt-get $*" >> "$CALLS"',
@@ -28,7 +29,12 @@ if [ -n "${NINJA_FAILS:-}" ]; then echo "../src/a.cpp:1: error: it broke"; exit 
     "meson": '''echo "meson $*" >> "$CALLS"
 case "$1" in
   introspect) echo '[{"name": "tests", "value": true}]' ;;
-  test) exit "${MESON_FAILS:-0}" ;;
+  setup) mkdir -p "$2" ;;
+  test)
+    case " $* " in
+      *" --list "*) printf 'rlbus:unit / codec\\nrlbus:integration / bench-smoke\\n' ;;
+      *) exit "${MESON_FAILS:-0}" ;;
+    esac ;;
 esac''',
 }
 
@@ -84,9 +90,25 @@ def test_the_test_command_builds_everything_and_exits_0_or_1(tmp_path: Path) -> 
     r = run(tree, "test.sh")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "ninja -C build" in calls(tree)  # no targets: everything
-    assert any(c.startswith("meson test -C build") for c in calls(tree))
+    assert any(c.startswith("meson test -C build ") for c in calls(tree))
+    # then the C++ tests in the sanitizer builds, the bench's quick run left out
+    for sanitized in ("build-sanitize", "build-tsan"):
+        assert any(c.startswith(f"meson setup {sanitized} ") for c in calls(tree))
+        runs = [c for c in calls(tree) if c.startswith(f"meson test -C {sanitized} ") and
+                "--list" not in c]
+        assert runs and runs[-1].endswith(" codec"), runs
     r = run(tree, "test.sh", MESON_FAILS="3")  # three tests failed
     assert r.returncode == 1
+    assert "the default suites FAILED" in r.stdout
+
+
+def test_the_quick_test_command_runs_the_fast_suites_only(tmp_path: Path) -> None:
+    tree = checkout(tmp_path)
+    r = run(tree, "test.sh", "--quick")
+    assert r.returncode == 0, r.stdout + r.stderr
+    tests = [c for c in calls(tree) if c.startswith("meson test")]
+    assert tests == ["meson test -C build --print-errorlogs --suite unit --suite protocol "
+                     "--suite python-unit"]
 
 
 def test_a_failed_build_says_so_with_the_compiler_s_words(tmp_path: Path) -> None:
