@@ -381,7 +381,7 @@ void topic_bus::enforce_bounds(node& to) {
   while (held() > cfg_.bus_memory) {
     node* largest = nullptr;
     for (auto& [id, n] : nodes_)
-      if (n->queue.size() > 0 && (largest == nullptr || n->queue_bytes > largest->queue_bytes))
+      if (!n->queue.empty() && (largest == nullptr || n->queue_bytes > largest->queue_bytes))
         largest = n.get();
     if (largest == nullptr || !drop_oldest_unsent(*largest)) break;
   }

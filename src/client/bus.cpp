@@ -43,8 +43,9 @@ namespace {
 using clock = std::chrono::steady_clock;
 using client::detail::payload_frame;
 
-constexpr std::size_t max_outbox = 100'000;             // subscription requests waiting
-constexpr std::size_t fragment_room = 64 * 1024;        // what a fragment leaves for its body
+constexpr std::size_t max_outbox = 100'000;  // subscription requests waiting
+constexpr std::size_t fragment_room =
+    std::size_t{64} * 1024;                             // what a fragment leaves for its body
 constexpr std::size_t max_queued = 256;                 // publications waiting for credit
 constexpr std::size_t max_queued_bytes = 16 << 20;      // or their bytes (one always fits)
 constexpr auto forever = std::chrono::hours(24 * 365);  // recv() without a timeout
@@ -420,12 +421,14 @@ struct bus::impl {
     auto& out = io.outbox();
     out.clear();
     if (!w.resumed) {
-      for (const auto& [key, o] : subs) {
+      for (const auto& sub : subs) {
+        const auto& key = sub.first;  // (a lambda cannot capture a structured binding in clang 14)
         const bool pending = std::any_of(requests.begin(), requests.end(), [&](const auto& r) {
           const auto* s = std::get_if<codec::subscribe>(&r.second.msg);
           return s != nullptr && s->prefix == key.first && s->topic == key.second;
         });
-        if (!pending) out.push_back(codec::subscribe{++next_req, key.second, key.first, o.echo});
+        if (!pending)
+          out.push_back(codec::subscribe{++next_req, key.second, key.first, sub.second.echo});
       }
     }
     for (const auto& [req, r] : requests) out.push_back(r.msg);

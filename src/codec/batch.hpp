@@ -16,8 +16,8 @@ inline constexpr std::size_t batch_item_head = 4;  // the length before each ite
 // What the reference SDKs put in one batch: publications of at most 8 KiB, at most 256 of them
 // and 64 KiB in all (larger ones travel alone).
 inline constexpr std::size_t batch_max_items = 256;
-inline constexpr std::size_t batch_max_item_bytes = 8 * 1024;
-inline constexpr std::size_t batch_max_bytes = 64 * 1024;
+inline constexpr std::size_t batch_max_item_bytes = std::size_t{8} * 1024;
+inline constexpr std::size_t batch_max_bytes = std::size_t{64} * 1024;
 
 /// The length before an item (4 bytes, big-endian).
 inline std::size_t batch_item_length(const char* at) noexcept {
