@@ -8,6 +8,7 @@
 
 #include "codec/codec.hpp"
 #include "util/bind.hpp"
+#include "util/poll.hpp"
 
 namespace rlbus::broker {
 
@@ -163,20 +164,15 @@ void replicator::settle() {
 
 void replicator::on_readable(util::time_point now) {
   for (int n = 0; n < 1000; ++n) {
-    zmq::message_t id;
-    if (!sock_.recv(id, zmq::recv_flags::dontwait)) return;
-    std::vector<zmq::message_t> rest;
-    for (bool more = id.more(); more && rest.size() < 4;) {
-      rest.emplace_back();
-      (void)sock_.recv(rest.back(), zmq::recv_flags::none);
-      more = rest.back().more();
-    }
-    if (rest.size() != 2 || rest[1].more()) continue;  // only the group's brokers get here
-    const auto h = codec::parse_header(rest[0].to_string_view());
+    util::frame_array frames;  // routing id, header, body
+    if (!util::try_recv(sock_, frames[0])) return;
+    const auto got = util::read_rest(sock_, frames);
+    if (got.count != 3 || got.overflow) continue;  // only the group's brokers get here
+    const auto h = codec::parse_header(frames[1].to_string_view());
     if (!h) continue;
-    auto m = codec::decode_body(h->type, rest[1].to_string_view(), codec::decode_limits{});
+    auto m = codec::decode_body(h->type, frames[2].to_string_view(), codec::decode_limits{});
     if (!m) continue;
-    const std::string routing_id(id.to_string_view());
+    const std::string routing_id(frames[0].to_string_view());
     if (const auto* s = std::get_if<codec::repl_sync>(&m.value())) {
       on_sync(routing_id, s->member, s->leader_epoch, now);
     } else if (const auto* a = std::get_if<codec::repl_synced>(&m.value())) {

@@ -328,8 +328,7 @@ void server::drain_router() {
       gate_.router_drained();
       return;
     }
-    bool overflow = false;
-    const std::size_t count = util::read_rest(router_, frames, overflow);
+    const auto [count, overflow] = util::read_rest(router_, frames);
     counters_.messages_in.fetch_add(1, std::memory_order_relaxed);
     on_frames(frames.data(), count, overflow, util::clock::now());
   }

@@ -77,8 +77,7 @@ void standby_door::drain(const leader_hint& leader) {
       gate_.router_drained();
       return;
     }
-    bool overflow = false;
-    const std::size_t count = util::read_rest(router_, frames, overflow);
+    const std::size_t count = util::read_rest(router_, frames).count;
     const auto header = count >= 2 ? codec::parse_header(frames[1].to_string_view()) : std::nullopt;
     const int fd = count >= 2 ? frames[1].get(ZMQ_SRCFD) : -1;
     if (!header || (fd >= 0 && gate_.cut_off(fd))) {

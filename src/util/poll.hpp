@@ -37,12 +37,18 @@ inline bool try_recv(zmq::socket_t& s, zmq::message_t& m) {
 inline constexpr std::size_t max_frames = 4;
 using frame_array = std::array<zmq::message_t, max_frames>;
 
-/// Reads the rest of the multipart message whose first frame is `frames[0]` (the rest of a
-/// multipart message is always there at once). Returns how many frames it kept; frames past
-/// `max_frames` are read and dropped, and `overflow` says whether there were any.
-inline std::size_t read_rest(zmq::socket_t& s, frame_array& frames, bool& overflow) {
+/// What read_rest kept: how many frames, and whether more came (read and dropped).
+struct frames_read {
   std::size_t count = 1;
-  overflow = false;
+  bool overflow = false;
+};
+
+/// Reads the rest of the multipart message whose first frame is `frames[0]` (the rest of a
+/// multipart message is always there at once), so the next receive starts a new message
+/// however many frames a peer sent.
+inline frames_read read_rest(zmq::socket_t& s, frame_array& frames) {
+  std::size_t count = 1;
+  bool overflow = false;
   bool more = frames[0].more();
   zmq::message_t extra;
   while (more) {
@@ -54,7 +60,7 @@ inline std::size_t read_rest(zmq::socket_t& s, frame_array& frames, bool& overfl
     else
       overflow = true;
   }
-  return count;
+  return {count, overflow};
 }
 
 }  // namespace rlbus::util

@@ -20,7 +20,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
 // The decoder's limits keep a message's allocations to a few MiB; an input that makes it ask
 // for more is a bug, found here as it would be by libFuzzer's -malloc_limit_mb.
-constexpr std::size_t allocation_bound_mb = 1024;
+#define RLBUS_ALLOCATION_BOUND_MB 1024
+#define RLBUS_STR(x) RLBUS_STR_(x)
+#define RLBUS_STR_(x) #x
+constexpr std::size_t allocation_bound_mb = RLBUS_ALLOCATION_BOUND_MB;
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define RLBUS_REPLAY_SANITIZED 1
@@ -33,10 +36,10 @@ constexpr std::size_t allocation_bound_mb = 1024;
 #ifdef RLBUS_REPLAY_SANITIZED
 // The sanitizers reserve terabytes of address space, so the bound is theirs to keep.
 extern "C" const char* __asan_default_options() {
-  return "max_allocation_size_mb=1024";
+  return "max_allocation_size_mb=" RLBUS_STR(RLBUS_ALLOCATION_BOUND_MB);
 }
 extern "C" const char* __tsan_default_options() {
-  return "max_allocation_size_mb=1024";
+  return "max_allocation_size_mb=" RLBUS_STR(RLBUS_ALLOCATION_BOUND_MB);
 }
 #endif
 
