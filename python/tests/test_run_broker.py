@@ -123,7 +123,8 @@ class Creator:
         return self.out_path.read_text()
 
     def _read(self) -> bool:
-        for line in self.text().splitlines():
+        # whole lines only: the creator may be writing the last one as it is read
+        for line in self.text().split("\n")[:-1]:
             word, _, rest = line.partition(" ")
             if word in ("broker", "worker"):
                 self.said[word] = rest
