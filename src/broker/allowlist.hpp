@@ -20,7 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "codec/bus_messages.hpp"
+#include "codec/messages.hpp"
 #include "codec/vocabulary.hpp"
 
 namespace rlbus::broker {

@@ -42,8 +42,8 @@
 #include <vector>
 
 #include "broker/config.hpp"
+#include "codec/messages.hpp"
 #include "codec/protocol.hpp"
-#include "codec/task_messages.hpp"
 #include "util/clock.hpp"
 
 namespace rlbus::broker {

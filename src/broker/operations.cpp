@@ -73,7 +73,7 @@ std::variant<codec::blob, refusal> server::ops_answer(const codec::ops& op, util
     std::vector<const peer*> workers;
     peers_.for_each([&](const peer& q) {
       if (q.role == rlbus::role::coordinator || q.role == rlbus::role::bus) return;
-      if (op.kind && to_string(q.role) != *op.kind) return;
+      if (op.kind && q.role != *op.kind) return;
       workers.push_back(&q);
     });
     std::sort(workers.begin(), workers.end(),
@@ -100,10 +100,8 @@ std::variant<codec::blob, refusal> server::ops_answer(const codec::ops& op, util
     return codec::map_writer(2).array("workers", items).uint("total", workers.size()).done();
   }
   if (op.verb == "tasks") {
-    std::optional<rlbus::role> kind;
-    if (op.kind) kind = parse_role(*op.kind);
-    const auto [tasks, total] =
-        tasks_.list_tasks(op.state.value_or(""), kind, op.coordinator.value_or(""), limit, offset);
+    const auto [tasks, total] = tasks_.list_tasks(op.state.value_or(""), op.kind,
+                                                  op.coordinator.value_or(""), limit, offset);
     std::vector<codec::blob> items;
     items.reserve(tasks.size());
     for (const auto& t : tasks)

@@ -11,7 +11,7 @@
 #include <unordered_map>
 
 #include "broker/refusal.hpp"
-#include "codec/task_messages.hpp"
+#include "codec/messages.hpp"
 
 namespace rlbus::broker {
 

@@ -490,8 +490,8 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
       return wrong("LEARN_INFO belongs to a running learner task");
     if (dropped_by_index(t, l->index)) return std::nullopt;
     if (t.st == state::running) progress();
-    emit(t, codec::event_body::learn_info{l->buffer_id, l->body});
-    relayed(t, l->index, 1, l->body.size());
+    emit(t, codec::event_body::learn_info{l->buffer_id, l->info});
+    relayed(t, l->index, 1, l->info.size());
   } else if (auto* r = std::get_if<codec::task_result>(&m)) {
     if (t.st != state::closing) return wrong("RESULT answers TASK_CLOSE");
     duration_.observe(now - t.started_at);

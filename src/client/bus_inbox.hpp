@@ -18,7 +18,7 @@
 #include <string_view>
 #include <utility>
 
-#include "codec/bus_messages.hpp"
+#include "codec/messages.hpp"
 #include "rlbus/bus.hpp"
 
 namespace rlbus::client::detail {

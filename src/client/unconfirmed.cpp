@@ -22,7 +22,7 @@ bool unconfirmed_data::ours(const std::string& task_id, std::uint32_t attempt) c
 std::size_t unconfirmed_data::size_of(const codec::message& m) {
   if (const auto* i = std::get_if<codec::info>(&m)) return i->body.size();
   if (const auto* l = std::get_if<codec::learn_info>(&m))
-    return l->buffer_id.size() + l->body.size();
+    return l->buffer_id.size() + l->info.size();
   const auto& d = std::get<codec::data_ready>(m);
   return d.data_id.size() + d.buffer_id.size() + d.meta.size() +
          (d.payload ? d.payload->size() : 0);

@@ -67,10 +67,6 @@ std::string encode_body(const message& m);
 result<event> decode_event(std::string_view topic, std::string_view body,
                            const decode_limits& limits = {});
 
-/// The body an event published under `topic` has (std::monostate: a topic without one this
-/// build knows), default-constructed: what decode_event reads it as.
-decltype(event::body) event_body_of(std::string_view topic);
-
 /// Appends the canonical encoding of an event body (the topic travels in its own frame).
 void encode_event(const event& e, msgpack::sbuffer& out);
 std::string encode_event(const event& e);

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <tuple>
 
-#include "codec/task_messages.hpp"
+#include "codec/messages.hpp"
 
 namespace rlbus::codec::event_body {
 
@@ -21,7 +21,7 @@ struct assigned {
   std::optional<std::uint64_t> policy_version;
   template <class S, class F>
   static void fields(S& s, F&& f) {
-    f("policy_version", s.policy_version, rule::version);
+    f("policy_version", s.policy_version, rule::range{1, ~std::uint64_t{0}});
   }
 };
 
@@ -45,7 +45,7 @@ struct data {
     f("buffer_id", s.buffer_id, rule::text{256});
     f("meta", s.meta, rule::shape::map);
     f("payload", s.payload, rule::bin{~std::size_t{0}});
-    f("policy_version", s.policy_version, rule::version);
+    f("policy_version", s.policy_version, rule::range{1, ~std::uint64_t{0}});
   }
 };
 

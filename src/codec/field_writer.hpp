@@ -1,4 +1,4 @@
-// Writes a struct that lists its fields in `fields(s, f)` (task_messages.hpp, messages.hpp,
+// Writes a struct that lists its fields in `fields(s, f)` (the generated model.hpp,
 // event_bodies.hpp) as one msgpack map in canonical form: the count of fields present, then
 // each field in the order listed. The one writer behind every message, event body and
 // TASK_EVENT body, into a msgpack::sbuffer or straight into a blob.
@@ -14,8 +14,7 @@
 
 #include <msgpack.hpp>
 
-#include "codec/bus_messages.hpp"
-#include "codec/task_messages.hpp"
+#include "codec/messages.hpp"
 
 namespace rlbus::codec {
 

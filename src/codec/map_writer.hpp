@@ -15,7 +15,7 @@
 #include <msgpack.hpp>
 
 #include "codec/field_writer.hpp"
-#include "codec/task_messages.hpp"
+#include "codec/messages.hpp"
 
 namespace rlbus::codec {
 

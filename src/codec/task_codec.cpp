@@ -143,108 +143,19 @@ result<message> read_as(field_reader& r) {
 }  // namespace
 
 result<message> read_fields_message(std::uint8_t type, field_reader& r) {
-  switch (static_cast<msg_type>(type)) {
-    case msg_type::hello:
-      return read_as<hello>(r);
-    case msg_type::welcome:
-      return read_as<welcome>(r);
-    case msg_type::heartbeat:
-      return read_as<heartbeat>(r);
-    case msg_type::disconnect:
-      return read_as<disconnect>(r);
-    case msg_type::error:
-      return read_as<error>(r);
-    case msg_type::submit:
-      return read_as<submit>(r);
-    case msg_type::submitted:
-      return read_as<submitted>(r);
-    case msg_type::finish:
-      return read_as<finish>(r);
-    case msg_type::cancel:
-      return read_as<cancel>(r);
-    case msg_type::data_reply:
-      return read_as<data_reply>(r);
-    case msg_type::task_event:
-      return read_as<task_event>(r);
-    case msg_type::capacity:
-      return read_as<capacity>(r);
-    case msg_type::task_start:
-      return read_as<task_start>(r);
-    case msg_type::task_close:
-      return read_as<task_close>(r);
-    case msg_type::learn:
-      return read_as<learn>(r);
-    case msg_type::no_data:
-      return read_as<no_data>(r);
-    case msg_type::task_abort:
-      return read_as<task_abort>(r);
-    case msg_type::policy_update:
-      return read_as<policy_update>(r);
-    case msg_type::started:
-      return read_as<started>(r);
-    case msg_type::data:
-      return read_as<data_ready>(r);
-    case msg_type::info:
-      return read_as<info>(r);
-    case msg_type::get_data:
-      return read_as<get_data>(r);
-    case msg_type::learn_info:
-      return read_as<learn_info>(r);
-    case msg_type::result:
-      return read_as<task_result>(r);
-    case msg_type::task_failed:
-      return read_as<task_failed>(r);
-    case msg_type::task_alive:
-      return read_as<task_alive>(r);
-    case msg_type::leaving:
-      return read_as<leaving>(r);
-    case msg_type::policy:
-      return read_as<policy>(r);
-    case msg_type::replay:
-      return read_as<replay>(r);
-    case msg_type::ack:
-      return read_as<ack>(r);
-    case msg_type::stream_gap:
-      return read_as<stream_gap>(r);
-    case msg_type::data_credit:
-      return read_as<data_credit>(r);
-    case msg_type::data_ack:
-      return read_as<data_ack>(r);
-    case msg_type::data_lost:
-      return read_as<data_lost>(r);
-    case msg_type::data_batch:
-      return read_as<data_batch>(r);
-    case msg_type::ops:
-      return read_as<ops>(r);
-    case msg_type::ops_reply:
-      return read_as<ops_reply>(r);
-    case msg_type::subscribe:
-      return read_as<subscribe>(r);
-    case msg_type::unsubscribe:
-      return read_as<unsubscribe>(r);
-    case msg_type::subscribed:
-      return read_as<subscribed>(r);
-    case msg_type::publish:
-      return read_as<publish>(r);
-    case msg_type::publish_credit:
-      return read_as<publish_credit>(r);
-    case msg_type::deliver:
-      return read_as<deliver>(r);
-    case msg_type::bus_ack:
-      return read_as<bus_ack>(r);
-    case msg_type::bus_gap:
-      return read_as<bus_gap>(r);
-    case msg_type::sync:
-      return read_as<repl_sync>(r);
-    case msg_type::snapshot:
-      return read_as<repl_snapshot>(r);
-    case msg_type::records:
-      return read_as<repl_records>(r);
-    case msg_type::synced:
-      return read_as<repl_synced>(r);
-    default:
-      break;
+  // The message whose type id this is: each alternative of `message` in turn.
+  std::optional<result<message>> out;
+  const auto id = static_cast<msg_type>(type);
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    const auto try_one = [&]<class T>(T* /*tag*/) {
+      if (T::type != id) return false;
+      out.emplace(read_as<T>(r));
+      return true;
+    };
+    return (try_one(static_cast<std::variant_alternative_t<I, message>*>(nullptr)) || ...);
   }
+  (std::make_index_sequence<std::variant_size_v<message>>{});
+  if (out) return std::move(*out);
   return decode_error{error_code::unknown_type, "not a ROUTER message"};
 }
 

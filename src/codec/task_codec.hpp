@@ -1,6 +1,6 @@
 // The generic codec: each message's and event body's fields() drives one encoder and one
-// decoder, so a message is declared once (task_messages.hpp, messages.hpp). Internal to
-// src/codec.
+// decoder, so a message is declared once (in messages.json, generated into model.hpp).
+// Internal to src/codec.
 #pragma once
 
 #include <cstdint>

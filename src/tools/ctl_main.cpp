@@ -500,7 +500,7 @@ int main(int argc, char** argv) {
     return show_cluster(cluster_etcd, cluster_name, std::chrono::milliseconds(timeout_ms), as_json,
                         keys);
   op.verb = chosen == watch ? "status" : chosen->get_name();
-  if (!kind.empty()) op.kind = kind;
+  if (!kind.empty()) op.kind = rlbus::parse_role(kind);  // collector or learner: checked above
   if (!state.empty()) op.state = state;
   if (!coordinator.empty()) op.coordinator = coordinator;
   if (limit != 0) op.limit = limit;

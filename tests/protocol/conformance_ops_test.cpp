@@ -108,7 +108,7 @@ TEST_CASE_METHOD(fixture, "SPEC 16.5: workers lists each worker session with its
   CHECK(all.at("workers")[1].at("task") == "");
   CHECK(all.at("workers")[2].at("id") == "l0");
   auto learners = op("workers");
-  learners.kind = "learner";
+  learners.kind = rlbus::role::learner;
   CHECK(ask(ctl, learners).at("total") == 1);
   auto one = op("workers");
   one.limit = 1;
@@ -146,7 +146,7 @@ TEST_CASE_METHOD(fixture, "SPEC 16.5: tasks lists live tasks in queue order, fil
   REQUIRE(c2_tasks.at("tasks").size() == 1);
   CHECK(c2_tasks.at("tasks")[0].at("kind") == "learner");
   auto collectors_queued = op("tasks");
-  collectors_queued.kind = "collector";
+  collectors_queued.kind = rlbus::role::collector;
   collectors_queued.state = "queued";
   collectors_queued.limit = 1;
   const auto r = ask(ctl, collectors_queued);

@@ -1,9 +1,10 @@
 // The message model (protocol/messages.json) against the C++ codec's own field tables: every
-// message's fields() (task_messages.hpp, bus_messages.hpp, messages.hpp), the event envelope and
-// every event body the codec writes, and every TASK_EVENT body the broker composes
-// (event_bodies.hpp). The tables are walked by a visitor that says what each field is in
-// messages.json's words (type, required, bounds), so a field changed in the C++ tables alone, or in
-// messages.json alone, fails here; the Python codec is driven by messages.json itself.
+// message's fields() (generated from messages.json into codec/model.hpp by protocol/gen_cpp.py:
+// this is the generator's test), the event envelope and every event body the codec writes, and
+// every TASK_EVENT body the broker composes (event_bodies.hpp, written by hand). The tables are
+// walked by a visitor that says what each field is in messages.json's words (type, required,
+// bounds), so a field changed in the C++ tables alone, or in messages.json alone, fails here; the
+// Python codec is driven by messages.json itself.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
