@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Writes the C++ message model from messages.json: gen_cpp.py MESSAGES_JSON OUT_HPP.
+"""Writes the C++ message model from messages.json: gen_cpp.py MESSAGES_JSON OUT_HPP; with
+--defaults first, the SDK's public rlbus/defaults.hpp instead (the model's `defaults`).
 
 The output (codec/model.hpp in the build tree) holds everything the wire's list decides: the
 header's constants, the type ids and their names, the error codes and their names, the decode
@@ -348,6 +349,35 @@ def generate(model):
     return out + body
 
 
+def generate_defaults(model):
+    """rlbus/defaults.hpp: the model's `defaults`, a `_ms` one as std::chrono::milliseconds."""
+    out = [
+        "// Generated from protocol/messages.json by protocol/gen_cpp.py at build time: do not edit.",
+        "// What the SDK, rlbus-ctl and the broker choose where the protocol leaves the choice to a",
+        "// peer: the endpoints a broker binds and a client connects to by default, the heartbeat",
+        "// and reconnect backoff a client asks for, the size of the batches and fragments it makes.",
+        "#pragma once",
+        "",
+        "#include <chrono>",
+        "#include <cstddef>",
+        "#include <string_view>",
+        "",
+        "namespace rlbus::defaults {",
+        "",
+    ]
+    for key, value in model["defaults"].items():
+        if isinstance(value, str):
+            out.append(f"inline constexpr std::string_view {key} = {quoted(value)};")
+        elif isinstance(value, int) and key.endswith("_ms"):
+            out.append(f"inline constexpr std::chrono::milliseconds {key[:-3]}{{{value}}};")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            out.append(f"inline constexpr std::size_t {key} = {value};")
+        else:
+            raise ModelError(f"defaults.{key}: a string or a whole number, not {value!r}")
+    out += ["", "}  // namespace rlbus::defaults", ""]
+    return "\n".join(out)
+
+
 HEAD = """\
 // Generated from protocol/messages.json by protocol/gen_cpp.py at build time: do not edit.
 // Everything here is the wire's list in C++: change messages.json and rebuild.
@@ -372,17 +402,22 @@ TAIL = "}  // namespace rlbus::codec\n"
 
 
 def main(argv):
+    defaults = len(argv) > 1 and argv[1] == "--defaults"
+    if defaults:
+        argv = argv[:1] + argv[2:]
     if len(argv) != 3:
-        print("usage: gen_cpp.py MESSAGES_JSON OUT_HPP", file=sys.stderr)
+        print("usage: gen_cpp.py [--defaults] MESSAGES_JSON OUT_HPP", file=sys.stderr)
         return 2
     try:
         with open(argv[1], encoding="utf-8") as f:
             model = json.load(f)
-        lines = generate(model)
+        if defaults:
+            text = generate_defaults(model)
+        else:
+            text = HEAD + "\n".join(generate(model)) + "\n" + TAIL
     except (OSError, ValueError, KeyError, ModelError) as e:
         print(f"gen_cpp.py: {argv[1]}: {e}", file=sys.stderr)
         return 1
-    text = HEAD + "\n".join(lines) + "\n" + TAIL
     with open(argv[2], "w", encoding="utf-8") as f:
         f.write(text)
     return 0

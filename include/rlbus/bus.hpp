@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "rlbus/connection.hpp"
+#include "rlbus/defaults.hpp"
 #include "rlbus/types.hpp"
 
 namespace rlbus {
@@ -42,15 +43,15 @@ namespace rlbus {
 struct bus_options {
   /// The broker's ROUTER endpoint, or the brokers of a group separated by commas
   /// ("tcp://a:7235,tcp://b:7235"): the client goes to the leader, and follows a takeover.
-  std::string endpoint = "tcp://127.0.0.1:7235";
+  std::string endpoint{defaults::router_endpoint};
   /// Unique among live peers on the broker: 1-128 characters of A-Z a-z 0-9 . _ : @ / -.
   /// Subscribers see it as the sender of this node's publications.
   std::string id;
   /// Heartbeat interval asked of the broker, which may clamp it (the agreed one is used).
-  std::chrono::milliseconds heartbeat{1000};
+  std::chrono::milliseconds heartbeat = defaults::heartbeat;
   /// Reconnect backoff: first delay, doubled per failed attempt up to the cap (+0-25% jitter).
-  std::chrono::milliseconds reconnect_min{100};
-  std::chrono::milliseconds reconnect_max{2000};
+  std::chrono::milliseconds reconnect_min = defaults::reconnect_min;
+  std::chrono::milliseconds reconnect_max = defaults::bus_reconnect_max;
   /// CURVE keys when the broker has CURVE on (SPEC §15; curve_keys_from_files reads them);
   /// unset: plain.
   std::optional<rlbus::curve_keys> curve;

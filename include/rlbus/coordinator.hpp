@@ -28,6 +28,7 @@
 #include <string>
 
 #include "rlbus/connection.hpp"
+#include "rlbus/defaults.hpp"
 #include "rlbus/types.hpp"
 
 namespace rlbus {
@@ -35,11 +36,11 @@ namespace rlbus {
 struct coordinator_options {
   /// The broker's ROUTER endpoint, or the brokers of a group separated by commas
   /// ("tcp://a:7235,tcp://b:7235"): the client goes to the leader, and follows a takeover.
-  std::string endpoint = "tcp://127.0.0.1:7235";
+  std::string endpoint{defaults::router_endpoint};
   std::string id = "coordinator";
-  std::chrono::milliseconds heartbeat{1000};
-  std::chrono::milliseconds reconnect_min{100};
-  std::chrono::milliseconds reconnect_max{5000};
+  std::chrono::milliseconds heartbeat = defaults::heartbeat;
+  std::chrono::milliseconds reconnect_min = defaults::reconnect_min;
+  std::chrono::milliseconds reconnect_max = defaults::reconnect_max;
   /// CURVE keys when the broker has CURVE on (SPEC §15); unset: plain.
   std::optional<rlbus::curve_keys> curve;
 };

@@ -20,6 +20,7 @@
 #include <string_view>
 
 #include "rlbus/connection.hpp"
+#include "rlbus/defaults.hpp"
 #include "rlbus/types.hpp"
 
 namespace rlbus {
@@ -27,7 +28,7 @@ namespace rlbus {
 struct worker_options {
   /// The broker's ROUTER endpoint, or the brokers of a group separated by commas
   /// ("tcp://a:7235,tcp://b:7235"): the client goes to the leader, and follows a takeover.
-  std::string endpoint = "tcp://127.0.0.1:7235";
+  std::string endpoint{defaults::router_endpoint};
   /// collector or learner.
   rlbus::role role = rlbus::role::collector;
   /// Unique among live peers on the broker: 1-128 characters of A-Z a-z 0-9 . _ : @ / -.
@@ -35,10 +36,10 @@ struct worker_options {
   /// What this worker offers (e.g. {"cpu", 4}, {"gpu", 1}); tasks will be matched on it.
   rlbus::resources resources;
   /// Heartbeat interval asked of the broker, which may clamp it (the agreed one is used).
-  std::chrono::milliseconds heartbeat{1000};
+  std::chrono::milliseconds heartbeat = defaults::heartbeat;
   /// Reconnect backoff: first delay, doubled per failed attempt up to the cap (+0-25% jitter).
-  std::chrono::milliseconds reconnect_min{100};
-  std::chrono::milliseconds reconnect_max{5000};
+  std::chrono::milliseconds reconnect_min = defaults::reconnect_min;
+  std::chrono::milliseconds reconnect_max = defaults::reconnect_max;
   /// CURVE keys when the broker has CURVE on (SPEC §15; curve_keys_from_files reads them
   /// from the files rlbus-broker keygen writes); unset: plain.
   std::optional<rlbus::curve_keys> curve;

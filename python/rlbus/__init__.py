@@ -24,13 +24,13 @@ __version__ = "0.1.0"  # the package's; pyproject.toml and meson.build carry the
 from . import protocol
 from ._keys import CurveKeys, curve_keys_from_files
 from ._types import Policy, SubmitResult, TaskFailure
-from .protocol import ProtocolError
+from .protocol import DEFAULT_ENDPOINT, ProtocolError
 
 if _os.environ.get("RLBUS_RUN_LOCK"):  # a process started by a process of a run joins it
     from . import _run
     _run.join_from_environment()
 
-__all__ = ["__version__", "protocol", "ProtocolError", "Policy", "SubmitResult", "TaskFailure",
+__all__ = ["__version__", "protocol", "DEFAULT_ENDPOINT", "ProtocolError", "Policy", "SubmitResult", "TaskFailure",
            "CurveKeys", "curve_keys_from_files", "Worker", "Task", "Coordinator", "Bus",
            "BusMessage", "BusError", "Broker", "find_broker"]
 

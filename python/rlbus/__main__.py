@@ -9,8 +9,8 @@ from typing import List, Optional
 
 from . import __version__
 from ._broker import BROKER_ENV, find_broker
-from ._run import listening
-from .compat._util import DEFAULT_ENDPOINT, DEFAULT_PORT, ENDPOINT_ENV
+from ._run import DEFAULT_PORT, ENDPOINT_ENV, listening
+from .protocol import DEFAULT_ENDPOINT
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -34,8 +34,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         here_now = "something listens there" if listening(DEFAULT_PORT) else \
             "nothing listens there now"
-        print(f"endpoint: {DEFAULT_ENDPOINT} for rlbus.Worker, Coordinator and Bus given no "
-              f"other (${ENDPOINT_ENV} unset; {here_now}); a DI-engine run (patch_dingengine() "
+        print(f"endpoint: {DEFAULT_ENDPOINT} (rlbus.DEFAULT_ENDPOINT) for rlbus.Worker and Bus "
+              f"given None, Coordinator given none, and the C++ SDK's options left unset "
+              f"(${ENDPOINT_ENV} unset; {here_now}); a DI-engine run (patch_dingengine() "
               f"or a runner with mq_type=\"rlbus\") that names none starts a broker of its "
               f"own, private to this user, that lives as long as the run"
               + ("" if binary else ", which needs a broker binary"))

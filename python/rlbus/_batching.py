@@ -19,7 +19,7 @@ __all__ = ["BATCH_ITEMS", "BATCH_BYTES", "batchable", "encode_batch"]
 # A DATA_BATCH carries at most this many items and bytes of items (an item's keys counted at
 # _ITEM_OVERHEAD); a meta deeper than _BATCH_NESTING goes alone.
 BATCH_ITEMS = 1024
-BATCH_BYTES = 64 * 1024
+BATCH_BYTES = P.DEFAULTS["data_batch_max_bytes"]
 _ITEM_OVERHEAD = 48
 _BATCH_NESTING = 12
 

@@ -36,7 +36,8 @@ import zmq
 
 from . import protocol as P
 from ._keys import CurveKeys
-from ._session import CONNECTING, READY, STATES, STOPPED, Session
+from ._session import (CONNECTING, HEARTBEAT, READY, RECONNECT_MAX, RECONNECT_MIN, STATES, STOPPED,
+                       Session)
 
 log = logging.getLogger("rlbus")
 
@@ -62,9 +63,9 @@ class Core:
     the reconnect bounds are seconds) and touches no network; :meth:`start` starts the
     thread, which connects and says HELLO."""
 
-    def __init__(self, endpoint: str, role: str, id: str, handler: Any, *,
-                 resources: Optional[Mapping[str, float]] = None, heartbeat: float = 1.0,
-                 reconnect_min: float = 0.1, reconnect_max: float = 5.0,
+    def __init__(self, endpoint: Optional[str], role: str, id: str, handler: Any, *,
+                 resources: Optional[Mapping[str, float]] = None, heartbeat: float = HEARTBEAT,
+                 reconnect_min: float = RECONNECT_MIN, reconnect_max: float = RECONNECT_MAX,
                  curve: Optional[CurveKeys] = None,
                  context: Optional["zmq.Context[Any]"] = None) -> None:
         self._session = Session(endpoint, role, id, on_state=self._set_state,

@@ -29,11 +29,14 @@ import stat
 import threading
 from typing import Any, Dict, List, Optional, Tuple, cast
 
-__all__ = ["RUN_LOCK_ENV", "prepare", "ensure_broker", "run_endpoint", "current", "for_child",
+from .protocol import DEFAULT_ENDPOINT
+
+__all__ = ["RUN_LOCK_ENV", "ENDPOINT_ENV", "DEFAULT_PORT", "prepare", "ensure_broker", "run_endpoint", "current", "for_child",
            "adopt", "leave", "join_from_environment"]
 
 RUN_LOCK_ENV = "RLBUS_RUN_LOCK"
-ENDPOINT_ENV = "RLBUS_ENDPOINT"
+ENDPOINT_ENV = "RLBUS_ENDPOINT"  # the endpoint a program names without code, read first
+DEFAULT_PORT = int(DEFAULT_ENDPOINT.rsplit(":", 1)[1])  # the default endpoint's port
 _KEPT_FINISHED = 20  # finished runs' folders kept (their logs), newest first
 
 log = logging.getLogger("rlbus.run")
@@ -222,7 +225,6 @@ def listening(port: int) -> bool:
 def _default_port_note() -> str:
     """Says so when something listens at the default endpoint (a broker the user meant, or
     anything else): a run that names no broker never hands its tasks to it."""
-    from .compat._util import DEFAULT_ENDPOINT, DEFAULT_PORT
     if not listening(DEFAULT_PORT):
         return ""
     return (f"; something listens at {DEFAULT_ENDPOINT} and is not used (name it in "

@@ -69,8 +69,15 @@ _REFUSED_CHECK = 0.05  # how often a group's peer looks for a refused connection
 _CONNECT_TIMEOUT_MS = 1000  # a broker whose machine is gone answers nothing, not even a refusal
 
 
+# A client's timings by default, in seconds (messages.json `defaults`, as the C++ SDK's).
+HEARTBEAT: float = P.DEFAULTS["heartbeat_ms"] / 1000.0
+RECONNECT_MIN: float = P.DEFAULTS["reconnect_min_ms"] / 1000.0
+RECONNECT_MAX: float = P.DEFAULTS["reconnect_max_ms"] / 1000.0
+BUS_RECONNECT_MAX: float = P.DEFAULTS["bus_reconnect_max_ms"] / 1000.0
+
+
 def heartbeat_seconds(heartbeat: Optional[float], heartbeat_ms: Optional[int],
-                      default: float = 1.0) -> float:
+                      default: float = HEARTBEAT) -> float:
     """The heartbeat interval in seconds from a public constructor's ``heartbeat``
     (seconds) or its deprecated ``heartbeat_ms`` (milliseconds; a DeprecationWarning).
     ValueError when both are given, or ``heartbeat_ms`` is not an integer in range (the
@@ -147,11 +154,13 @@ class Session:
     ``on_message(msg)`` of every message that is not HEARTBEAT, WELCOME, DISCONNECT or an
     ERROR about HELLO."""
 
-    def __init__(self, endpoint: str, role: str, id: str, *, on_state: StateCallback,
+    def __init__(self, endpoint: Optional[str], role: str, id: str, *, on_state: StateCallback,
                  on_welcome: MessageCallback, on_message: Optional[MessageCallback],
-                 resources: Optional[Mapping[str, float]] = None, heartbeat: float = 1.0,
-                 reconnect_min: float = 0.1, reconnect_max: float = 5.0,
+                 resources: Optional[Mapping[str, float]] = None, heartbeat: float = HEARTBEAT,
+                 reconnect_min: float = RECONNECT_MIN, reconnect_max: float = RECONNECT_MAX,
                  curve: Optional[CurveKeys] = None) -> None:
+        if endpoint is None:  # as the C++ SDK's options left unset
+            endpoint = P.DEFAULT_ENDPOINT
         check_options(endpoint, role, id, resources, heartbeat, reconnect_min, reconnect_max)
         if curve is not None and not isinstance(curve, CurveKeys):
             raise ValueError(f"curve: expected rlbus.CurveKeys (see curve_keys_from_files), "

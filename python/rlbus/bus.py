@@ -34,13 +34,13 @@ import zmq
 from . import protocol as P
 from ._core import Core
 from ._keys import CurveKeys
-from ._session import READY, STOPPED
+from ._session import BUS_RECONNECT_MAX, HEARTBEAT, READY, RECONNECT_MIN, STOPPED
 
 __all__ = ["Bus", "BusMessage", "BusError"]
 
 log = logging.getLogger("rlbus.bus")
 
-_FRAGMENT_ROOM = 64 * 1024   # what a fragment leaves of max-message for its body (§17.10)
+_FRAGMENT_ROOM = P.DEFAULTS["bus_fragment_room"]  # left of max-message for a fragment's body (§17.10)
 _ACK_EVERY = 32              # deliveries taken between two BUS_ACKs (§17.4.3)
 _ACK_BYTES = 1 << 20         # or their payload bytes; fewer go with the I/O thread's next turn
 _MAX_QUEUED = 256            # publications waiting for credit before publish() blocks,
@@ -48,9 +48,9 @@ _MAX_QUEUED_BYTES = 16 << 20  # or their bytes (one larger publication always fi
 _MAX_TOPIC = 256
 # Batches (§17.5.1): publications of at most 8 KiB queued on one topic go as one PUBLISH, at
 # most 256 of them and 64 KiB in all; each item a 4-byte big-endian length, then its bytes.
-_BATCH_ITEMS = 256
-_BATCH_ITEM_BYTES = 8 * 1024
-_BATCH_BYTES = 64 * 1024
+_BATCH_ITEMS = P.DEFAULTS["bus_batch_max_items"]
+_BATCH_ITEM_BYTES = P.DEFAULTS["bus_batch_max_item_bytes"]
+_BATCH_BYTES = P.DEFAULTS["bus_batch_max_bytes"]
 _LENGTH = struct.Struct(">I")
 _MAX_PARTIAL_BYTES = 256 << 20  # incomplete publications held, by default (fits a small machine)
 
@@ -110,7 +110,8 @@ class Bus:
     """One node of the topic bus. Construction connects in the background (it does not
     block); see the module's doc for what each call guarantees.
 
-    ``id`` names the node (peer id rule: 1..128 of ``A-Z a-z 0-9 . _ : @ / -``); unique among
+    ``endpoint``: the broker's ROUTER endpoint (or a group's, separated by commas); None means
+    :data:`rlbus.DEFAULT_ENDPOINT`, the C++ SDK's default too. ``id`` names the node (peer id rule: 1..128 of ``A-Z a-z 0-9 . _ : @ / -``); unique among
     live sessions. ``max_partial_bytes`` (default 256 MiB) bounds the bytes of fragmented
     publications this node holds while they are incomplete; past it the largest is dropped,
     logged and counted lost. ``accept``, when given, says which topics this node wants: a
@@ -119,8 +120,8 @@ class Bus:
     as ever, for the caller to filter.
     """
 
-    def __init__(self, endpoint: str, id: str, *, heartbeat: float = 1.0,
-                 reconnect_min: float = 0.1, reconnect_max: float = 2.0,
+    def __init__(self, endpoint: Optional[str], id: str, *, heartbeat: float = HEARTBEAT,
+                 reconnect_min: float = RECONNECT_MIN, reconnect_max: float = BUS_RECONNECT_MAX,
                  curve: Optional[CurveKeys] = None, context: Optional["zmq.Context[Any]"] = None,
                  max_partial_bytes: int = _MAX_PARTIAL_BYTES,
                  accept: Optional[Callable[[str], bool]] = None) -> None:

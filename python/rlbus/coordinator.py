@@ -49,7 +49,7 @@ from typing import Any, Callable, Deque, Dict, Mapping, Optional, Tuple
 from . import protocol as P
 from ._core import Core
 from ._keys import CurveKeys
-from ._session import heartbeat_seconds
+from ._session import RECONNECT_MAX, RECONNECT_MIN, heartbeat_seconds
 from ._stream import Progress, Stream
 from ._types import SubmitResult
 
@@ -216,8 +216,9 @@ class Coordinator:
     logged and the stream goes on. A callback may call :meth:`submit`, :meth:`cancel` and
     :meth:`finish` (submit blocks the stream while it waits for its answer).
 
-    The constructor validates the options (ValueError naming the bad one) and starts
-    connecting without waiting; use :meth:`wait_for` to wait for ``ready``. ``heartbeat``
+    ``endpoint`` defaults to :data:`rlbus.DEFAULT_ENDPOINT` (``tcp://127.0.0.1:7235``), as
+    the C++ SDK's does. The constructor validates the options (ValueError naming the bad
+    one) and starts connecting without waiting; use :meth:`wait_for` to wait for ``ready``. ``heartbeat``
     is the interval (seconds, default 1.0) asked of the broker; ``reconnect_min`` and
     ``reconnect_max`` bound the wait between reconnects (seconds). ``heartbeat_ms``
     (milliseconds) is the old spelling of ``heartbeat``, still accepted with a
@@ -225,9 +226,9 @@ class Coordinator:
     ``curve=rlbus.curve_keys_from_files("me.key", "broker.pub")`` connects with CURVE.
     """
 
-    def __init__(self, endpoint: str, id: str = "coordinator", callbacks: Any = None,
-                 heartbeat: Optional[float] = None, reconnect_min: float = 0.1,
-                 reconnect_max: float = 5.0, curve: Optional[CurveKeys] = None,
+    def __init__(self, endpoint: Optional[str] = None, id: str = "coordinator",
+                 callbacks: Any = None, heartbeat: Optional[float] = None,
+                 reconnect_min: float = RECONNECT_MIN, reconnect_max: float = RECONNECT_MAX, curve: Optional[CurveKeys] = None,
                  heartbeat_ms: Optional[int] = None) -> None:
         heartbeat = heartbeat_seconds(heartbeat, heartbeat_ms)
         cbs = _resolve_callbacks(callbacks)

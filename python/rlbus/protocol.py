@@ -52,7 +52,7 @@ from ._msgpack import read_map as _read_map
 
 __all__ = [
     "ProtocolError", "Raw", "Message", "Event", "MessageSpec", "FieldSpec", "SPEC", "MESSAGES",
-    "BY_ID", "LIMITS", "ERROR_CODES", "VERSION", "messages_json_path", "header", "parse_header",
+    "BY_ID", "LIMITS", "ERROR_CODES", "VERSION", "DEFAULTS", "DEFAULT_ENDPOINT", "messages_json_path", "header", "parse_header",
     "encode", "encode_body", "check_body", "Encoded", "decode", "decode_body", "decode_event",
     "encode_event",
     "has_message", "has_field", "type_id", "code_name", "unpack_value", "pack_value",
@@ -106,6 +106,10 @@ _MAX_MAP = LIMITS["max_map"]
 _MAX_STR = LIMITS["max_str"]
 _MAX_BIN = LIMITS["max_bin"]
 ERROR_CODES: Dict[int, str] = {int(e["code"]): str(e["name"]) for e in SPEC["error_codes"]}
+# What the SDKs choose where the protocol leaves the choice to a peer (the same numbers the
+# C++ SDK reads, from rlbus/defaults.hpp): endpoints, heartbeat, backoff, batch sizes.
+DEFAULTS: Dict[str, Any] = dict(SPEC["defaults"])
+DEFAULT_ENDPOINT: str = str(DEFAULTS["router_endpoint"])
 _msgpack.configure(LIMITS, ProtocolError)
 _MISSING = object()
 

@@ -40,7 +40,7 @@ from . import protocol as P
 from ._batching import batchable, encode_batch
 from ._core import Core
 from ._keys import CurveKeys
-from ._session import heartbeat_seconds
+from ._session import RECONNECT_MAX, RECONNECT_MIN, heartbeat_seconds
 from ._task import Task, as_map
 from ._types import Policy, TaskFailure
 from ._unconfirmed import Unconfirmed
@@ -140,8 +140,10 @@ class Worker:
     gets the newest and skips those replaced meanwhile (the task's :meth:`Task.policy`
     already returns the newest). None of them runs on the I/O thread.
 
-    The constructor validates the options (ValueError naming the bad one), starts the
-    threads and returns at once: it never waits for the network. :meth:`close` leaves the
+    ``endpoint`` is the broker's ROUTER endpoint, or a group's brokers separated by commas;
+    None means :data:`rlbus.DEFAULT_ENDPOINT` (``tcp://127.0.0.1:7235``, the C++ SDK's
+    default too). The constructor validates the options (ValueError naming the bad one),
+    starts the threads and returns at once: it never waits for the network. :meth:`close` leaves the
     broker and joins every thread the worker started; the worker is a context manager too.
 
     ``leave_on_sigterm=S`` (seconds; the constructor must then run on the main thread) makes
@@ -162,12 +164,12 @@ class Worker:
     way. Off, every DATA travels alone (for a broker older than batched data).
     """
 
-    def __init__(self, endpoint: str, role: str, id: str, run: Callable[[Task], Any],
+    def __init__(self, endpoint: Optional[str], role: str, id: str, run: Callable[[Task], Any],
                  close: Optional[Callable[[Task], Optional[Mapping[str, Any]]]] = None,
                  on_policy: Optional[Callable[[Task, Policy], Any]] = None,
                  resources: Optional[Mapping[str, float]] = None,
                  heartbeat: Optional[float] = None,
-                 reconnect_min: float = 0.1, reconnect_max: float = 5.0,
+                 reconnect_min: float = RECONNECT_MIN, reconnect_max: float = RECONNECT_MAX,
                  max_unconfirmed_data: int = 4096,
                  max_unconfirmed_bytes: int = 16 << 20,
                  leave_on_sigterm: Optional[float] = None,

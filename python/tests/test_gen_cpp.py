@@ -91,3 +91,45 @@ def test_a_model_it_cannot_translate_is_refused_with_the_field_named(tmp_path: A
     assert r.returncode == 1
     assert "hello.odd: unknown type float" in r.stderr
     assert not (tmp_path / "model.hpp").exists()
+
+
+def test_the_defaults_header_holds_the_models_defaults(tmp_path: Any) -> None:
+    src = tmp_path / "messages.json"
+    src.write_text(json.dumps(DOC), encoding="utf-8")
+    out = tmp_path / "defaults.hpp"
+    r = subprocess.run([sys.executable, GENERATOR, "--defaults", str(src), str(out)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    text = out.read_text(encoding="utf-8")
+    assert DOC["defaults"]["router_endpoint"] == "tcp://127.0.0.1:7235"  # as SPEC §2.3 says
+    for key, value in DOC["defaults"].items():
+        if isinstance(value, str):
+            assert f'{key} = "{value}";' in text
+        elif key.endswith("_ms"):
+            assert f"std::chrono::milliseconds {key[:-3]}{{{value}}};" in text
+        else:
+            assert f"std::size_t {key} = {value};" in text
+
+
+def test_the_python_sdk_takes_the_same_defaults() -> None:
+    import inspect
+
+    import rlbus
+    from rlbus._session import Session
+    from rlbus.bus import Bus
+    from rlbus.coordinator import Coordinator
+    from rlbus.worker import Worker
+    d = DOC["defaults"]
+    assert rlbus.DEFAULT_ENDPOINT == d["router_endpoint"]
+    for cls, reconnect_max in ((Worker, d["reconnect_max_ms"]),
+                               (Coordinator, d["reconnect_max_ms"]),
+                               (Bus, d["bus_reconnect_max_ms"])):
+        params = inspect.signature(cls.__init__).parameters
+        assert params["reconnect_min"].default == d["reconnect_min_ms"] / 1000
+        assert params["reconnect_max"].default == reconnect_max / 1000
+    assert inspect.signature(Coordinator.__init__).parameters["endpoint"].default is None
+    # None is the default endpoint, as the C++ SDK's options left unset
+    s = Session(None, "coordinator", "c", on_state=lambda *a: None,
+                on_welcome=lambda m: None, on_message=None)
+    assert s.endpoint == d["router_endpoint"]
+    assert s.heartbeat_ms == d["heartbeat_ms"]

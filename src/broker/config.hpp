@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "codec/protocol.hpp"
+#include "rlbus/defaults.hpp"
 
 namespace rlbus::broker {
 
@@ -26,9 +27,9 @@ std::string_view to_string(fsync_policy p);
 // Its fields are grouped by what they govern, not packed by size: one is made per broker.
 struct config {  // NOLINT(clang-analyzer-optin.performance.Padding)
   /// Where workers and coordinators connect (DEALER -> ROUTER). Port 0 or * picks a free one.
-  std::string router_endpoint = "tcp://127.0.0.1:7235";
+  std::string router_endpoint{rlbus::defaults::router_endpoint};
   /// Where subscribers receive events (SUB <- PUB).
-  std::string events_endpoint = "tcp://127.0.0.1:7236";
+  std::string events_endpoint{rlbus::defaults::events_endpoint};
   /// A peer silent for liveness x its heartbeat interval is expired.
   std::uint32_t liveness = 3;
   /// Bounds on the heartbeat interval a peer may ask for; its request is clamped into them.

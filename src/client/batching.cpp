@@ -5,13 +5,14 @@
 #include <variant>
 
 #include "client/unconfirmed.hpp"
+#include "rlbus/defaults.hpp"
 
 namespace rlbus::client::detail {
 
 namespace {
 // A DATA_BATCH holds at most this many bytes of items (§12.12.5); an item's keys and headers
 // are counted at item_overhead.
-constexpr std::size_t max_batch_bytes = std::size_t{64} * 1024;
+constexpr std::size_t max_batch_bytes = rlbus::defaults::data_batch_max_bytes;
 constexpr std::size_t item_overhead = 48;
 }  // namespace
 

@@ -43,9 +43,8 @@ namespace {
 using clock = std::chrono::steady_clock;
 using client::detail::payload_frame;
 
-constexpr std::size_t max_outbox = 100'000;  // subscription requests waiting
-constexpr std::size_t fragment_room =
-    std::size_t{64} * 1024;                             // what a fragment leaves for its body
+constexpr std::size_t max_outbox = 100'000;                         // subscription requests waiting
+constexpr std::size_t fragment_room = defaults::bus_fragment_room;  // left for a fragment's body
 constexpr std::size_t max_queued = 256;                 // publications waiting for credit
 constexpr std::size_t max_queued_bytes = 16 << 20;      // or their bytes (one always fits)
 constexpr auto forever = std::chrono::hours(24 * 365);  // recv() without a timeout

@@ -9,15 +9,17 @@
 #include <string>
 #include <string_view>
 
+#include "rlbus/defaults.hpp"
+
 namespace rlbus::codec {
 
 inline constexpr std::size_t batch_item_head = 4;  // the length before each item
 
 // What the reference SDKs put in one batch: publications of at most 8 KiB, at most 256 of them
-// and 64 KiB in all (larger ones travel alone).
-inline constexpr std::size_t batch_max_items = 256;
-inline constexpr std::size_t batch_max_item_bytes = std::size_t{8} * 1024;
-inline constexpr std::size_t batch_max_bytes = std::size_t{64} * 1024;
+// and 64 KiB in all (larger ones travel alone); the model's defaults say so.
+inline constexpr std::size_t batch_max_items = defaults::bus_batch_max_items;
+inline constexpr std::size_t batch_max_item_bytes = defaults::bus_batch_max_item_bytes;
+inline constexpr std::size_t batch_max_bytes = defaults::bus_batch_max_bytes;
 
 /// The length before an item (4 bytes, big-endian).
 inline std::size_t batch_item_length(const char* at) noexcept {

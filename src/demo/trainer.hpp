@@ -17,7 +17,7 @@
 namespace rlbus::demo {
 
 struct trainer_options {
-  std::string endpoint = "tcp://127.0.0.1:7235";
+  std::string endpoint{defaults::router_endpoint};
   std::uint64_t seed = 1;
   std::uint32_t directions = 32;
   std::uint32_t top_directions = 8;

@@ -26,6 +26,7 @@
 #include "cluster/etcd.hpp"
 #include "cluster/membership.hpp"
 #include "codec/codec.hpp"
+#include "rlbus/defaults.hpp"
 #include "rlbus/types.hpp"
 #include "util/endpoint_list.hpp"
 
@@ -406,7 +407,7 @@ int main(int argc, char** argv) {
       "Exit status: 0 done, 1 no answer from the broker, 2 bad usage, 3 the broker refused."};
   app.require_subcommand(1);
   app.fallthrough();  // the global options go before or after the verb, as kubectl takes them
-  std::string endpoint = "tcp://127.0.0.1:7235";
+  std::string endpoint{rlbus::defaults::router_endpoint};
   app.add_option("--broker", endpoint,
                  "the broker's ROUTER endpoint, or a group's brokers separated by commas (the "
                  "leader answers)")

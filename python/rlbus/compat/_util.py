@@ -14,9 +14,8 @@ import os
 import re
 from typing import Any, Dict, Optional
 
-DEFAULT_PORT = 7235  # the broker's ROUTER port when none is given
-DEFAULT_ENDPOINT = f"tcp://127.0.0.1:{DEFAULT_PORT}"
-ENDPOINT_ENV = "RLBUS_ENDPOINT"
+from .._run import ENDPOINT_ENV as ENDPOINT_ENV
+from ..protocol import DEFAULT_ENDPOINT as DEFAULT_ENDPOINT
 WORKER_ID_ENV = "RLBUS_WORKER_ID"
 COORDINATOR_ID_ENV = "RLBUS_COORDINATOR_ID"  # a stable coordinator id, to adopt a run's tasks
 CURVE_KEY_ENV = "RLBUS_CURVE_KEY"    # this process's .key file, for a broker with CURVE on

@@ -48,7 +48,8 @@ import uuid
 from typing import Any, Deque, Dict, FrozenSet, List, Optional, Set, Tuple, cast
 
 from .. import _run
-from ._util import DEFAULT_ENDPOINT, DEFAULT_PORT, ENDPOINT_ENV, curve_kwargs
+from .._run import DEFAULT_PORT
+from ._util import DEFAULT_ENDPOINT, ENDPOINT_ENV, curve_kwargs
 
 log = logging.getLogger("rlbus.compat.ditask")
 
