@@ -1,5 +1,5 @@
 // rlbus-broker: the broker binary. Flags, environment and config file -> config (one table
-// of settings, broker/settings.hpp), signals -> request_stop(), errors at start-up -> a clear
+// of settings, broker/core/settings.hpp), signals -> request_stop(), errors at start-up -> a clear
 // message and a non-zero exit code (2: usage or config, 1: cannot bind).
 #include <algorithm>
 #include <chrono>
@@ -27,11 +27,11 @@
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
-#include "broker/http_endpoint.hpp"
-#include "broker/replica.hpp"
-#include "broker/server.hpp"
-#include "broker/settings.hpp"
-#include "broker/standby_door.hpp"
+#include "broker/core/server.hpp"
+#include "broker/core/settings.hpp"
+#include "broker/group/replica.hpp"
+#include "broker/group/standby_door.hpp"
+#include "broker/ops/http_endpoint.hpp"
 #include "cluster/elector.hpp"
 #include "cluster/etcd.hpp"
 #include "cluster/membership.hpp"
@@ -376,7 +376,7 @@ int keygen(const std::string& stem) {
   }
 }
 
-// The flags of every setting, made from the table (broker/settings.hpp): each takes its value
+// The flags of every setting, made from the table (broker/core/settings.hpp): each takes its value
 // as text, checked as the config file's would be, and may come from its environment variable.
 // Returns each setting's option, to tell afterwards which ones were given.
 std::vector<std::pair<const rlbus::broker::setting*, CLI::Option*>> add_settings(

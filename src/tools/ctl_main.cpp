@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
-#include "broker/settings.hpp"
+#include "broker/core/settings.hpp"
 #include "client/session.hpp"
 #include "cluster/elector.hpp"
 #include "cluster/etcd.hpp"

@@ -20,8 +20,8 @@ SOURCE = os.environ.get("RLBUS_SOURCE_DIR", os.path.dirname(os.path.dirname(
 BUILD = os.environ.get("RLBUS_BUILD_DIR", os.path.join(SOURCE, "build"))
 CONSUMER = os.path.join(SOURCE, "tests", "install", "consumer")
 CXX = os.environ.get("CXX", "c++")
-PUBLIC_HEADERS = {"bus.hpp", "connection.hpp", "coordinator.hpp", "role.hpp", "types.hpp",
-                  "worker.hpp"}
+PUBLIC_HEADERS = {"bus.hpp", "connection.hpp", "coordinator.hpp", "defaults.hpp", "role.hpp",
+                  "types.hpp", "worker.hpp"}
 
 sys.path.insert(0, os.path.join(SOURCE, "python"))
 from rlbus import Broker  # noqa: E402

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "broker/settings.hpp"
+#include "broker/core/settings.hpp"
 #include "support/child.hpp"
 #include "support/support.hpp"
 

@@ -16,7 +16,7 @@
 
 #include <httplib.h>
 
-#include "broker/http_endpoint.hpp"
+#include "broker/ops/http_endpoint.hpp"
 #include "rlbus/worker.hpp"
 #include "support/child.hpp"
 #include "support/support.hpp"

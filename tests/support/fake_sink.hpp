@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "broker/task_manager.hpp"
+#include "broker/tasks/task_manager.hpp"
 #include "codec/codec.hpp"
 
 namespace rlbus::test {

@@ -13,7 +13,7 @@
 
 #include <zmq.hpp>
 
-#include "broker/server.hpp"
+#include "broker/core/server.hpp"
 #include "codec/codec.hpp"
 #include "rlbus/types.hpp"
 

@@ -3,7 +3,7 @@
 // room, duplicates and gaps, when a DATA_ACK is due and when a resend is asked for.
 #include <catch2/catch.hpp>
 
-#include "broker/attempt_data.hpp"
+#include "broker/tasks/attempt_data.hpp"
 
 using rlbus::broker::attempt_data;
 

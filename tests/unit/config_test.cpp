@@ -1,11 +1,11 @@
 // Broker configuration: bad settings are refused up front with a message naming them by
-// their key and flag (broker/settings.hpp).
+// their key and flag (broker/core/settings.hpp).
 #include <catch2/catch.hpp>
 
 #include <stdexcept>
 
-#include "broker/config.hpp"
-#include "broker/settings.hpp"
+#include "broker/core/config.hpp"
+#include "broker/core/settings.hpp"
 
 using namespace rlbus;
 

@@ -1,4 +1,4 @@
-// The door (broker/gatekeeper.hpp) in plain mode, driven by hand: a ROUTER whose connections
+// The door (broker/core/gatekeeper.hpp) in plain mode, driven by hand: a ROUTER whose connections
 // it counts, read only when the test says so. ZeroMQ names a message's connection only by its
 // descriptor, which the kernel gives to the next connection once the first is closed.
 #include <arpa/inet.h>
@@ -19,10 +19,10 @@
 
 #include <zmq.hpp>
 
-#include "broker/config.hpp"
-#include "broker/gatekeeper.hpp"
-#include "broker/server.hpp"
-#include "broker/standby_door.hpp"
+#include "broker/core/config.hpp"
+#include "broker/core/gatekeeper.hpp"
+#include "broker/core/server.hpp"
+#include "broker/group/standby_door.hpp"
 #include "support/support.hpp"
 
 using namespace std::chrono_literals;

@@ -14,8 +14,8 @@
 
 #include <fmt/format.h>
 
-#include "broker/journal.hpp"
-#include "broker/task_manager.hpp"
+#include "broker/durability/journal.hpp"
+#include "broker/tasks/task_manager.hpp"
 #include "codec/map_writer.hpp"
 #include "support/fake_sink.hpp"
 

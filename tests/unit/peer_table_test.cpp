@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "broker/peer_table.hpp"
+#include "broker/core/peer_table.hpp"
 
 using namespace rlbus;
 using namespace std::chrono_literals;

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "broker/quarantine.hpp"
+#include "broker/tasks/quarantine.hpp"
 
 using namespace rlbus;
 using namespace std::chrono_literals;

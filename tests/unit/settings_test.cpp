@@ -13,7 +13,7 @@
 
 #include <fmt/format.h>
 
-#include "broker/settings.hpp"
+#include "broker/core/settings.hpp"
 
 using namespace rlbus;
 

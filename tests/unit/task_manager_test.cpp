@@ -9,7 +9,7 @@
 #include <map>
 #include <set>
 
-#include "broker/task_manager.hpp"
+#include "broker/tasks/task_manager.hpp"
 #include "codec/codec.hpp"
 #include "codec/map_writer.hpp"
 #include "support/fake_sink.hpp"

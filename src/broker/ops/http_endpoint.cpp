@@ -1,0 +1,63 @@
+// See http_endpoint.hpp.
+#include "broker/ops/http_endpoint.hpp"
+
+#include <stdexcept>
+#include <thread>
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include "broker/ops/metrics.hpp"
+
+namespace rlbus::broker {
+
+struct http_endpoint::impl {
+  httplib::Server http;
+  std::string address;
+  int port = 0;
+  std::thread thread;
+};
+
+http_endpoint::http_endpoint(const std::string& address, std::uint32_t port,
+                             const std::function<stats()>& snapshot)
+    : impl_(std::make_unique<impl>()) {
+  auto& h = impl_->http;
+  h.new_task_queue = [] { return new httplib::ThreadPool(2); };  // a scraper and a probe
+  h.Get("/metrics", [snapshot](const httplib::Request&, httplib::Response& res) {
+    res.set_content(prometheus_text(snapshot()), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  h.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("ok\n", "text/plain");
+  });
+  h.Get("/readyz", [snapshot](const httplib::Request&, httplib::Response& res) {
+    const auto s = snapshot();
+    if (s.standby) {
+      res.status = 503;
+      res.set_content("standby: another broker of the group leads\n", "text/plain");
+    } else if (s.draining) {
+      res.status = 503;
+      res.set_content("draining: the broker is stopping\n", "text/plain");
+    } else {
+      res.set_content("ready\n", "text/plain");
+    }
+  });
+  impl_->address = address;
+  impl_->port =
+      port == 0 ? h.bind_to_any_port(address)
+                : (h.bind_to_port(address, static_cast<int>(port)) ? static_cast<int>(port) : -1);
+  if (impl_->port <= 0)
+    throw std::runtime_error(fmt::format(
+        "cannot listen for HTTP on {}:{} (metrics.address, metrics.port)", address, port));
+  impl_->thread = std::thread([this] { impl_->http.listen_after_bind(); });
+}
+
+http_endpoint::~http_endpoint() {
+  impl_->http.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+std::string http_endpoint::url() const {
+  return fmt::format("http://{}:{}", impl_->address, impl_->port);
+}
+
+}  // namespace rlbus::broker

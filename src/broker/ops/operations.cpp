@@ -1,0 +1,311 @@
+// The broker's answers to operators (SPEC §16): OPS in, one OPS_REPLY or one ERROR out. Each
+// verb reads or steers what the server and its task manager hold; this file only gathers
+// and writes it down, so the loop and the task logic stay where they are.
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <stdexcept>
+#include <vector>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "broker/core/server.hpp"
+#include "broker/core/settings.hpp"
+#include "codec/map_writer.hpp"
+
+namespace rlbus::broker {
+
+namespace {
+
+// Every array in a reply fits the decoding limits of §5.1 (1024 entries): a page holds at
+// most this many (§16.3.2), and so do the lists of status.
+constexpr std::size_t ops_page_max = 1000;
+constexpr std::size_t ops_changes_kept = 64;
+
+std::uint64_t ms_since(util::time_point then, util::time_point now) {
+  if (now <= then) return 0;
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(now - then).count());
+}
+
+refusal missing(std::string_view verb, std::string_view field) {
+  return {codec::error_code::bad_field, fmt::format("{} needs the field '{}'", verb, field)};
+}
+
+}  // namespace
+
+void server::on_ops(std::string_view routing_id, peer* p, zmq::message_t& body,
+                    util::time_point now) {
+  constexpr auto type = static_cast<std::uint8_t>(codec::msg_type::ops);
+  // An operator's mistake (a bad field, an unknown worker, a key that is not an operator's)
+  // is answered and counted, never a strike against the session: a coordinator that also
+  // runs operations keeps its work (§16.2).
+  const auto refuse = [&](codec::error_code code, std::string reason) {
+    fault(routing_id, p, code, std::move(reason), type, false);
+  };
+  const std::string_view bytes(static_cast<const char*>(body.data()), body.size());
+  auto decoded = codec::decode_body(type, bytes, cfg_.limits);
+  if (!decoded) return refuse(decoded.error().code, decoded.error().reason);
+  const auto& op = std::get<codec::ops>(decoded.value());
+  if (gate_.curve()) {  // §16.2: only keys listed as operators
+    std::string key;
+    // message_t::gets reads the connection's metadata; it is not C's gets.
+    // NOLINTNEXTLINE(clang-analyzer-security.insecureAPI.gets)
+    if (const char* k = body.gets("User-Id")) key = k;
+    const auto* e = gate_.entry(key);
+    if (e == nullptr || !e->operator_)
+      return refuse(codec::error_code::unauthorized,
+                    e == nullptr ? std::string("this connection's key is not in the allowlist")
+                                 : fmt::format("key '{}' is not an operator", e->name));
+  }
+  auto answer = ops_answer(op, now);
+  if (auto* why = std::get_if<refusal>(&answer)) return refuse(why->code, std::move(why->reason));
+  (void)send(routing_id,
+             codec::ops_reply{op.request_id, op.verb, std::move(std::get<codec::blob>(answer))});
+}
+
+std::variant<codec::blob, refusal> server::ops_answer(const codec::ops& op, util::time_point now) {
+  const auto limit = std::min(std::size_t{op.limit.value_or(1000)}, ops_page_max);
+  const auto offset = op.offset.value_or(0);
+  if (op.verb == "status") return ops_status(now);
+  if (op.verb == "workers") {
+    std::vector<const peer*> workers;
+    peers_.for_each([&](const peer& q) {
+      if (q.role == rlbus::role::coordinator || q.role == rlbus::role::bus) return;
+      if (op.kind && q.role != *op.kind) return;
+      workers.push_back(&q);
+    });
+    std::sort(workers.begin(), workers.end(),
+              [](const peer* a, const peer* b) { return a->serial < b->serial; });
+    std::vector<codec::blob> items;
+    for (std::size_t i = offset < workers.size() ? offset : workers.size(); i < workers.size();
+         ++i) {
+      const peer* q = workers[i];
+      if (items.size() == limit) break;
+      const auto w = tasks_.worker_state(q->id).value_or(task_manager::worker_view{});
+      items.push_back(codec::map_writer(10)
+                          .str("id", q->id)
+                          .str("role", to_string(q->role))
+                          .resources("resources", q->resources)
+                          .str("task", w.task)
+                          .uint("attempt", w.attempt)
+                          .uint("heartbeat_age_ms", ms_since(q->last_seen, now))
+                          .boolean("quarantined", w.quarantined)
+                          .boolean("leaving", w.leaving)
+                          .boolean("drained", w.drained)
+                          .uint("session", q->serial)
+                          .done());
+    }
+    return codec::map_writer(2).array("workers", items).uint("total", workers.size()).done();
+  }
+  if (op.verb == "tasks") {
+    const auto [tasks, total] = tasks_.list_tasks(op.state.value_or(""), op.kind,
+                                                  op.coordinator.value_or(""), limit, offset);
+    std::vector<codec::blob> items;
+    items.reserve(tasks.size());
+    for (const auto& t : tasks)
+      items.push_back(codec::map_writer(7)
+                          .str("id", t.id)
+                          .str("kind", to_string(t.kind))
+                          .str("state", t.state)
+                          .uint("attempt", t.attempt)
+                          .str("worker", t.worker)
+                          .str("coordinator", t.coordinator)
+                          .uint("age_ms", ms_since(t.submitted, now))
+                          .done());
+    return codec::map_writer(2).array("tasks", items).uint("total", total).done();
+  }
+  if (op.verb == "drain" || op.verb == "undrain" || op.verb == "evict") {
+    if (!op.worker) return missing(op.verb, "worker");
+    const auto& id = *op.worker;
+    const peer* q = peers_.by_id(id);
+    if (q == nullptr || q->role == rlbus::role::coordinator || q->role == rlbus::role::bus)
+      return refusal{codec::error_code::no_such_peer,
+                     fmt::format("no worker '{}' has a session", id)};
+    if (op.verb == "evict") {
+      const auto held = tasks_.take_back(id, "evicted by an operator", now).value_or("");
+      spdlog::warn("worker {} evicted by an operator{}", id,
+                   held.empty() ? "" : fmt::format(" (its task {} handed back)", held));
+      forget_session(*q, codec::error_code::evicted, "evicted by an operator");
+      store_counters();
+      return codec::map_writer(2).str("worker", id).str("task", held).done();
+    }
+    tasks_.set_drained(id, op.verb == "drain", now);
+    store_counters();
+    if (op.verb == "undrain") return codec::map_writer(1).str("worker", id).done();
+    const auto w = tasks_.worker_state(id).value_or(task_manager::worker_view{});
+    return codec::map_writer(2).str("worker", id).str("task", w.task).done();
+  }
+  if (op.verb == "topics") return ops_topics(limit, offset);
+  // set (the decoder allows no other verb)
+  if (!op.key) return missing(op.verb, "key");
+  if (!op.value) return missing(op.verb, "value");
+  const auto* s = find_setting(*op.key);
+  if (s == nullptr || s->key() != *op.key)
+    return refusal{codec::error_code::bad_field,
+                   fmt::format("'{}' is not a setting (keys as in the config file, e.g. "
+                               "tasks.max-queue)",
+                               *op.key)};
+  if (!s->live)  // the table says which settings are read afresh at each use
+    return refusal{codec::error_code::bad_field,
+                   fmt::format("{} cannot change while the broker runs; the ones that can: {}",
+                               *op.key, fmt::join(live_setting_keys(), ", "))};
+  config next = cfg_;
+  if (auto why = s->assign(next, *op.value); !why.empty())
+    return refusal{codec::error_code::bad_field, fmt::format("{}: {}", *op.key, why)};
+  try {
+    validate(next);
+  } catch (const std::invalid_argument& e) {
+    return refusal{codec::error_code::bad_field, fmt::format("{}: {}", *op.key, e.what())};
+  }
+  auto was = s->text(cfg_);
+  cfg_ = std::move(next);  // the task manager reads the same object
+  spdlog::warn("an operator set {} = {} (was {})", *op.key, *op.value, was);
+  changes_.push_back({*op.key, *op.value, was, now});
+  ++changes_total_;
+  if (changes_.size() > ops_changes_kept) changes_.pop_front();
+  return codec::map_writer(3).str("key", *op.key).str("value", *op.value).str("was", was).done();
+}
+
+// The topic bus (SPEC §17): the busiest topics first, and the nodes that lag most first, one
+// page of each.
+codec::blob server::ops_topics(std::size_t limit, std::size_t offset) const {
+  const auto topics = bus_.topics(offset + limit);
+  const auto nodes = bus_.nodes(offset + limit);
+  const auto counts = bus_.counts();
+  std::vector<codec::blob> t_items, n_items;
+  for (std::size_t i = offset; i < topics.size(); ++i)
+    t_items.push_back(codec::map_writer(4)
+                          .str("topic", topics[i].topic)
+                          .uint("messages", topics[i].messages)
+                          .uint("bytes", topics[i].bytes)
+                          .uint("subscribers", topics[i].subscribers)
+                          .done());
+  for (std::size_t i = offset; i < nodes.size(); ++i)
+    n_items.push_back(codec::map_writer(13)
+                          .str("id", nodes[i].id)
+                          .uint("subscriptions", nodes[i].subscriptions)
+                          .uint("queued", nodes[i].queued)
+                          .uint("queued_bytes", nodes[i].queued_bytes)
+                          .uint("acked", nodes[i].acked)
+                          .uint("next_seq", nodes[i].next_seq)
+                          .uint("published", nodes[i].published)
+                          .boolean("held_back", nodes[i].held_back)
+                          .str("held_by", nodes[i].held_by)
+                          .strings("holding_back", nodes[i].holding_back)
+                          .boolean("stalled", nodes[i].stalled)
+                          .uint("stalls", nodes[i].stalls)
+                          .uint("dropped", nodes[i].dropped)
+                          .done());
+  return codec::map_writer(4)
+      .array("topics", t_items)
+      .uint("topics_total", bus_.topics_tracked())
+      .array("nodes", n_items)
+      .uint("nodes_total", counts.nodes)
+      .done();
+}
+
+codec::blob server::ops_status(util::time_point now) const {
+  const auto s = snapshot();
+  std::vector<codec::blob> streams;
+  const auto all_streams = tasks_.list_streams();
+  for (const auto& st : all_streams) {
+    if (streams.size() == ops_page_max) break;
+    streams.push_back(codec::map_writer(5)
+                          .str("coordinator", st.coordinator)
+                          .uint("seq", st.seq)
+                          .uint("acked", st.acked)
+                          .boolean("windowed", st.windowed)
+                          .uint("held", st.held)
+                          .done());
+  }
+  std::vector<codec::blob> changes;
+  for (const auto& c : changes_)
+    changes.push_back(codec::map_writer(4)
+                          .str("key", c.key)
+                          .str("value", c.value)
+                          .str("was", c.was)
+                          .uint("age_ms", ms_since(c.at, now))
+                          .done());
+  const std::pair<std::string_view, std::uint64_t> counts[] = {
+      {"messages_in", s.messages_in},
+      {"messages_out", s.messages_out},
+      {"faults", s.faults},
+      {"expired", s.expired},
+      {"events", s.events},
+      {"tasks_finished", s.tasks_finished},
+      {"tasks_failed", s.tasks_failed},
+      {"tasks_requeued", s.tasks_requeued},
+      {"stale_messages", s.stale_messages},
+      {"stream_replays", s.stream_replays},
+      {"stream_resent", s.stream_resent},
+      {"stream_lost", s.stream_lost},
+      {"data_duplicates", s.data_duplicates},
+      {"data_out_of_order", s.data_out_of_order},
+      {"data_lost", s.data_lost},
+      {"quarantines", s.quarantines},
+      {"connections", s.connections},
+      {"over_bytes", s.over_bytes},
+      {"stalled_cut", s.stalled_cut},
+      {"cut_hellos", s.cut_hellos},
+      {"send_queue_bytes", s.queued_bytes},
+      {"stream_ring_bytes", s.ring_bytes},
+      {"stream_ring_budget_drops", s.ring_drops}};
+  codec::map_writer counters(static_cast<std::uint32_t>(std::size(counts)));
+  for (const auto& [name, v] : counts) counters.uint(name, v);
+  const auto b = bus_.counts();  // live: this runs on the loop's thread
+  const std::pair<std::string_view, std::uint64_t> bus_counts[] = {
+      {"nodes", b.nodes},
+      {"subscriptions", b.subscriptions},
+      {"published", b.published},
+      {"published_bytes", b.published_bytes},
+      {"delivered", b.delivered},
+      {"dropped", b.dropped},
+      {"gaps", b.gaps},
+      {"resent", b.resent},
+      {"duplicates", b.duplicates},
+      {"abandoned", b.abandoned},
+      {"held_back", b.held_back},
+      {"stalls", b.stalls},
+      {"stalled", b.stalled},
+      {"queued_bytes", b.queued_bytes},
+      {"retained", b.retained},
+      {"retained_bytes", b.retained_bytes},
+      {"retain_evicted", b.retain_evicted}};
+  codec::map_writer bus(static_cast<std::uint32_t>(std::size(bus_counts)));
+  for (const auto& [name, v] : bus_counts) bus.uint(name, v);
+  // A group's leader: the standbys that copy its journal (SPEC §14.10).
+  std::vector<codec::blob> standbys;
+  for (const auto& st : this->standbys())
+    standbys.push_back(codec::map_writer(4)
+                           .str("member", st.member)
+                           .uint("position", st.position)
+                           .uint("lag_bytes", st.lag)
+                           .boolean("in_sync", st.in_sync)
+                           .done());
+  return codec::map_writer(12)
+      .uint("uptime_ms", ms_since(started_, now))
+      .boolean("draining", s.draining)
+      .raw("peers", codec::map_writer(4)
+                        .uint("collector", s.collectors)
+                        .uint("learner", s.learners)
+                        .uint("coordinator", s.coordinators)
+                        .uint("bus", s.nodes)
+                        .done())
+      .raw("tasks", codec::map_writer(2)
+                        .uint("queued", s.tasks_queued)
+                        .uint("running", s.tasks_running)
+                        .done())
+      .uint("queue_depth", s.tasks_queued)
+      .raw("counters", counters.done())
+      .array("streams", streams)
+      .uint("streams_total", all_streams.size())
+      .array("changes", changes)
+      .uint("changes_total", changes_total_)
+      .raw("bus", bus.done())
+      .array("standbys", standbys)
+      .done();
+}
+
+}  // namespace rlbus::broker
