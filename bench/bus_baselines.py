@@ -308,11 +308,8 @@ class RlbusBackend(Backend):
 
     name = "rlbus"
     # Broker flags beyond what rlbus.Broker passes (--drain-ms 0), printed with the rows
-    # (--rlbus-broker-args to change them). With the defaults (64 MiB bus-queue-bytes, 256 MiB
-    # bus-memory) a 64 MiB payload loses deliveries: a publisher's credit is 64 PUBLISH of up
-    # to max-message (1 MiB) each, 64 MiB in flight against a 64 MiB queue, and the broker drops
-    # what passes it (reported as gaps). A queue four times as large holds it.
-    broker_args = ("--bus-queue-bytes", str(256 << 20), "--bus-memory", str(512 << 20))
+    # (--rlbus-broker-args to change them): none, so the rows are the broker's defaults.
+    broker_args: tuple = ()
 
     @staticmethod
     def unavailable():
@@ -855,9 +852,8 @@ def main(argv=None):
     ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     ap.add_argument("--slow-size", type=int, default=16 << 10)
     ap.add_argument("--rlbus-broker-args", metavar="FLAGS", default=None,
-                    help="the rlbus and ditask backends' broker flags, one string ('' for "
-                         "the broker's defaults; default: "
-                         f"{' '.join(RlbusBackend.broker_args)})")
+                    help="the rlbus and ditask backends' broker flags, one string (default: "
+                         "none, the broker's defaults)")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny counts, one trial, no 64 MiB row: checks the harness (seconds)")
     ap.add_argument("--build", default=os.environ.get("RLBUS_BUILD_DIR",
