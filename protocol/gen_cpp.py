@@ -159,17 +159,23 @@ def member(owner, f, words):
     return ctype, init, rules
 
 
-def struct(out, name, fields, words, doc, type_id=None, check=None):
-    out.append(f"/// {doc}")
-    out.append(f"struct {name} {{")
+def members(out, owner, fields, words):
+    """Appends the members of `owner` for `fields`; returns their lines of its fields()."""
     calls = []
     for f in fields:
-        ctype, init, rules = member(name, f, words)
+        ctype, init, rules = member(owner, f, words)
         # A member may not be named like its class (INFO's `info`): that one is `body`.
-        mname = "body" if f["name"] == name else f["name"]
+        mname = "body" if f["name"] == owner else f["name"]
         out.append(f"  {ctype} {mname}{'' if init is None else ' = ' + init};")
         args = "".join(", " + r for r in rules)
         calls.append(f"    f({quoted(f['name'])}, s.{mname}{args});")
+    return calls
+
+
+def struct(out, name, fields, words, doc, type_id=None, check=None):
+    out.append(f"/// {doc}")
+    out.append(f"struct {name} {{")
+    calls = members(out, name, fields, words)
     if type_id is not None:
         out.append(f"  static constexpr msg_type type = msg_type::{type_id};")
     out.append(f"  bool operator==(const {name}&) const = default;")
@@ -315,11 +321,7 @@ def generate(model):
     body.append("/// a topic this build does not know decodes with std::monostate as its body.")
     body.append("struct event {")
     body.append("  std::string topic;")
-    calls = []
-    for f in model["event_envelope"]:
-        ctype, init, rules = member("event", f, words)
-        body.append(f"  {ctype} {f['name']} = {init};")
-        calls.append(f"    f({quoted(f['name'])}, s.{f['name']}{''.join(', ' + r for r in rules)});")
+    calls = members(body, "event", model["event_envelope"], words)
     body.append(f"  std::variant<std::monostate, {', '.join(order)}> body;")
     body.append("  bool operator==(const event&) const = default;")
     body.append("  /// The envelope's fields, written before the body's.")
