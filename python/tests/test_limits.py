@@ -9,6 +9,7 @@ connection limit never gets a session, even when its HELLO came first."""
 
 from __future__ import annotations
 
+import socket
 import time
 from typing import List
 
@@ -227,6 +228,42 @@ def test_a_connection_cut_for_a_limit_never_gets_a_session(closing) -> None:
         finally:
             ctx2.term()
         assert not any(a.startswith("ERROR") for a in answers), answers
+    finally:
+        b.stop()
+
+
+def test_a_connection_on_the_descriptor_of_a_cut_one_is_served_on_a_quiet_broker(
+        closing) -> None:
+    """What a connection cut at accept said may still wait in the ROUTER under its
+    descriptor, so a connection that gets that descriptor before the ROUTER is read to the end
+    is cut too (SPEC §15.5). The broker reads it to the end as soon as it sees the cut one go,
+    not when the next message comes: on a quiet broker a client that lands on that descriptor
+    gets in, rather than being cut at each reconnect for as long as nobody else speaks."""
+    b = Broker(["--max-connections-per-address", "1"])
+    try:
+        held = RawWorker(b.router, "collector", id=uid("held"))  # 127.0.0.1's one connection
+        closing(held)
+        with socket.create_connection(("127.0.0.1", b.router_port), timeout=10) as cut:
+            # past the limit: the broker cuts it (after, perhaps, its greeting)
+            while cut.recv(64):
+                pass
+        ctx = zmq.Context()
+        try:
+            s = ctx.socket(zmq.DEALER)
+            s.linger = 0
+            s.reconnect_ivl = 50
+            # the broker's next accepted connection takes the lowest free descriptor: the cut one's
+            s.connect(f"tcp://127.0.0.2:0;127.0.0.1:{b.router_port}")
+            hello = P.encode("HELLO", dict(role="collector", id=uid("late"), heartbeat_ms=60000,
+                                           resources={}))
+
+            def welcomed() -> bool:
+                # a HELLO said on a connection that was then cut is gone with it: say it again
+                s.send_multipart(list(hello))
+                return bool(s.poll(500)) and P.decode(s.recv_multipart()).name == "WELCOME"
+            assert wait_until(welcomed, 15, step=0)
+        finally:
+            ctx.destroy(0)
     finally:
         b.stop()
 

@@ -95,6 +95,10 @@ class gatekeeper {
   /// end has been read by now (libzmq hands a connection's messages on before it tells the
   /// monitor of the end), so its descriptor may serve a new connection.
   void router_drained() { cut_gone_.clear(); }
+  /// Whether the door waits for the ROUTER to be read to the end before a new connection on a
+  /// cut one's descriptor is served: the owner reads it now, not when a message next comes,
+  /// or every connection that lands there on a quiet broker would be cut at each reconnect.
+  [[nodiscard]] bool awaits_drain() const noexcept { return !cut_gone_.empty(); }
   /// Cuts the live connection on descriptor `fd` (one that has stopped reading, SPEC §15.5):
   /// libzmq sees it end and drops what was queued for it; its peer may connect again. Returns
   /// the connection's source address, or nothing when no connection of ours has that

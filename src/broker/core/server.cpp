@@ -173,6 +173,7 @@ void server::run() {
     if (draining_) deadline = std::min(deadline, drain_end_);
     if (fence_) deadline = std::min(deadline, fence_());
     if (repl_) deadline = std::min(deadline, repl_->next_due());
+    if (gate_.awaits_drain()) deadline = now;  // a cut connection's end read at the status
     // Built each turn: the event socket is a new one after a subscriber's key was revoked.
     items.assign({{router_.handle(), 0, ZMQ_POLLIN, 0},
                   {nullptr, wake_.read_fd(), ZMQ_POLLIN, 0},
@@ -193,7 +194,7 @@ void server::run() {
     if ((items[2].revents & ZMQ_POLLIN) != 0) events_.read_subscriptions();
     now = util::clock::now();
     if (repl_ && (items[3].revents & ZMQ_POLLIN) != 0) repl_->on_readable(now);
-    if ((items[0].revents & ZMQ_POLLIN) != 0) drain_router();
+    if ((items[0].revents & ZMQ_POLLIN) != 0 || gate_.awaits_drain()) drain_router();
     now = util::clock::now();
     bus_.end_of_turn();
     peers_.expire(now, [this](const peer& p) {

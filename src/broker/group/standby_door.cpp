@@ -65,7 +65,7 @@ void standby_door::serve(const leader_hint& leader, util::time_point until, int 
     if (std::any_of(items.begin() + 2, items.end(),
                     [](const zmq::pollitem_t& i) { return (i.revents & ZMQ_POLLIN) != 0; }))
       gate_.on_readable();
-    if ((items[0].revents & ZMQ_POLLIN) != 0) drain(leader);
+    if ((items[0].revents & ZMQ_POLLIN) != 0 || gate_.awaits_drain()) drain(leader);
     if ((items[1].revents & ZMQ_POLLIN) != 0) return;
   }
 }
