@@ -61,6 +61,8 @@ def test_python_m_rlbus_names_the_version_the_broker_and_the_endpoint(tmp_path) 
 def test_python_m_rlbus_says_where_it_looked_when_there_is_no_broker(tmp_path) -> None:
     # a copy of the package away from any build tree, and a PATH without a broker
     shutil.copytree(os.path.join(PYTHON_DIR, "rlbus"), tmp_path / "pkg" / "rlbus")
+    shutil.copyfile(os.path.join(os.path.dirname(PYTHON_DIR), "VERSION"),
+                    tmp_path / "pkg" / "rlbus" / "VERSION")  # as setup.py puts it in
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLBUS_")}
     env.update(PYTHONPATH=str(tmp_path / "pkg"), PATH="/usr/bin:/bin",
                RLBUS_MESSAGES_JSON=os.path.join(os.path.dirname(PYTHON_DIR), "protocol",
