@@ -5,12 +5,12 @@ recv / stop), each node a process of its own. Nothing here asserts a timing.
 
 Backends (one class each; another MQ is one more class in BACKENDS):
 
-  redis   the shape of DI-engine's RedisMQ (python/tests/ditask/redis_mq.py): one PUBLISH per
+  redis   the shape of DI-engine's RedisMQ (python/standins/ditask/redis_mq.py): one PUBLISH per
           message, self-discard by node id, a PubSub polled with a 1 ms sleep; against a
           redis-server this script starts on a free port (skipped if not installed)
   bare    bare pyzmq PUB/SUB, direct: every node binds a PUB, its SUB connects to the others'
   proxy   pyzmq PUB/SUB through an XSUB/XPUB forwarder (zmq.proxy) in its own process: the
-          tests' zmqpubsub MQ (python/tests/ditask/zmq_mq.py)
+          zmqpubsub MQ the DI-engine tests run over too (python/standins/ditask/zmq_mq.py)
   rlbus   rlbus.Bus (python/rlbus/bus.py) through an rlbus-broker this script starts on free
           loopback ports (rlbus.Broker; $RLBUS_BROKER names the binary): every node a Bus,
           subscribe() a subscription at the broker, publish() with no timeout (held back by
@@ -67,8 +67,10 @@ import time
 import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DITASK = os.path.join(ROOT, "python", "tests", "ditask")
-sys.path[:0] = [os.path.join(DITASK, "standin"), DITASK, os.path.join(ROOT, "python")]
+DITASK = os.path.join(ROOT, "python", "standins", "ditask")
+# the stand-in DI-engine framework with its MQ shapes, and the rlbus package
+PATHS = [DITASK, os.path.join(ROOT, "python")]
+sys.path[:0] = PATHS
 
 import zmq  # noqa: E402
 
@@ -683,7 +685,7 @@ def measure_startup(backend, opts):
     same process with no MQ at all."""
     if backend.worker_code is None or not backend.wants("listen_s"):
         return []
-    paths = json.dumps(sys.path[:3])
+    paths = json.dumps(PATHS)
     config = json.dumps(backend.nodes(1)[0])
     # as installed packages are: compiled once (the first process, not counted, writes the
     # bytecode), not from source in every process

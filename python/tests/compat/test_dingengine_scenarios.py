@@ -1,6 +1,6 @@
 """DI-engine's coordinator scenarios through rlbus.compat against the real broker.
 
-The stand-in `ding` package (tests/compat/standin) has DI-engine's Coordinator shape and
+The stand-in `ding` package (python/standins/legacy) has DI-engine's Coordinator shape and
 its test doubles; patch_dingengine() turns them into rlbus clients, as it would for the
 real package. Scenario 1 is DI-engine's test_coordinator (two NaiveCollectors, one
 NaiveLearner, configured statically); scenario 2 its fake-operator-server variant.

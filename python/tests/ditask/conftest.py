@@ -19,7 +19,7 @@ import subprocess
 
 import pytest
 
-from . import zmq_mq
+import zmq_mq
 from .helpers import wait_until
 
 DEFAULT_MQ_TYPES = "rlbus,zmqpubsub"
