@@ -37,19 +37,19 @@ from .. import _run
 from ._util import ENDPOINT_ENV
 
 if TYPE_CHECKING:
-    from .coordinator import CommCoordinator
-    from .slave import Slave
+    from .legacy.coordinator import CommCoordinator
+    from .legacy.slave import Slave
 
 log = logging.getLogger("rlbus.compat")
 
 
 def _slave() -> "Type[Slave]":
-    from .slave import Slave
+    from .legacy.slave import Slave
     return Slave
 
 
 def _comm_coordinator() -> "Type[CommCoordinator]":
-    from .coordinator import CommCoordinator
+    from .legacy.coordinator import CommCoordinator
     return CommCoordinator
 
 

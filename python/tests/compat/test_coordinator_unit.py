@@ -234,7 +234,7 @@ def test_failed_task_is_logged_and_offered_to_an_optional_key(fake_sdk, caplog):
 
 
 def test_operator_address_and_pod_names():
-    from rlbus.compat.operator import _split_addr, pod_name
+    from rlbus.compat.legacy.operator import _split_addr, pod_name
     assert _split_addr("https://0.0.0.0:14502") == ("0.0.0.0", 14502)
     assert _split_addr("10.0.0.2:80/api") == ("10.0.0.2", 80)
     assert _split_addr("operator.svc") == ("operator.svc", 80)

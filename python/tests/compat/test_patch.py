@@ -40,8 +40,8 @@ def test_patch_swaps_coordinator_and_slave_before_comm_classes_are_built():
         # nothing of the legacy mode is imported until the process imports it itself (a
         # ditask worker never does), nor rlbus's classes for it
         loaded = [m for m in sys.modules if m.startswith(("ding.worker", "ding.interaction",
-                                                           "rlbus.compat.slave",
-                                                           "rlbus.compat.coordinator"))]
+                                                           "rlbus.compat.legacy.slave",
+                                                           "rlbus.compat.legacy.coordinator"))]
         assert not loaded, loaded
         import ding.interaction, ding.interaction.slave
         from ding.worker.coordinator import coordinator, comm_coordinator

@@ -37,7 +37,7 @@ import time
 from types import TracebackType
 from typing import Any, Callable, Dict, Optional, Tuple, Type, TypeVar, cast
 
-from ._util import (WORKER_ID_ENV, clean_id, coerce_resources, curve_kwargs, plain,
+from .._util import (WORKER_ID_ENV, clean_id, coerce_resources, curve_kwargs, plain,
                     resolve_endpoint, sdk)
 from .exceptions import is_named, is_task_fail
 
@@ -215,7 +215,7 @@ class Slave:
             raise ValueError("Slave role must be 'collector' or 'learner' (got {!r}); pass role= "
                              "or set the class attribute rlbus_role".format(self._rlbus_role))
         self._rlbus_ready_timeout = float(ready_timeout)
-        self._rlbus_log = logging.getLogger("rlbus.compat.slave")
+        self._rlbus_log = logging.getLogger("rlbus.compat.legacy.slave")
         self._rlbus_worker: Any = None  # the SDK's Worker
         self._rlbus_raw_resources: Dict[str, Any] = {}
         self._rlbus_resources: Dict[str, float] = {}

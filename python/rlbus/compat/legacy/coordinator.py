@@ -34,7 +34,7 @@ import time
 import uuid
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
-from ._util import (COORDINATOR_ID_ENV, cfg_get, clean_id, curve_kwargs, plain,
+from .._util import (COORDINATOR_ID_ENV, cfg_get, clean_id, curve_kwargs, plain,
                     resolve_endpoint, sdk, seconds_to_ms, valid_id)
 from .operator import OperatorClient, pod_name
 

@@ -14,7 +14,7 @@ import urllib.parse
 import urllib.request
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
-from ._util import cfg_get
+from .._util import cfg_get
 
 DEFAULT_NAMESPACE = "default"
 DEFAULT_POD_NAME = "coordinator"
