@@ -34,7 +34,7 @@ fi
 # (Not the bench: its quick run, the suite's bench-smoke, times the broker rather than checks it,
 # and is left out here.)
 targets=(tests/rlbus-tests tests/rlbus-fuzz-replay tests/fuzz-seeds
-         src/rlbus-broker src/rlbus-ctl src/rlbus-demo)
+         src/rlbus-broker src/rlbus-ctl examples/demo/rlbus-demo)
 echo "rlbus sanitize: building ${targets[*]} in $dir/ (the first time: ~10 minutes on 2 cores)"
 if ! ninja -C "$dir" "${targets[@]}" >"$dir/build.log" 2>&1; then
   tail -n 40 "$dir/build.log" >&2

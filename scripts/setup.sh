@@ -25,7 +25,7 @@ if [ "$mode" = all ]; then
     catch2                          # the C++ tests
     python3 python3-msgpack python3-zmq python3-pytest  # the Python package and its tests
     python3-yaml                    # the deployment manifests' test (deploy/tests)
-    python3-torch python3-numpy     # the cart-pole example's test (python/examples)
+    python3-torch python3-numpy     # the cart-pole example's test (examples/)
     python3-pip python3-wheel       # the test that installs the package with pip
     python3-flask python3-requests  # rlbus-bench's HTTP baseline (bench/http_baseline.py)
     valgrind                        # rlbus-bench cost (callgrind), in the bench suite
@@ -50,7 +50,7 @@ elif [ "$mode" = all ]; then
   [ "$built_with" = True ] || meson configure build -Dtests=true >/dev/null
 fi
 if [ "$mode" = run ]; then
-  targets=(src/rlbus-broker src/rlbus-ctl src/rlbus-demo)
+  targets=(src/rlbus-broker src/rlbus-ctl examples/demo/rlbus-demo)
   echo "rlbus setup: building the broker, rlbus-ctl and the demo (the first time: a few minutes)"
 else
   targets=()

@@ -12,6 +12,8 @@ import subprocess
 from pathlib import Path
 from typing import Dict, List
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Each stand-in appends its arguments to calls.log. ninja prints the progress lines a real
@@ -53,7 +55,7 @@ def checkout(tmp_path: Path) -> Path:
         f.write_text("#!/bin/bash\n" + body + "\n")
         f.chmod(f.stat().st_mode | stat.S_IXUSR)
     # the demo the run command ends in
-    demo = tree / "build" / "src" / "rlbus-demo"
+    demo = tree / "build" / "examples" / "demo" / "rlbus-demo"
     demo.parent.mkdir(parents=True)
     demo.write_text('#!/bin/bash\necho "demo $*" >> "$CALLS"\n')
     demo.chmod(0o755)
@@ -79,7 +81,7 @@ def test_the_run_command_builds_only_what_it_runs_and_shows_progress(tmp_path: P
     r = run(tree, "run.sh", "--episodes", "3")
     assert r.returncode == 0, r.stdout + r.stderr
     ninja = [c for c in calls(tree) if c.startswith("ninja")]
-    assert ninja == ["ninja -C build src/rlbus-broker src/rlbus-ctl src/rlbus-demo"]
+    assert ninja == ["ninja -C build src/rlbus-broker src/rlbus-ctl examples/demo/rlbus-demo"]
     assert "[1/2] Compiling" in r.stdout and "[2/2] Linking" in r.stdout  # progress shown
     assert "building the broker, rlbus-ctl and the demo" in r.stdout
     assert calls(tree)[-1] == "demo run --episodes 3"
@@ -135,3 +137,28 @@ def test_setup_installs_what_is_missing_for_the_mode_it_was_asked(tmp_path: Path
     installs = [c for c in calls(tree) if c.startswith("apt-get") and " install " in c]
     assert "catch2" in installs[-1] and "python3-pytest" in installs[-1]
     assert run(tree, "setup.sh", "nonsense").returncode == 2
+
+
+def test_the_readme_counts_the_build_steps_the_run_command_takes(tmp_path: Path) -> None:
+    """The README says how many build steps the run command's first build takes: it is what
+    ninja would run for the targets setup.sh names, in a build configured as setup.sh does."""
+    meson, ninja = shutil.which("meson"), shutil.which("ninja")
+    if not meson or not ninja:
+        pytest.skip("meson and ninja are not installed")
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    line = next(t for t in setup.splitlines() if t.strip().startswith("targets=(") and ")" in t
+                and t.strip() != "targets=()")
+    targets = line.split("(", 1)[1].split(")", 1)[0].split()
+    assert "src/rlbus-broker" in targets
+    configure = next(t for t in setup.splitlines() if "meson setup build" in t).split()
+    args = [a.replace('"$tests"', "false") for a in configure[configure.index("build") + 1:]
+            if a != ">/dev/null"]
+    build = tmp_path / "build"
+    r = subprocess.run([meson, "setup", str(build), *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    steps = subprocess.run([ninja, "-C", str(build), "-t", "commands", *targets],
+                           capture_output=True, text=True, timeout=60, check=True).stdout
+    readme = (ROOT / "README.md").read_text()
+    said = readme.split(" build steps, ", 1)[0].rsplit(" ", 1)[1]
+    assert int(said) == len(steps.splitlines()), f"README: {said}; ninja: {len(steps.splitlines())}"

@@ -4,7 +4,7 @@
   format   every C++ file is laid out as .clang-format says (clang-format --dry-run)
   pyflakes the Python code has no unused import, undefined name or dead assignment
   types    the Python package (python/rlbus) passes mypy in strict mode (python/pyproject.toml)
-  tidy     clang-tidy (.clang-tidy's checks) finds nothing in src/; needs the build's
+  tidy     clang-tidy (.clang-tidy's checks) finds nothing in src/ and examples/; needs the build's
            compile_commands.json (argument: the build directory); slow: not in the default suite
 
 Each prints what it found, file by file, and how to fix it.
@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CPP_DIRS = ("src", "include", "tests", "bench")
-PY_DIRS = ("python", "bench", "deploy", "protocol", "scripts", "tests")
+CPP_DIRS = ("src", "include", "tests", "bench", "examples")
+PY_DIRS = ("python", "bench", "deploy", "protocol", "scripts", "tests", "examples")
 
 
 def files(dirs, suffixes) -> List[str]:
@@ -88,7 +88,7 @@ def check_tidy(build_dir: str) -> int:
     clang_tidy = tool("clang-tidy-14", "clang-tidy")
     if not os.path.exists(os.path.join(build_dir, "compile_commands.json")):
         sys.exit(f"lint tidy: {build_dir} has no compile_commands.json (configure it with meson)")
-    sources = files(("src",), (".cpp",))
+    sources = files(("src", "examples"), (".cpp",))
 
     def one(f: str) -> str:
         r = subprocess.run([clang_tidy, "-p", build_dir, "--quiet", f], capture_output=True,
@@ -102,9 +102,9 @@ def check_tidy(build_dir: str) -> int:
     if found:
         text = "\n".join(sorted(set("\n".join(found).splitlines())))
         print(text.replace(ROOT + os.sep, ""))
-        print(f"lint tidy: {len(text.splitlines())} finding(s) in src/")
+        print(f"lint tidy: {len(text.splitlines())} finding(s) in src/ and examples/")
         return 1
-    print(f"lint tidy: no findings in {len(sources)} files of src/")
+    print(f"lint tidy: no findings in {len(sources)} files of src/ and examples/")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The cart-pole example (python/examples/ditask_cartpole.py) in its small form: a learner, an
+"""The cart-pole example (examples/ditask_cartpole.py at the top of the tree) in its small form: a learner, an
 evaluator and one collector, three spawned processes over a broker the runner starts for
 itself, trained until the evaluator's greedy return reaches cart-pole's solved value (195)."""
 
@@ -14,8 +14,8 @@ from . import STANDIN
 pytest.importorskip("torch", reason="the example needs PyTorch (apt-get install python3-torch)")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-EXAMPLE = os.path.join(HERE, "..", "..", "examples", "ditask_cartpole.py")
 PACKAGE = os.path.join(HERE, "..", "..")
+EXAMPLE = os.path.join(PACKAGE, "..", "examples", "ditask_cartpole.py")
 
 
 def _run(args, tmp_path, timeout):

@@ -61,7 +61,8 @@ int main(int argc, char** argv) {
                      "takes over on its copy of the journal and training goes on")
           ->excludes(kill_broker);
   app.add_flag("--respawn", o.respawn, "restart a collector that died (same id)");
-  app.add_option("--broker", o.broker_path, "rlbus-broker binary (default: next to rlbus-demo)");
+  app.add_option("--broker", o.broker_path,
+                 "rlbus-broker binary (default: next to rlbus-demo, else the build tree's src/)");
   app.add_option("--episode-cost-ms", t.episode_cost_ms,
                  "simulated cost of one environment episode on a collector (cart-pole itself "
                  "takes microseconds; real environments do not); 0 runs flat out")

@@ -72,6 +72,22 @@ std::unique_ptr<process> spawn_worker(const std::string& self, rlbus::role r, co
                                "--heartbeat-ms", std::to_string(heartbeat.count())});
 }
 
+// The broker to run: the one named, else the one next to this binary (installed, both are in
+// bin/), else the build tree's. Names every place tried when none holds one.
+std::string find_broker(const std::string& named) {
+  if (!named.empty()) return named;
+  const auto here = own_directory();
+  std::string beside = here + "/rlbus-broker";
+  if (::access(beside.c_str(), X_OK) == 0) return beside;
+#ifdef RLBUS_DEMO_BROKER_IN_BUILD
+  std::string built = here + "/" RLBUS_DEMO_BROKER_IN_BUILD;
+  if (::access(built.c_str(), X_OK) == 0) return built;
+  return beside + " or " + built;
+#else
+  return beside;
+#endif
+}
+
 }  // namespace
 
 int run_demo(launch_options o) {
@@ -82,8 +98,7 @@ int run_demo(launch_options o) {
   install_signal_handlers();
 
   const std::string self = own_path();
-  const std::string broker_path =
-      o.broker_path.empty() ? own_directory() + "/rlbus-broker" : o.broker_path;
+  const std::string broker_path = find_broker(o.broker_path);
   if (self.empty() || ::access(broker_path.c_str(), X_OK) != 0) {
     err.line(fmt::format("rlbus-demo: no broker binary at {} (build it, or name it with --broker)",
                          broker_path));
