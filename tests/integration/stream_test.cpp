@@ -649,6 +649,10 @@ TEST_CASE("a collector that outruns its socket batches its DATA; the callbacks s
   };
   auto o = collector_at(ep, "collector-0");
   o.batch_data = batching;
+  // Nothing here is about liveness: at 100 ms a loaded machine (ASan, 20 000 items) starved the
+  // collector past its window, its session ended with its attempt and the next attempt sent
+  // the items again (seen once beside a build).
+  o.heartbeat = 1s;
   worker w(o, h);
   REQUIRE(w.wait_for(connection_state::ready, 5s));
   REQUIRE(coord.submit(collector_task("fast"))->accepted);

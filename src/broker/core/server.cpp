@@ -881,23 +881,65 @@ void server::publish(std::string_view topic, decltype(codec::event::body) body) 
   counters_.events_unheard.store(events_.unheard(), std::memory_order_relaxed);
 }
 
+// ---- operations (SPEC §16): the answers are ops_'s; the checks and the levers are here ----
+
+void server::on_ops(std::string_view routing_id, peer* p, zmq::message_t& body,
+                    util::time_point now) {
+  constexpr auto type = static_cast<std::uint8_t>(codec::msg_type::ops);
+  // An operator's mistake (a bad field, an unknown worker, a key that is not an operator's)
+  // is answered and counted, never a strike against the session: a coordinator that also
+  // runs operations keeps its work (§16.2).
+  const auto refuse = [&](codec::error_code code, std::string reason) {
+    fault(routing_id, p, code, std::move(reason), type, false);
+  };
+  const std::string_view bytes(static_cast<const char*>(body.data()), body.size());
+  auto decoded = codec::decode_body(type, bytes, cfg_.limits);
+  if (!decoded) return refuse(decoded.error().code, decoded.error().reason);
+  const auto& op = std::get<codec::ops>(decoded.value());
+  if (gate_.curve()) {  // §16.2: only keys listed as operators
+    std::string key;
+    // message_t::gets reads the connection's metadata; it is not C's gets.
+    // NOLINTNEXTLINE(clang-analyzer-security.insecureAPI.gets)
+    if (const char* k = body.gets("User-Id")) key = k;
+    const auto* e = gate_.entry(key);
+    if (e == nullptr || !e->operator_)
+      return refuse(codec::error_code::unauthorized,
+                    e == nullptr ? std::string("this connection's key is not in the allowlist")
+                                 : fmt::format("key '{}' is not an operator", e->name));
+  }
+  auto answer = ops_.answer(op, view(), metrics_, *this, now);
+  if (auto* why = std::get_if<refusal>(&answer)) return refuse(why->code, std::move(why->reason));
+  (void)send(routing_id,
+             codec::ops_reply{op.request_id, op.verb, std::move(std::get<codec::blob>(answer))});
+}
+
+std::string server::evict(const std::string& id, util::time_point now) {
+  auto held = tasks_.take_back(id, "evicted by an operator", now).value_or("");
+  spdlog::warn("worker {} evicted by an operator{}", id,
+               held.empty() ? "" : fmt::format(" (its task {} handed back)", held));
+  if (const peer* q = peers_.by_id(id))
+    forget_session(*q, codec::error_code::evicted, "evicted by an operator");
+  store_counters();
+  return held;
+}
+
+void server::set_drained(const std::string& id, bool drained, util::time_point now) {
+  tasks_.set_drained(id, drained, now);
+  store_counters();
+}
+
+broker_view server::view() const {
+  return {cfg_,        peers_,         tasks_,      bus_,
+          gate_,       journal_.get(), repl_.get(), {live_workers_[0], live_workers_[1]},
+          live_nodes_, draining_,      started_};
+}
+
 void server::publish_status(util::time_point now) {
   const auto uptime = std::chrono::duration_cast<std::chrono::milliseconds>(now - started_);
   publish(codec::topic::broker_heartbeat,
           codec::broker_status{peers_.size(), static_cast<std::uint64_t>(uptime.count())});
   next_status_ = now + std::chrono::milliseconds(cfg_.status_interval_ms);
-  auto shapes = tasks_.queued_by_shape();
-  auto policies = tasks_.policy_versions();
-  auto topics = bus_.topics(max_labelled);
-  auto lag = bus_.nodes(max_labelled);
-  auto standbys = repl_ ? repl_->standbys() : std::vector<replicator::standby_state>{};
-  const std::lock_guard lock(ticked_mu_);
-  ticked_shapes_ = std::move(shapes);
-  ticked_policies_ = std::move(policies);
-  ticked_bus_ = bus_.counts();
-  ticked_topics_ = std::move(topics);
-  ticked_lag_ = std::move(lag);
-  ticked_standbys_ = std::move(standbys);
+  metrics_.tick(view(), max_labelled);
 }
 
 // The first stop request: the broker says how long it will wait, closes its doors (HELLO of

@@ -44,6 +44,8 @@
 #include "broker/group/replicator.hpp"
 #include "broker/ops/histogram.hpp"
 #include "broker/ops/metrics.hpp"
+#include "broker/ops/operations.hpp"
+#include "broker/ops/view.hpp"
 #include "broker/tasks/task_manager.hpp"
 #include "broker/tasks/task_sink.hpp"
 #include "codec/messages.hpp"
@@ -51,7 +53,7 @@
 
 namespace rlbus::broker {
 
-class server : private task_sink, private bus_sink {
+class server : private task_sink, private bus_sink, private ops_levers {
  public:
   /// Validates `cfg`, binds both endpoints. Throws std::invalid_argument for a bad config
   /// and zmq::error_t when an endpoint cannot be bound.
@@ -75,7 +77,7 @@ class server : private task_sink, private bus_sink {
   /// The broker's CURVE public key, "" in plain mode.
   [[nodiscard]] std::string public_key() const { return gate_.public_key(); }
   /// Thread-safe snapshot of the counters.
-  [[nodiscard]] stats snapshot() const;  // in metrics.cpp
+  [[nodiscard]] stats snapshot() const { return metrics_.snapshot(); }
 
   /// The leader of a group of brokers (cluster/elector.hpp) serves only until `until()`, which
   /// the group's election moves on. Past it the broker sends nothing more, not even a
@@ -114,9 +116,11 @@ class server : private task_sink, private bus_sink {
               zmq::message_t* payload);
   /// `orderly`: the peer said DISCONNECT itself (a coordinator's tasks end at once, §12.5.8).
   void session_over(const peer& p, util::time_point now, bool orderly = false);
+  /// What operations and metrics read of the broker (the loop's thread).
+  [[nodiscard]] broker_view view() const;
   /// What the task manager, the gatekeeper and the journal count, into the atomics that
-  /// snapshot() reads (in metrics.cpp).
-  void store_counters();
+  /// snapshot() reads.
+  void store_counters() { metrics_.store(view()); }
   void open_journal();
   std::function<util::time_point()> fence_;
   bool fenced_ = false;
@@ -137,25 +141,13 @@ class server : private task_sink, private bus_sink {
              std::optional<std::uint8_t> ref_type, bool strike = true);
   void refuse_hello(std::string_view routing_id, codec::error_code code, std::string reason);
   void count_error(codec::error_code code);
-  // operations (SPEC §16), in operations.cpp
+  /// An OPS (SPEC §16): checked against the connection's key, answered by ops_.
   void on_ops(std::string_view routing_id, peer* p, zmq::message_t& body, util::time_point now);
-  std::variant<codec::blob, refusal> ops_answer(const codec::ops& op, util::time_point now);
-  [[nodiscard]] codec::blob ops_status(util::time_point now) const;
-  [[nodiscard]] codec::blob ops_topics(std::size_t limit, std::size_t offset) const;
-  struct change {  // a setting an operator changed (§16.5)
-    std::string key, value, was;
-    util::time_point at;
-  };
-  std::deque<change> changes_;  // the last ops_changes_kept
-  std::uint64_t changes_total_ = 0;
+  // ops_levers: what an operator changes.
+  std::string evict(const std::string& id, util::time_point now) override;
+  void set_drained(const std::string& id, bool drained, util::time_point now) override;
+  void reconfigure(config next) override { cfg_ = std::move(next); }  // tasks_ reads cfg_
   bool counters_due_ = false;  // a task message is being handled: store before sending
-  // What the loop hands the metrics endpoint at each status tick (not in atomics: lists).
-  mutable std::mutex ticked_mu_;
-  std::vector<std::pair<std::string, std::uint64_t>> ticked_shapes_, ticked_policies_;
-  bus_counts ticked_bus_;
-  std::vector<topic_stats> ticked_topics_;
-  std::vector<node_stats> ticked_lag_;
-  std::vector<replicator::standby_state> ticked_standbys_;
   void end_session(const peer& p, codec::error_code code, std::string reason, bool lost);
   /// end_session (lost) and the session forgotten: for every caller but expiry, whose table
   /// erases the peer itself.
@@ -215,7 +207,9 @@ class server : private task_sink, private bus_sink {
   std::unique_ptr<journal> journal_;  // outlives tasks_, which writes to it
   task_manager tasks_;
   topic_bus bus_;
-  server_counters counters_;
+  metrics metrics_{tasks_.assignment_latency(), tasks_.task_duration(), meter_};
+  server_counters& counters_ = metrics_.counters();
+  operations ops_;
   util::time_point started_;
   util::time_point next_status_;
   msgpack::sbuffer out_;

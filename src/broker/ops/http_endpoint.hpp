@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "broker/core/server.hpp"
+#include "broker/ops/metrics.hpp"
 
 namespace rlbus::broker {
 

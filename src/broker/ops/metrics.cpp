@@ -6,7 +6,6 @@
 
 #include <fmt/format.h>
 
-#include "broker/core/server.hpp"
 #include "codec/protocol.hpp"
 
 namespace rlbus::broker {
@@ -237,7 +236,7 @@ std::string prometheus_text(const stats& s) {
 
 // ---- the snapshot -----------------------------------------------------------------------
 
-stats server::snapshot() const {
+stats metrics::snapshot() const {
   const auto& c = counters_;
   stats s;
   for (std::size_t i = 0; i < s.received_by_type.size(); ++i) {
@@ -248,15 +247,15 @@ stats server::snapshot() const {
     s.errors_by_code[i] = c.errors_by_code[i].load(std::memory_order_relaxed);
   {
     const std::lock_guard lock(ticked_mu_);
-    s.queued_by_shape = ticked_shapes_;
-    s.policy_versions = ticked_policies_;
-    s.bus = ticked_bus_;
-    s.bus_topics = ticked_topics_;
-    s.bus_lag = ticked_lag_;
-    s.standbys = ticked_standbys_;
+    s.queued_by_shape = shapes_;
+    s.policy_versions = policies_;
+    s.bus = bus_;
+    s.bus_topics = topics_;
+    s.bus_lag = lag_;
+    s.standbys = standbys_;
   }
-  s.assignment_latency = tasks_.assignment_latency().counts();
-  s.task_duration = tasks_.task_duration().counts();
+  s.assignment_latency = assignment_.counts();
+  s.task_duration = duration_.counts();
   s.peers = c.peers.load();
   s.messages_in = c.messages_in.load();
   s.messages_out = c.messages_out.load();
@@ -317,20 +316,20 @@ stats server::snapshot() const {
   return s;
 }
 
-void server::store_counters() {
-  const auto t = tasks_.counts();
+void metrics::store(const broker_view& v) {
+  const auto t = v.tasks.counts();
   auto& c = counters_;
-  c.peers.store(peers_.size(), std::memory_order_relaxed);
+  c.peers.store(v.peers.size(), std::memory_order_relaxed);
   c.tasks_queued.store(t.queued, std::memory_order_relaxed);
   c.tasks_running.store(t.running, std::memory_order_relaxed);
   c.tasks_finished.store(t.finished, std::memory_order_relaxed);
   c.tasks_failed.store(t.failed, std::memory_order_relaxed);
   c.tasks_requeued.store(t.requeued, std::memory_order_relaxed);
   c.stale.store(t.stale, std::memory_order_relaxed);
-  c.collectors.store(live_workers_[0], std::memory_order_relaxed);
-  c.learners.store(live_workers_[1], std::memory_order_relaxed);
-  c.nodes.store(live_nodes_, std::memory_order_relaxed);
-  c.draining.store(draining_, std::memory_order_relaxed);
+  c.collectors.store(v.workers[0], std::memory_order_relaxed);
+  c.learners.store(v.workers[1], std::memory_order_relaxed);
+  c.nodes.store(v.nodes, std::memory_order_relaxed);
+  c.draining.store(v.draining, std::memory_order_relaxed);
   c.replays.store(t.replays, std::memory_order_relaxed);
   c.resent.store(t.resent, std::memory_order_relaxed);
   c.lost.store(t.lost, std::memory_order_relaxed);
@@ -344,7 +343,7 @@ void server::store_counters() {
   c.orphaned.store(t.orphaned, std::memory_order_relaxed);
   c.adoptions.store(t.adoptions, std::memory_order_relaxed);
   c.refused_task_limit.store(t.task_limit, std::memory_order_relaxed);
-  const auto& g = gate_.counts();
+  const auto& g = v.gate.counts();
   c.connections.store(g.connections, std::memory_order_relaxed);
   c.admitted.store(g.admitted, std::memory_order_relaxed);
   c.refused_key.store(g.refused_key, std::memory_order_relaxed);
@@ -354,13 +353,29 @@ void server::store_counters() {
   c.bounced.store(g.bounced, std::memory_order_relaxed);
   c.allowlist_reloads.store(g.allowlist_reloads, std::memory_order_relaxed);
   c.allowlist_errors.store(g.allowlist_errors, std::memory_order_relaxed);
-  if (journal_) {
-    const auto j = journal_->stats();
+  if (v.log != nullptr) {
+    const auto j = v.log->stats();
     c.journal_records.store(j.records, std::memory_order_relaxed);
     c.journal_bytes.store(j.bytes, std::memory_order_relaxed);
     c.journal_fsyncs.store(j.fsyncs, std::memory_order_relaxed);
     c.journal_compactions.store(j.compactions, std::memory_order_relaxed);
   }
+}
+
+void metrics::tick(const broker_view& v, std::size_t labelled) {
+  auto shapes = v.tasks.queued_by_shape();
+  auto policies = v.tasks.policy_versions();
+  auto topics = v.bus.topics(labelled);
+  auto lag = v.bus.nodes(labelled);
+  auto standbys = v.replication != nullptr ? v.replication->standbys()
+                                           : std::vector<replicator::standby_state>{};
+  const std::lock_guard lock(ticked_mu_);
+  shapes_ = std::move(shapes);
+  policies_ = std::move(policies);
+  bus_ = v.bus.counts();
+  topics_ = std::move(topics);
+  lag_ = std::move(lag);
+  standbys_ = std::move(standbys);
 }
 
 }  // namespace rlbus::broker

@@ -1,12 +1,14 @@
-// The broker's counters: the atomics its loop stores them in (server_counters), the snapshot
-// any thread may take of them (stats, server::snapshot() and store_counters(), which are
-// defined in metrics.cpp), and that snapshot in the Prometheus text exposition format
-// (version 0.0.4): what an operator graphs and alerts on, every family with its HELP and TYPE.
+// The broker's counters: the atomics its loop counts in (server_counters), the `metrics` object
+// that holds them with what the loop hands over at each turn and status tick (read from a
+// const view of the broker), the snapshot any thread may take of them (stats), and that
+// snapshot in the Prometheus text exposition format (version 0.0.4): what an operator graphs
+// and alerts on, every family with its HELP and TYPE.
 #pragma once
 
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +16,8 @@
 #include "broker/bus/topic_bus.hpp"
 #include "broker/group/replicator.hpp"
 #include "broker/ops/histogram.hpp"
+#include "broker/ops/view.hpp"
+#include "util/send_meter.hpp"
 
 namespace rlbus::broker {
 
@@ -117,6 +121,39 @@ struct server_counters {
   std::atomic<bool> draining{false};
   std::array<std::atomic<std::uint64_t>, 256> received_by_type{}, sent_by_type{};
   std::array<std::atomic<std::uint64_t>, 200> errors_by_code{};
+};
+
+/// The broker's counters and what its loop hands over. The loop counts in counters() as it
+/// goes and calls store() at a turn's end and tick() at a status tick; snapshot() is
+/// thread-safe (the metrics endpoint takes it from its own thread).
+class metrics {
+ public:
+  /// What snapshot() reads live: histograms and a meter whose reads are thread-safe.
+  metrics(const histogram& assignment_latency, const histogram& task_duration,
+          const util::send_meter& meter)
+      : assignment_(assignment_latency), duration_(task_duration), meter_(meter) {}
+
+  [[nodiscard]] server_counters& counters() noexcept { return counters_; }
+  [[nodiscard]] const server_counters& counters() const noexcept { return counters_; }
+  /// What the broker's parts count, into the atomics (the loop's thread).
+  void store(const broker_view& v);
+  /// The lists a snapshot carries, as of now: queued shapes, policies, the bus's busiest
+  /// topics and laggards (at most `labelled` each), the standbys (the loop's thread).
+  void tick(const broker_view& v, std::size_t labelled);
+  /// Thread-safe.
+  [[nodiscard]] stats snapshot() const;
+
+ private:
+  const histogram& assignment_;
+  const histogram& duration_;
+  const util::send_meter& meter_;
+  server_counters counters_;
+  mutable std::mutex ticked_mu_;  // the lists are not atomics
+  std::vector<std::pair<std::string, std::uint64_t>> shapes_, policies_;
+  bus_counts bus_;
+  std::vector<topic_stats> topics_;
+  std::vector<node_stats> lag_;
+  std::vector<replicator::standby_state> standbys_;
 };
 
 /// The exposition of one snapshot. Metric names start `rlbus_`; counters end `_total`.

@@ -1,6 +1,6 @@
-// The broker's answers to operators (SPEC §16): OPS in, one OPS_REPLY or one ERROR out. Each
-// verb reads or steers what the server and its task manager hold; this file only gathers
-// and writes it down, so the loop and the task logic stay where they are.
+// See operations.hpp.
+#include "broker/ops/operations.hpp"
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -10,7 +10,6 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "broker/core/server.hpp"
 #include "broker/core/settings.hpp"
 #include "codec/map_writer.hpp"
 
@@ -35,110 +34,86 @@ refusal missing(std::string_view verb, std::string_view field) {
 
 }  // namespace
 
-void server::on_ops(std::string_view routing_id, peer* p, zmq::message_t& body,
-                    util::time_point now) {
-  constexpr auto type = static_cast<std::uint8_t>(codec::msg_type::ops);
-  // An operator's mistake (a bad field, an unknown worker, a key that is not an operator's)
-  // is answered and counted, never a strike against the session: a coordinator that also
-  // runs operations keeps its work (§16.2).
-  const auto refuse = [&](codec::error_code code, std::string reason) {
-    fault(routing_id, p, code, std::move(reason), type, false);
-  };
-  const std::string_view bytes(static_cast<const char*>(body.data()), body.size());
-  auto decoded = codec::decode_body(type, bytes, cfg_.limits);
-  if (!decoded) return refuse(decoded.error().code, decoded.error().reason);
-  const auto& op = std::get<codec::ops>(decoded.value());
-  if (gate_.curve()) {  // §16.2: only keys listed as operators
-    std::string key;
-    // message_t::gets reads the connection's metadata; it is not C's gets.
-    // NOLINTNEXTLINE(clang-analyzer-security.insecureAPI.gets)
-    if (const char* k = body.gets("User-Id")) key = k;
-    const auto* e = gate_.entry(key);
-    if (e == nullptr || !e->operator_)
-      return refuse(codec::error_code::unauthorized,
-                    e == nullptr ? std::string("this connection's key is not in the allowlist")
-                                 : fmt::format("key '{}' is not an operator", e->name));
-  }
-  auto answer = ops_answer(op, now);
-  if (auto* why = std::get_if<refusal>(&answer)) return refuse(why->code, std::move(why->reason));
-  (void)send(routing_id,
-             codec::ops_reply{op.request_id, op.verb, std::move(std::get<codec::blob>(answer))});
-}
-
-std::variant<codec::blob, refusal> server::ops_answer(const codec::ops& op, util::time_point now) {
+std::variant<codec::blob, refusal> operations::answer(const codec::ops& op, const broker_view& v,
+                                                      const metrics& counted, ops_levers& levers,
+                                                      util::time_point now) {
   const auto limit = std::min(std::size_t{op.limit.value_or(1000)}, ops_page_max);
   const auto offset = op.offset.value_or(0);
-  if (op.verb == "status") return ops_status(now);
-  if (op.verb == "workers") {
-    std::vector<const peer*> workers;
-    peers_.for_each([&](const peer& q) {
-      if (q.role == rlbus::role::coordinator || q.role == rlbus::role::bus) return;
-      if (op.kind && q.role != *op.kind) return;
-      workers.push_back(&q);
-    });
-    std::sort(workers.begin(), workers.end(),
-              [](const peer* a, const peer* b) { return a->serial < b->serial; });
-    std::vector<codec::blob> items;
-    for (std::size_t i = offset < workers.size() ? offset : workers.size(); i < workers.size();
-         ++i) {
-      const peer* q = workers[i];
-      if (items.size() == limit) break;
-      const auto w = tasks_.worker_state(q->id).value_or(task_manager::worker_view{});
-      items.push_back(codec::map_writer(10)
-                          .str("id", q->id)
-                          .str("role", to_string(q->role))
-                          .resources("resources", q->resources)
-                          .str("task", w.task)
-                          .uint("attempt", w.attempt)
-                          .uint("heartbeat_age_ms", ms_since(q->last_seen, now))
-                          .boolean("quarantined", w.quarantined)
-                          .boolean("leaving", w.leaving)
-                          .boolean("drained", w.drained)
-                          .uint("session", q->serial)
-                          .done());
-    }
-    return codec::map_writer(2).array("workers", items).uint("total", workers.size()).done();
-  }
-  if (op.verb == "tasks") {
-    const auto [tasks, total] = tasks_.list_tasks(op.state.value_or(""), op.kind,
-                                                  op.coordinator.value_or(""), limit, offset);
-    std::vector<codec::blob> items;
-    items.reserve(tasks.size());
-    for (const auto& t : tasks)
-      items.push_back(codec::map_writer(7)
-                          .str("id", t.id)
-                          .str("kind", to_string(t.kind))
-                          .str("state", t.state)
-                          .uint("attempt", t.attempt)
-                          .str("worker", t.worker)
-                          .str("coordinator", t.coordinator)
-                          .uint("age_ms", ms_since(t.submitted, now))
-                          .done());
-    return codec::map_writer(2).array("tasks", items).uint("total", total).done();
-  }
+  if (op.verb == "status") return status(v, counted.snapshot(), now);
+  if (op.verb == "workers") return workers(op, v, limit, offset, now);
+  if (op.verb == "tasks") return tasks(op, v, limit, offset, now);
+  if (op.verb == "topics") return topics(v, limit, offset);
   if (op.verb == "drain" || op.verb == "undrain" || op.verb == "evict") {
     if (!op.worker) return missing(op.verb, "worker");
     const auto& id = *op.worker;
-    const peer* q = peers_.by_id(id);
+    const peer* q = v.peers.by_id(id);
     if (q == nullptr || q->role == rlbus::role::coordinator || q->role == rlbus::role::bus)
       return refusal{codec::error_code::no_such_peer,
                      fmt::format("no worker '{}' has a session", id)};
     if (op.verb == "evict") {
-      const auto held = tasks_.take_back(id, "evicted by an operator", now).value_or("");
-      spdlog::warn("worker {} evicted by an operator{}", id,
-                   held.empty() ? "" : fmt::format(" (its task {} handed back)", held));
-      forget_session(*q, codec::error_code::evicted, "evicted by an operator");
-      store_counters();
+      const auto held = levers.evict(id, now);
       return codec::map_writer(2).str("worker", id).str("task", held).done();
     }
-    tasks_.set_drained(id, op.verb == "drain", now);
-    store_counters();
+    levers.set_drained(id, op.verb == "drain", now);
     if (op.verb == "undrain") return codec::map_writer(1).str("worker", id).done();
-    const auto w = tasks_.worker_state(id).value_or(task_manager::worker_view{});
+    const auto w = v.tasks.worker_state(id).value_or(task_manager::worker_view{});
     return codec::map_writer(2).str("worker", id).str("task", w.task).done();
   }
-  if (op.verb == "topics") return ops_topics(limit, offset);
-  // set (the decoder allows no other verb)
+  return set(op, v, levers, now);  // the decoder allows no other verb
+}
+
+codec::blob operations::workers(const codec::ops& op, const broker_view& v, std::size_t limit,
+                                std::size_t offset, util::time_point now) {
+  std::vector<const peer*> workers;
+  v.peers.for_each([&](const peer& q) {
+    if (q.role == rlbus::role::coordinator || q.role == rlbus::role::bus) return;
+    if (op.kind && q.role != *op.kind) return;
+    workers.push_back(&q);
+  });
+  std::sort(workers.begin(), workers.end(),
+            [](const peer* a, const peer* b) { return a->serial < b->serial; });
+  std::vector<codec::blob> items;
+  for (std::size_t i = offset < workers.size() ? offset : workers.size(); i < workers.size(); ++i) {
+    const peer* q = workers[i];
+    if (items.size() == limit) break;
+    const auto w = v.tasks.worker_state(q->id).value_or(task_manager::worker_view{});
+    items.push_back(codec::map_writer(10)
+                        .str("id", q->id)
+                        .str("role", to_string(q->role))
+                        .resources("resources", q->resources)
+                        .str("task", w.task)
+                        .uint("attempt", w.attempt)
+                        .uint("heartbeat_age_ms", ms_since(q->last_seen, now))
+                        .boolean("quarantined", w.quarantined)
+                        .boolean("leaving", w.leaving)
+                        .boolean("drained", w.drained)
+                        .uint("session", q->serial)
+                        .done());
+  }
+  return codec::map_writer(2).array("workers", items).uint("total", workers.size()).done();
+}
+
+codec::blob operations::tasks(const codec::ops& op, const broker_view& v, std::size_t limit,
+                              std::size_t offset, util::time_point now) {
+  const auto [tasks, total] = v.tasks.list_tasks(op.state.value_or(""), op.kind,
+                                                 op.coordinator.value_or(""), limit, offset);
+  std::vector<codec::blob> items;
+  items.reserve(tasks.size());
+  for (const auto& t : tasks)
+    items.push_back(codec::map_writer(7)
+                        .str("id", t.id)
+                        .str("kind", to_string(t.kind))
+                        .str("state", t.state)
+                        .uint("attempt", t.attempt)
+                        .str("worker", t.worker)
+                        .str("coordinator", t.coordinator)
+                        .uint("age_ms", ms_since(t.submitted, now))
+                        .done());
+  return codec::map_writer(2).array("tasks", items).uint("total", total).done();
+}
+
+std::variant<codec::blob, refusal> operations::set(const codec::ops& op, const broker_view& v,
+                                                   ops_levers& levers, util::time_point now) {
   if (!op.key) return missing(op.verb, "key");
   if (!op.value) return missing(op.verb, "value");
   const auto* s = find_setting(*op.key);
@@ -151,7 +126,7 @@ std::variant<codec::blob, refusal> server::ops_answer(const codec::ops& op, util
     return refusal{codec::error_code::bad_field,
                    fmt::format("{} cannot change while the broker runs; the ones that can: {}",
                                *op.key, fmt::join(live_setting_keys(), ", "))};
-  config next = cfg_;
+  config next = v.cfg;
   if (auto why = s->assign(next, *op.value); !why.empty())
     return refusal{codec::error_code::bad_field, fmt::format("{}: {}", *op.key, why)};
   try {
@@ -159,8 +134,8 @@ std::variant<codec::blob, refusal> server::ops_answer(const codec::ops& op, util
   } catch (const std::invalid_argument& e) {
     return refusal{codec::error_code::bad_field, fmt::format("{}: {}", *op.key, e.what())};
   }
-  auto was = s->text(cfg_);
-  cfg_ = std::move(next);  // the task manager reads the same object
+  auto was = s->text(v.cfg);
+  levers.reconfigure(std::move(next));
   spdlog::warn("an operator set {} = {} (was {})", *op.key, *op.value, was);
   changes_.push_back({*op.key, *op.value, was, now});
   ++changes_total_;
@@ -170,10 +145,10 @@ std::variant<codec::blob, refusal> server::ops_answer(const codec::ops& op, util
 
 // The topic bus (SPEC §17): the busiest topics first, and the nodes that lag most first, one
 // page of each.
-codec::blob server::ops_topics(std::size_t limit, std::size_t offset) const {
-  const auto topics = bus_.topics(offset + limit);
-  const auto nodes = bus_.nodes(offset + limit);
-  const auto counts = bus_.counts();
+codec::blob operations::topics(const broker_view& v, std::size_t limit, std::size_t offset) {
+  const auto topics = v.bus.topics(offset + limit);
+  const auto nodes = v.bus.nodes(offset + limit);
+  const auto counts = v.bus.counts();
   std::vector<codec::blob> t_items, n_items;
   for (std::size_t i = offset; i < topics.size(); ++i)
     t_items.push_back(codec::map_writer(4)
@@ -200,16 +175,15 @@ codec::blob server::ops_topics(std::size_t limit, std::size_t offset) const {
                           .done());
   return codec::map_writer(4)
       .array("topics", t_items)
-      .uint("topics_total", bus_.topics_tracked())
+      .uint("topics_total", v.bus.topics_tracked())
       .array("nodes", n_items)
       .uint("nodes_total", counts.nodes)
       .done();
 }
 
-codec::blob server::ops_status(util::time_point now) const {
-  const auto s = snapshot();
+codec::blob operations::status(const broker_view& v, const stats& s, util::time_point now) const {
   std::vector<codec::blob> streams;
-  const auto all_streams = tasks_.list_streams();
+  const auto all_streams = v.tasks.list_streams();
   for (const auto& st : all_streams) {
     if (streams.size() == ops_page_max) break;
     streams.push_back(codec::map_writer(5)
@@ -254,7 +228,7 @@ codec::blob server::ops_status(util::time_point now) const {
       {"stream_ring_budget_drops", s.ring_drops}};
   codec::map_writer counters(static_cast<std::uint32_t>(std::size(counts)));
   for (const auto& [name, v] : counts) counters.uint(name, v);
-  const auto b = bus_.counts();  // live: this runs on the loop's thread
+  const auto b = v.bus.counts();  // live: this runs on the loop's thread
   const std::pair<std::string_view, std::uint64_t> bus_counts[] = {
       {"nodes", b.nodes},
       {"subscriptions", b.subscriptions},
@@ -277,7 +251,10 @@ codec::blob server::ops_status(util::time_point now) const {
   for (const auto& [name, v] : bus_counts) bus.uint(name, v);
   // A group's leader: the standbys that copy its journal (SPEC §14.10).
   std::vector<codec::blob> standbys;
-  for (const auto& st : this->standbys())
+  const auto group = v.replication != nullptr ? v.replication->standbys()
+                                              : std::vector<replicator::standby_state>{};
+  standbys.reserve(group.size());
+  for (const auto& st : group)
     standbys.push_back(codec::map_writer(4)
                            .str("member", st.member)
                            .uint("position", st.position)
@@ -285,7 +262,7 @@ codec::blob server::ops_status(util::time_point now) const {
                            .boolean("in_sync", st.in_sync)
                            .done());
   return codec::map_writer(12)
-      .uint("uptime_ms", ms_since(started_, now))
+      .uint("uptime_ms", ms_since(v.started, now))
       .boolean("draining", s.draining)
       .raw("peers", codec::map_writer(4)
                         .uint("collector", s.collectors)
