@@ -173,7 +173,7 @@ void server::run() {
     if (draining_) deadline = std::min(deadline, drain_end_);
     if (fence_) deadline = std::min(deadline, fence_());
     if (repl_) deadline = std::min(deadline, repl_->next_due());
-    if (gate_.awaits_drain()) deadline = now;  // a cut connection's end read at the status
+    if (gate_.awaits_drain()) deadline = now;  // a cut connection ended: read the ROUTER now
     // Built each turn: the event socket is a new one after a subscriber's key was revoked.
     items.assign({{router_.handle(), 0, ZMQ_POLLIN, 0},
                   {nullptr, wake_.read_fd(), ZMQ_POLLIN, 0},
