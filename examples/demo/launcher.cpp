@@ -79,13 +79,9 @@ std::string find_broker(const std::string& named) {
   const auto here = own_directory();
   std::string beside = here + "/rlbus-broker";
   if (::access(beside.c_str(), X_OK) == 0) return beside;
-#ifdef RLBUS_DEMO_BROKER_IN_BUILD
-  std::string built = here + "/" RLBUS_DEMO_BROKER_IN_BUILD;
+  std::string built = here + "/" RLBUS_DEMO_BROKER_IN_BUILD;  // set by examples/demo/meson.build
   if (::access(built.c_str(), X_OK) == 0) return built;
   return beside + " or " + built;
-#else
-  return beside;
-#endif
 }
 
 }  // namespace

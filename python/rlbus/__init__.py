@@ -19,16 +19,17 @@ the codec alone does not load the client machinery.
 import os as _os
 from typing import Any
 
+from ._data import data_file as _data_file
+
 
 
 def _version() -> str:
     """The VERSION file at the top of a source checkout, or the copy setup.py puts in the
     package: the one place of the version, which the C++ build reads too."""
-    here = _os.path.dirname(_os.path.abspath(__file__))
-    for path in (_os.path.join(here, "..", "..", "VERSION"), _os.path.join(here, "VERSION")):
-        if _os.path.isfile(path):
-            with open(path, encoding="utf-8") as f:
-                return f.read().strip()
+    path = _data_file("VERSION")
+    if path is not None:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
     raise ImportError("rlbus: no VERSION file: run from a source checkout or install the "
                       "package (setup.py copies it in)")
 

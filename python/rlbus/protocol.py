@@ -42,6 +42,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Mapping
 import msgpack
 
 from . import _msgpack
+from ._data import data_file
 from ._msgpack import EMPTY_MAP, NIL, Raw, nesting, pack_value, unpack_value, user_map
 from ._msgpack import Pairs as _Pairs
 from ._msgpack import make_unpacker as _make_unpacker
@@ -79,13 +80,9 @@ def messages_json_path() -> str:
     env = os.environ.get("RLBUS_MESSAGES_JSON")
     if env:
         return env
-    here = os.path.dirname(os.path.abspath(__file__))
-    source = os.path.normpath(os.path.join(here, "..", "..", "protocol", "messages.json"))
-    if os.path.isfile(source):
-        return source
-    packaged = os.path.join(here, "messages.json")
-    if os.path.isfile(packaged):
-        return packaged
+    found = data_file(os.path.join("protocol", "messages.json"))
+    if found is not None:
+        return found
     raise FileNotFoundError(
         "protocol/messages.json not found: set RLBUS_MESSAGES_JSON, run from a source "
         "checkout, or install the package (setup.py copies it in)")

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "broker/ops/view.hpp"
 #include "codec/protocol.hpp"
 
 namespace rlbus::broker {

@@ -16,10 +16,11 @@
 #include "broker/bus/topic_bus.hpp"
 #include "broker/group/replicator.hpp"
 #include "broker/ops/histogram.hpp"
-#include "broker/ops/view.hpp"
 #include "util/send_meter.hpp"
 
 namespace rlbus::broker {
+
+struct broker_view;  // ops/view.hpp
 
 /// Counters a person watching the broker cares about. A snapshot; values only grow,
 /// except `peers`.
