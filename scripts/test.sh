@@ -5,7 +5,8 @@
 #                                   protocol, integration, python, deploy, install, lint),
 #                                   then the C++ suites again under AddressSanitizer +
 #                                   UndefinedBehaviorSanitizer and the unit and protocol ones
-#                                   under ThreadSanitizer (scripts/sanitize.sh); about 40
+#                                   under ThreadSanitizer (scripts/sanitize.sh), and clang-tidy
+#                                   over src/ and examples/ (scripts/tidy.sh); about 40
 #                                   minutes on 2 cores from a fresh clone
 #   bash scripts/test.sh --quick    the inner loop: the unit and protocol suites and the
 #                                   Python unit tests (under 2 minutes once built)
@@ -26,7 +27,7 @@ fi
 
 # The whole suite. Each part runs whatever the others found; .ci/run counts their logs.
 rm -f build/meson-logs/testlog.json build-sanitize/meson-logs/testlog.json \
-  build-tsan/meson-logs/testlog.json
+  build-tsan/meson-logs/testlog.json build-tidy/meson-logs/testlog.json
 status=0
 part() {  # part NAME COMMAND...: runs one part, says how long it took and how it ended
   local name=$1 started=$SECONDS
@@ -40,6 +41,7 @@ part() {  # part NAME COMMAND...: runs one part, says how long it took and how i
   fi
 }
 part "the default suites" meson test -C build --print-errorlogs
+part "clang-tidy over src/ and examples/" bash scripts/tidy.sh
 part "the C++ suites under ASan + UBSan" bash scripts/sanitize.sh
 part "the C++ suites under TSan" bash scripts/sanitize.sh --thread
 exit $status
