@@ -6,7 +6,8 @@ The output (codec/model.hpp in the build tree) holds everything the wire's list 
 header's constants, the type ids and their names, the error codes and their names, the decode
 limits, one struct per message (its members, its defaults and its `fields()` table, which the
 codec's one writer and one reader walk), the data item of DATA_BATCH, the PUB event topics and
-bodies, and the rules that tie fields of a message together. A field added to messages.json is
+bodies, the bodies of TASK_EVENT (as views: see view_member), and the rules that tie fields of
+a message together. A field added to messages.json is
 in the C++ codec at the next build.
 
 How a field of the model becomes a member and a rule (codec/rules.hpp says what each rule
@@ -224,6 +225,81 @@ def check_rules(name, m):
             ["    return std::nullopt;", "  }"])
 
 
+def view_member(owner, f):
+    """(C++ type, default initialiser or None, rule arguments) of a field of a TASK_EVENT body:
+    the broker writes the body at once into the event's bytes, so a string, a bin and a map are
+    views into the message the event reports, and the items of a batch a span of views."""
+    typ, name = f["type"], f["name"]
+    optional = not f["required"]
+    init = None
+    if typ == "uint":
+        ctype, _, rules = member(owner, f, None)
+        init = None if optional else cpp_number(f["min"])
+        ctype = ctype.removeprefix("std::optional<").removesuffix(">")
+    elif typ == "str" and "enum" not in f and "pattern" not in f:
+        ctype, rules = "std::string_view", [f"rule::text{{{f['max_length']}}}"]
+    elif typ == "bin":
+        ctype, rules = "std::string_view", ["rule::bin{~std::size_t{0}}"]
+    elif typ == "msgpack-map":
+        ctype, init, rules = "std::string_view", "empty_map_blob", ["rule::shape::map"]
+    elif typ == "data-items":
+        ctype, rules = "std::span<const std::string_view>", [f"rule::items{{{f['max_items']}}}"]
+    else:
+        raise ModelError(f"task event {owner}.{name}: no view of a {typ}")
+    if optional:
+        ctype, init = f"std::optional<{ctype}>", None
+    return ctype, init, rules
+
+
+def task_event_bodies(model, struct_of):
+    """namespace event_body: one struct per TASK_EVENT body (§12.5.6), in the model's order."""
+    te = model["task_event_bodies"]
+    out = [f"/// The bodies of TASK_EVENT (§{te['section']}), by event: the maps the broker composes,",
+           "/// each listing its fields in `fields()` (written by codec::append_fields), and the",
+           "/// events whose body is a field of the worker's message, byte for byte (`from`, `field`).",
+           "namespace event_body {", ""]
+    names = []
+    for e in te["events"]:
+        name = e["event"]
+        names.append(name)
+        out.append(f"/// {name}: {e['note']}.")
+        out.append(f"struct {name} {{")
+        out.append(f"  static constexpr std::string_view event = {quoted(name)};")
+        if "verbatim" in e:
+            msg, field = e["verbatim"].split(".")
+            if msg not in struct_of:
+                raise ModelError(f"task event {name}: no message {msg}")
+            out.append(f"  using from = codec::{struct_of[msg]};")
+            out.append(f"  static constexpr std::string_view field = {quoted(field)};")
+            out.append("};")
+            out.append("")
+            continue
+        calls = []
+        for f in e["fields"]:
+            ctype, init, rules = view_member(name, f)
+            out.append(f"  {ctype} {f['name']}{'' if init is None else ' = ' + init};")
+            calls.append(f"    f({quoted(f['name'])}, s.{f['name']}{''.join(', ' + r for r in rules)});")
+        out.append("  template <class S, class F>")
+        if calls:
+            out.append("  static void fields(S& s, F&& f) {")
+            out.extend(calls)
+            out.append("  }")
+        else:
+            out.append("  static void fields(S& /*s*/, F&& /*f*/) {}")
+        out.append("};")
+        out.append("")
+    out.append("/// Every event of a task, in the order of the model.")
+    out.append(f"using all = std::tuple<{', '.join(names)}>;")
+    out.append("")
+    out.append("/// Whether `B` is a body made of a field of the worker's message.")
+    out.append("template <class B>")
+    out.append("constexpr bool is_verbatim = requires { typename B::from; };")
+    out.append("")
+    out.append("}  // namespace event_body")
+    out.append("")
+    return out
+
+
 def generate(model):
     out = []
     words = Words()
@@ -343,6 +419,9 @@ def generate(model):
     body.append("}")
     body.append("")
 
+    body += task_event_bodies(model, {m["name"]: m.get("cpp_name", enum_name[m["name"]])
+                                      for m in router})
+
     for name, values in words.arrays:
         out.append(f"/// The words `{name[:-len('_words')].replace('_', '.', 1)}` takes.")
         out.append(f"inline constexpr std::array<std::string_view, {len(values)}> {name}{{"
@@ -389,8 +468,10 @@ HEAD = """\
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <variant>
 
 #include "codec/rules.hpp"

@@ -1,6 +1,6 @@
-// Writes a struct that lists its fields in `fields(s, f)` (the generated model.hpp,
-// event_bodies.hpp) as one msgpack map in canonical form: the count of fields present, then
-// each field in the order listed. The one writer behind every message, event body and
+// Writes a struct that lists its fields in `fields(s, f)` (the generated model.hpp, TASK_EVENT
+// bodies included) as one msgpack map in canonical form: the count of fields present, then each
+// field in the order listed. The one writer behind every message, event body and
 // TASK_EVENT body, into a msgpack::sbuffer or straight into a blob.
 #pragma once
 

@@ -1,7 +1,7 @@
 // The message model (protocol/messages.json) against the C++ codec's own field tables: every
 // message's fields() (generated from messages.json into codec/model.hpp by protocol/gen_cpp.py:
 // this is the generator's test), the event envelope and every event body the codec writes, and
-// every TASK_EVENT body the broker composes (event_bodies.hpp, written by hand). The tables are
+// every TASK_EVENT body the broker composes (codec::event_body, generated as views). The tables are
 // walked by a visitor that says what each field is in messages.json's words (type, required,
 // bounds), so a field changed in the C++ tables alone, or in messages.json alone, fails here; the
 // Python codec is driven by messages.json itself.
@@ -23,7 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "codec/codec.hpp"
-#include "codec/event_bodies.hpp"
+#include "codec/messages.hpp"
 
 using namespace rlbus;
 using json = nlohmann::json;

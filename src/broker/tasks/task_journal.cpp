@@ -10,7 +10,7 @@
 #include "broker/tasks/task_helpers.hpp"
 #include "broker/tasks/task_manager.hpp"
 #include "codec/codec.hpp"
-#include "codec/event_bodies.hpp"
+#include "codec/messages.hpp"
 
 namespace rlbus::broker {
 
@@ -115,13 +115,13 @@ void task_manager::restore(const journal_state& js, util::time_point now) {
       const std::string reason = "broker restarted";
       if (held.attempt >= 1000) {
         ++counts_.failed;
-        emit(held, codec::event_body::failed{{reason, held.attempt}}, reason);
+        emit(held, codec::event_body::failed{reason, held.attempt}, reason);
         erase_task(held.id);
         continue;
       }
       held.max_attempts = std::max(held.max_attempts, held.attempt + 1);
       held.worker = jt.worker;  // the event names the worker it ran on
-      emit(held, codec::event_body::requeued{{reason, held.attempt}}, reason);
+      emit(held, codec::event_body::requeued{reason, held.attempt}, reason);
       held.worker.clear();
       ++counts_.requeued;
     }

@@ -11,7 +11,7 @@
 
 #include "broker/tasks/task_helpers.hpp"
 #include "codec/codec.hpp"
-#include "codec/event_bodies.hpp"
+#include "codec/messages.hpp"
 #include "util/log.hpp"
 
 namespace rlbus::broker {
@@ -634,7 +634,7 @@ void task_manager::end_attempt(task& t, const std::string& reason, util::time_po
   if (t.attempt < t.max_attempts) {
     spdlog::warn("task {} attempt {} ended ({}): re-queued", t.id, t.attempt, reason);
     if (journal_ != nullptr) journal_->requeued(t.id, t.attempt);
-    emit(t, codec::event_body::requeued{{reason, t.attempt, view_of(result)}}, reason);
+    emit(t, codec::event_body::requeued{reason, t.attempt, view_of(result)}, reason);
     t.last_worker = std::move(t.worker);
     t.worker.clear();
     t.st = state::queued;
@@ -649,7 +649,7 @@ void task_manager::end_attempt(task& t, const std::string& reason, util::time_po
   } else {
     spdlog::warn("task {} failed after {} attempts: {}", t.id, t.attempt, reason);
     ++counts_.failed;
-    emit(t, codec::event_body::failed{{reason, t.attempt, view_of(result)}}, reason);
+    emit(t, codec::event_body::failed{reason, t.attempt, view_of(result)}, reason);
     erase_task(t.id);
   }
 }
@@ -671,7 +671,7 @@ void task_manager::on_timers(util::time_point now) {
                                       t.queue_timeout.count());
       spdlog::warn("task {} failed: {}", t.id, reason);
       ++counts_.failed;
-      emit(t, codec::event_body::failed{{reason, t.attempt}}, reason);
+      emit(t, codec::event_body::failed{reason, t.attempt}, reason);
       erase_task(t.id);
       continue;
     }

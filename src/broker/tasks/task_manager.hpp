@@ -262,7 +262,7 @@ class task_manager {
   /// Cancels a coordinator's tasks without events and drops its stream (§12.5.8).
   void drop_coordinator(const std::string& id, util::time_point now);
   void cancel(task& t, const std::string& reason);
-  /// An event with a body the broker composes (codec/event_bodies.hpp), named by its type.
+  /// An event with a body the broker composes (codec::event_body, generated from the model), named by its type.
   template <class Body>
   void emit(task& t, const Body& body, std::string_view detail = {}, std::uint32_t items = 1);
   /// An event whose body is a field of the worker's message, byte for byte (info, finished).

@@ -11,7 +11,7 @@
 #include "broker/tasks/task_helpers.hpp"
 #include "broker/tasks/task_manager.hpp"
 #include "codec/codec.hpp"
-#include "codec/event_bodies.hpp"
+#include "codec/messages.hpp"
 #include "codec/field_writer.hpp"
 
 namespace rlbus::broker {
