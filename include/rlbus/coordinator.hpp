@@ -161,6 +161,8 @@ class coordinator {
   void cancel(const std::string& task_id, const std::string& reason);
   /// Closes a running task now, as a judge returning true does: its worker is asked for its
   /// result, which reaches deal_with_*_finish_task. A judge's own FINISH goes once per attempt.
+  /// A task still queued or starting (its worker's STARTED not yet at the broker, which only
+  /// closes a running task) is closed as soon as this coordinator's stream says it runs.
   void finish(const std::string& task_id);
 
   /// Tasks submitted and not yet finished, failed or cancelled.

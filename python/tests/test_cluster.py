@@ -7,10 +7,8 @@ installs it)."""
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -22,24 +20,9 @@ from typing import Iterator, List
 import pytest
 import rlbus
 
-from conftest import BROKER, wait_until
+from conftest import BROKER, free_port, wait_until
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
-
-
-def free_port() -> int:
-    """A free port below the kernel's ephemeral range, as fixed ports are: a peer's socket
-    reconnecting to a port of that range while its broker is down can be given that very port
-    and connect to itself, and the broker could not bind it again."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    while True:
-        port = random.randrange(10000, min(low, 30000))
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
 
 
 class Process:

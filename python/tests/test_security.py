@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 import rlbus
-from conftest import BROKER, Broker, wait_until
+from conftest import BROKER, Broker, free_port, wait_until
 from relay import Relay
 from rlbus.worker import Task
 
@@ -143,10 +143,7 @@ def test_a_stranger_is_told_why_and_a_revoked_key_comes_back_when_it_is_put_back
 def test_insecure_with_only_the_metrics_beyond_loopback_says_so() -> None:
     """SPEC §15.1: --insecure with any socket reachable from other machines logs a warning,
     the metrics endpoint included."""
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     b = Broker(["--insecure", "--metrics-port", str(port), "--metrics-address", "0.0.0.0"])
     try:
         assert wait_until(lambda: any("--insecure: serving other machines" in line

@@ -72,11 +72,16 @@ constexpr std::uint32_t no_data_max_ms = 1000;
 struct coordinator::impl {
   using stream_item = client::detail::event_stream::item;
 
-  // A task this coordinator knows as open: what it is, and whether a judge already closed the
-  // attempt now running (one FINISH per attempt: a second would be refused as a fault).
+  // A task this coordinator knows as open: what it is, whether a judge already closed the
+  // attempt now running (one FINISH per attempt: a second would be refused as a fault), and
+  // whether that attempt is running as far as the stream told. The broker accepts FINISH
+  // only for a running task (§12.5.3), so a finish() asked before its worker's STARTED reached
+  // the broker waits here for the first event that says it did.
   struct open_task {
     role kind = role::collector;
     std::uint32_t finished_attempt = 0;  // the attempt a FINISH was sent for (0: none)
+    bool running = false;
+    bool finish_asked = false;  // finish() was called before the attempt ran
   };
 
   impl(coordinator_options o, coordinator_callbacks cb)
@@ -216,8 +221,27 @@ struct coordinator::impl {
     post(codec::finish{e.task_id});
   }
 
+  // What an event says of its attempt: assigned and requeued, not running (yet); an end, gone
+  // (close_task); anything else, running, which sends a FINISH finish() asked for earlier.
+  void progress(const codec::task_event& e) {
+    {
+      std::lock_guard lock(io.mu());
+      const auto it = open.find(e.task_id);
+      if (it == open.end() || e.event == "finished" || e.event == "failed" ||
+          e.event == "cancelled")
+        return;
+      auto& t = it->second;
+      t.running = e.event != "assigned" && e.event != "requeued";
+      if (!t.running || !t.finish_asked || t.finished_attempt == e.attempt) return;
+      t.finish_asked = false;
+      t.finished_attempt = e.attempt;
+    }
+    post(codec::finish{e.task_id});
+  }
+
   void dispatch(const codec::task_event& e) {
     const auto& cb = callbacks;
+    progress(e);
     if (e.event == "data") {
       body_fields f(e.body);
       if (cb.deal_with_collector_send_data)
@@ -411,6 +435,14 @@ void coordinator::cancel(const std::string& task_id, const std::string& reason) 
 }
 
 void coordinator::finish(const std::string& task_id) {
+  {
+    std::lock_guard lock(impl_->io.mu());
+    const auto it = impl_->open.find(task_id);
+    if (it != impl_->open.end() && !it->second.running) {
+      it->second.finish_asked = true;  // sent once the stream says the attempt runs
+      return;
+    }
+  }
   impl_->post(codec::finish{task_id});
 }
 

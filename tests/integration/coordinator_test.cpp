@@ -540,6 +540,42 @@ TEST_CASE("coordinator::finish closes a running task whose judge never says done
   CHECK(c.open_tasks() == 0);
 }
 
+TEST_CASE("coordinator::finish of a task not yet running closes it once its worker starts it",
+          "[coordinator]") {
+  broker::server_thread b(test_config());
+  const auto ep = b.get().router_endpoint();
+  std::mutex mu;
+  std::string result;
+  coordinator_callbacks cb;
+  cb.deal_with_collector_finish_task = [&](const std::string&, const std::string& r) {
+    std::lock_guard lock(mu);
+    result = r;
+  };
+  coordinator_options co;
+  co.endpoint = ep;
+  coordinator c(co, cb);
+  REQUIRE(c.wait_for(connection_state::ready, 5s));
+  // No worker yet: the task waits in the queue when the coordinator asks to finish it, which
+  // the broker would refuse (it closes only a running task), and count against it.
+  REQUIRE(c.submit(spec("collect", role::collector))->accepted);
+  c.finish("collect");
+  task_handlers h;
+  h.run = [](task_handle& t) {
+    while (!t.stop_requested()) std::this_thread::sleep_for(1ms);
+  };
+  h.close = [](task_handle&) { return flag_map("closed_early", true); };
+  worker w(wopts(ep, "collector-0", role::collector), h);
+  REQUIRE(wait_until(
+      [&] {
+        std::lock_guard lock(mu);
+        return !result.empty();
+      },
+      10s));
+  CHECK(result == flag_map("closed_early", true));
+  CHECK(c.open_tasks() == 0);
+  CHECK(b.get().snapshot().faults == 0);
+}
+
 TEST_CASE("a coordinator that adopted a learner task hands its result to the learner callback",
           "[coordinator]") {
   broker::server_thread b(test_config());
