@@ -39,7 +39,7 @@ journal_task task_manager::journal_task_of(const task& t) {
 void task_manager::write_snapshot(journal& j) const {
   for (const auto& [id, p] : policies_.all())
     j.policy(p.publisher, codec::policy{id, p.version, p.ref, p.params});
-  for (const auto& [owner, s] : streams_) {
+  for (const auto& [owner, s] : streams_.all()) {
     j.reserved(owner, std::max(s.reserved, s.seq));
     if (s.windowed) j.acked(owner, s.acked);
     for (const auto& h : s.ring)
@@ -59,7 +59,7 @@ void task_manager::restore(const journal_state& js, util::time_point now) {
   for (const auto& p : js.policies) (void)policies_.publish(p.publisher, codec::policy(p.latest));
   // Streams first: the restart's own events below are numbered after what came before.
   for (const auto& [owner, st] : js.streams) {
-    auto& s = streams_[owner];
+    auto& s = streams_.of(owner);
     s.seq = st.head;
     s.reserved = st.head;
     s.sent_max = st.head;  // any of them may have reached the coordinator
@@ -83,7 +83,6 @@ void task_manager::restore(const journal_state& js, util::time_point now) {
         s.push({seq});  // a placeholder
       }
     }
-    ring_total_ += s.ring_bytes;
     // What the ring holds at or below acked counts as acknowledged, as it does in a live run.
     const auto acked = s.acked;
     s.acked = 0;
@@ -130,9 +129,10 @@ void task_manager::restore(const journal_state& js, util::time_point now) {
     held.queued_at = now;
     arm_queue_timeout(held, now);
   }
+  streams_.recount();
   // Nobody is connected yet: every coordinator's work waits for a new session of its id.
   std::set<std::string> owners;
-  for (const auto& [owner, s] : streams_) owners.insert(owner);
+  for (const auto& [owner, s] : streams_.all()) owners.insert(owner);
   for (const auto& [id, t] : tasks_) owners.insert(t.owner);
   for (const auto& owner : owners) {
     if (cfg_.coordinator_grace_ms == 0) {

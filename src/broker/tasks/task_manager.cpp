@@ -20,45 +20,30 @@ using task_helpers::clip;
 using task_helpers::refuse;
 using task_helpers::view_of;
 
-namespace {
-
-bool fits(const rlbus::resources& have, const rlbus::resources& need) {
-  return std::all_of(need.begin(), need.end(), [&](const auto& n) {
-    const auto it = have.find(n.first);
-    return it != have.end() && it->second >= n.second;
-  });
-}
-
-}  // namespace
-
 task_manager::task_manager(const config& cfg, task_sink& sink)
     : cfg_(cfg),
       sink_(sink),
+      workers_(cfg.quarantine_after, std::chrono::milliseconds(cfg.quarantine_ms), cfg.max_peers),
       policies_(cfg.policy_max_ids, cfg.policy_max_bytes),
-      quarantine_(cfg.quarantine_after, std::chrono::milliseconds(cfg.quarantine_ms),
-                  cfg.max_peers) {}
+      streams_(cfg, sink, counts_) {}
 
 void task_manager::peer_joined(const std::string& id, rlbus::role role, const rlbus::resources& res,
                                std::uint64_t serial, util::time_point now) {
   if (role == rlbus::role::coordinator) return;
-  workers_[id] = worker_info{role, res, serial, ""};
   // A worker back under an id in quarantine (a restarted process) waits it out.
-  if (!quarantine_.held(id)) free_[worker_slot(role)].emplace(serial, id);
+  workers_.join(id, role, res, serial);
   try_assign(now);
 }
 
 void task_manager::peer_resources(const std::string& id, const rlbus::resources& res,
                                   util::time_point now) {
-  const auto it = workers_.find(id);
-  if (it == workers_.end()) return;
-  it->second.resources = res;
-  try_assign(now);  // a queued task may fit now
+  if (workers_.set_resources(id, res)) try_assign(now);  // a queued task may fit now
 }
 
 void task_manager::peer_resumed(const std::string& id) {
-  const auto w = workers_.find(id);
-  if (w == workers_.end() || w->second.task.empty()) return;
-  auto& t = tasks_.at(w->second.task);
+  const auto* w = workers_.find(id);
+  if (w == nullptr || w->task.empty()) return;
+  auto& t = tasks_.at(w->task);
   // What went down with the old connection is sent again by the worker on its own; this
   // only tells it how much of that it can skip.
   if (t.st == state::running || t.st == state::closing) send_data_ack(t, false);
@@ -72,9 +57,8 @@ void task_manager::peer_gone(const std::string& id, rlbus::role role, util::time
   if (role == rlbus::role::coordinator) {
     const auto owned = static_cast<std::size_t>(std::count_if(
         tasks_.begin(), tasks_.end(), [&](const auto& kv) { return kv.second.owner == id; }));
-    const auto s = streams_.find(id);
-    const bool unacked =
-        s != streams_.end() && s->second.windowed && s->second.seq > s->second.acked;
+    const auto* s = streams_.find(id);
+    const bool unacked = s != nullptr && s->windowed && s->seq > s->acked;
     if (!orderly && cfg_.coordinator_grace_ms > 0 && (owned > 0 || unacked)) {
       // It may only have crashed: a new process with its id may take its work over.
       orphans_[id] = now + std::chrono::milliseconds(cfg_.coordinator_grace_ms);
@@ -87,18 +71,13 @@ void task_manager::peer_gone(const std::string& id, rlbus::role role, util::time
     drop_coordinator(id, now);
     return;
   }
-  const auto it = workers_.find(id);
-  if (it == workers_.end()) return;
-  const std::string task_id = it->second.task;
-  const auto worker_role = it->second.role;
-  const bool leaving = it->second.leaving;
-  free_[worker_slot(worker_role)].erase(it->second.serial);
-  workers_.erase(it);
-  if (!task_id.empty()) {
-    const auto reason = fmt::format("worker {} {}", id, leaving ? "left" : "lost");
-    end_attempt(tasks_.at(task_id), reason, now);
+  const auto w = workers_.leave(id);
+  if (!w) return;
+  if (!w->task.empty()) {
+    const auto reason = fmt::format("worker {} {}", id, w->leaving ? "left" : "lost");
+    end_attempt(tasks_.at(w->task), reason, now);
     // a crash-looping worker is caught too; one that said it was leaving is not failing
-    if (!leaving) ended_badly(id, worker_role, reason, now);
+    if (!w->leaving) ended_badly(id, w->role, reason, now);
   }
   try_assign(now);
 }
@@ -108,7 +87,7 @@ std::optional<std::uint64_t> task_manager::adopt(const std::string& id) {
   if (o == orphans_.end()) return std::nullopt;
   orphans_.erase(o);
   ++counts_.adoptions;
-  auto& s = streams_[id];
+  auto& s = streams_.of(id);
   s.awaiting_resume = s.windowed;  // until the new session's REPLAY says from where
   spdlog::info("coordinator {}: the new session adopts its tasks; the stream goes on after {}", id,
                s.acked);
@@ -117,10 +96,7 @@ std::optional<std::uint64_t> task_manager::adopt(const std::string& id) {
 
 void task_manager::drop_coordinator(const std::string& id, util::time_point now) {
   orphans_.erase(id);
-  if (const auto it = streams_.find(id); it != streams_.end()) {
-    ring_total_ -= it->second.ring_bytes;
-    streams_.erase(it);  // first: the tasks below go without handing out credit
-  }
+  streams_.drop(id);  // first: the tasks below go without handing out credit
   if (journal_ != nullptr) journal_->stream_dropped(id);
   std::vector<std::string> owned;
   for (const auto& [task_id, t] : tasks_)
@@ -129,7 +105,7 @@ void task_manager::drop_coordinator(const std::string& id, util::time_point now)
     auto& t = tasks_.at(task_id);
     if (!t.worker.empty()) {
       sink_.send_to(t.worker, codec::task_abort{t.id, t.attempt, "its coordinator is gone"});
-      free_worker(t.worker);
+      workers_.release(t.worker);
     }
     ++counts_.cancelled;
     erase_task(task_id);
@@ -191,14 +167,13 @@ std::optional<refusal> task_manager::handle(const std::string& from, rlbus::role
 // the deadline it gave at the latest. Answered with nothing.
 std::optional<refusal> task_manager::on_leaving(const std::string& from, const codec::leaving& l,
                                                 util::time_point now) {
-  const auto w = workers_.find(from);
-  if (w == workers_.end()) return std::nullopt;
-  if (!w->second.leaving)
+  const auto* w = workers_.find(from);
+  if (w == nullptr) return std::nullopt;
+  if (!w->leaving)
     spdlog::info("worker {} is leaving (its task may take {} ms more)", from, l.deadline_ms);
-  w->second.leaving = true;
-  free_[worker_slot(w->second.role)].erase(w->second.serial);
-  if (w->second.task.empty()) return std::nullopt;
-  auto& t = tasks_.at(w->second.task);
+  workers_.set_leaving(from);
+  if (w->task.empty()) return std::nullopt;
+  auto& t = tasks_.at(w->task);
   const auto by = now + std::chrono::milliseconds(l.deadline_ms);
   if (by < t.attempt_end) {
     t.attempt_end = by;
@@ -328,7 +303,7 @@ std::optional<refusal> task_manager::on_cancel(const std::string& from, const co
   if (t == nullptr) return why;
   if (!t->worker.empty()) {
     sink_.send_to(t->worker, codec::task_abort{t->id, t->attempt, clip("cancelled: " + c.reason)});
-    free_worker(t->worker);
+    workers_.release(t->worker);
   }
   emit(*t, codec::event_body::cancelled{c.reason, t->attempt}, c.reason);
   ++counts_.cancelled;
@@ -497,12 +472,12 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
     duration_.observe(now - t.started_at);
     emit_verbatim<codec::event_body::finished>(t, r->result);
     ++counts_.finished;
-    quarantine_.succeeded(from);
-    free_worker(from);
+    workers_.succeeded(from);
+    workers_.release(from);
     erase_task(t.id);
     try_assign(now);
   } else if (const auto* f = std::get_if<codec::task_failed>(&m)) {
-    free_worker(from);
+    workers_.release(from);
     const auto reason = clip("worker reported: " + f->reason);
     const auto kind = t.kind;
     end_attempt(t, reason, now, f->result ? &*f->result : nullptr);
@@ -516,33 +491,20 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
 
 void task_manager::try_assign(util::time_point now) {
   if (closed_) return;  // draining: nothing new starts
-  for (auto q = queue_.begin(); q != queue_.end();) {
-    if (free_[0].empty() && free_[1].empty()) return;
+  for (auto q = queue_.begin(); q != queue_.end() && workers_.any_free();) {
     auto& t = tasks_.at(q->second);
-    auto& pool = free_[worker_slot(t.kind)];
     // A re-queued task avoids the worker its last attempt ended on, unless no other fits.
-    auto pick = pool.end();
-    for (auto w = pool.begin(); w != pool.end(); ++w) {
-      if (!fits(workers_.at(w->second).resources, t.requirements)) continue;
-      if (pick == pool.end()) pick = w;
-      if (w->second != t.last_worker) {
-        pick = w;
-        break;
-      }
-    }
-    if (pick == pool.end()) {
+    const auto worker_id = workers_.assign(t.kind, t.requirements, t.last_worker, t.id);
+    if (!worker_id) {
       ++q;  // nobody fits this one now; later tasks may still fit someone
       continue;
     }
-    const std::string worker_id = pick->second;
-    pool.erase(pick);
     q = queue_.erase(q);
-    start_attempt(t, workers_.at(worker_id), worker_id, now);
+    start_attempt(t, *worker_id, now);
   }
 }
 
-void task_manager::start_attempt(task& t, worker_info& w, const std::string& worker_id,
-                                 util::time_point now) {
+void task_manager::start_attempt(task& t, const std::string& worker_id, util::time_point now) {
   ++t.attempt;
   assignment_.observe(now - t.queued_at);
   t.started_at = now;
@@ -551,7 +513,6 @@ void task_manager::start_attempt(task& t, worker_info& w, const std::string& wor
   t.st = state::starting;
   t.request_id.reset();
   t.data.begin();
-  w.task = t.id;
   t.attempt_end = now + t.task_timeout;
   t.leave_end = false;
   ++t.generation;  // the queue timeout, if any, no longer applies
@@ -574,7 +535,7 @@ void task_manager::start_attempt(task& t, worker_info& w, const std::string& wor
   emit(t, assigned, worker_id);
   // A collector of a windowed stream learns its credit before its task, so its first DATA
   // already knows the limit (§12.9.9).
-  auto& s = streams_[t.owner];
+  auto& s = streams_.of(t.owner);
   if (t.kind == rlbus::role::collector && s.windowed) {
     t.data.begin_credit();
     s.credited.insert(t.id);
@@ -599,23 +560,13 @@ void task_manager::arm_queue_timeout(task& t, util::time_point now) {
   checks_.push({t.deadline, t.id, t.generation});
 }
 
-void task_manager::free_worker(const std::string& worker_id) {
-  const auto it = workers_.find(worker_id);
-  if (it == workers_.end()) return;
-  it->second.task.clear();
-  if (!quarantine_.held(worker_id) && !it->second.leaving && !it->second.drained)
-    free_[worker_slot(it->second.role)].emplace(it->second.serial, worker_id);
-}
-
 void task_manager::ended_badly(const std::string& worker_id, rlbus::role role,
                                const std::string& reason, util::time_point now) {
-  const auto q = quarantine_.failed(worker_id, now);
+  const auto q = workers_.failed(worker_id, now);  // out of its pool if it begins
   if (!q) return;
   const util::log_scope log({.worker = worker_id});
   spdlog::warn("worker {} quarantined for {} ms: {} attempts in a row ended badly, the last: {}",
                worker_id, q->length.count(), q->failures, reason);
-  if (const auto w = workers_.find(worker_id); w != workers_.end())
-    free_[worker_slot(w->second.role)].erase(w->second.serial);  // if it was free: it is not now
   sink_.publish(codec::topic::worker_quarantined,
                 codec::worker_quarantine{worker_id, role, q->failures,
                                          static_cast<std::uint64_t>(q->length.count()), reason});
@@ -700,7 +651,7 @@ void task_manager::on_timers(util::time_point now) {
     const auto kind = t.kind;
     if (!worker.empty()) {
       sink_.send_to(worker, codec::task_abort{t.id, t.attempt, reason});
-      free_worker(worker);
+      workers_.release(worker);
     }
     end_attempt(t, reason, now);
     if (!worker.empty() && !left) ended_badly(worker, kind, reason, now);
@@ -719,14 +670,7 @@ void task_manager::on_timers(util::time_point now) {
     drop_coordinator(id, now);
   }
   // Quarantines that have run out: their workers, if free, go back to their pools.
-  for (const auto& id : quarantine_.released(now)) {
-    spdlog::info("worker {}: quarantine over", id);
-    const auto w = workers_.find(id);
-    if (w != workers_.end() && w->second.task.empty() && !w->second.leaving && !w->second.drained) {
-      free_[worker_slot(w->second.role)].emplace(w->second.serial, id);
-      freed = true;
-    }
-  }
+  if (workers_.end_quarantines(now)) freed = true;
   if (freed) try_assign(now);
 }
 
@@ -751,7 +695,7 @@ std::size_t task_manager::abort_all(const std::string& reason) {
 void task_manager::cancel(task& t, const std::string& reason) {
   if (!t.worker.empty()) {
     sink_.send_to(t.worker, codec::task_abort{t.id, t.attempt, reason});
-    free_worker(t.worker);
+    workers_.release(t.worker);
   }
   emit(t, codec::event_body::cancelled{reason, t.attempt}, reason);
   ++counts_.cancelled;
@@ -759,7 +703,7 @@ void task_manager::cancel(task& t, const std::string& reason) {
 }
 
 std::optional<util::time_point> task_manager::next_deadline() const {
-  auto next = quarantine_.next_release();
+  auto next = workers_.next_release();
   if (!checks_.empty() && (!next || checks_.top().due < *next)) next = checks_.top().due;
   for (const auto& [id, due] : orphans_)
     if (!next || due < *next) next = due;

@@ -17,6 +17,11 @@
 // Single-threaded: the broker loop owns it. It talks to the world only through task_sink,
 // so tests can drive it with a fake clock and a fake sink.
 //
+// Its parts with state of their own are objects it owns: the workers (worker_pool: who is
+// free, which worker a task goes to, quarantine), the coordinators' streams (stream_set: the
+// rings, the memory they share, what each window lets out; one stream is a
+// coordinator_stream), each attempt's data credit and index (attempt_data) and the policies
+// (policy_store). What is left here is the tasks themselves and what ties the parts together.
 // Its member functions live by concern: task_manager.cpp (lifecycle, assignment, timers),
 // task_stream.cpp (events, the stream's window and data credit, reliable data; the credit
 // and index state of an attempt is an attempt_data), task_journal.cpp (durability) and
@@ -40,9 +45,10 @@
 #include "broker/ops/histogram.hpp"
 #include "broker/tasks/attempt_data.hpp"
 #include "broker/tasks/policy_store.hpp"
-#include "broker/tasks/quarantine.hpp"
 #include "broker/tasks/stream.hpp"
+#include "broker/tasks/stream_set.hpp"
 #include "broker/tasks/task_sink.hpp"
+#include "broker/tasks/worker_pool.hpp"
 #include "codec/codec.hpp"
 #include "codec/map_writer.hpp"
 #include "codec/messages.hpp"
@@ -99,7 +105,7 @@ class task_manager {
 
   [[nodiscard]] task_counts counts() const;
   /// Bytes the event rings of all streams hold now (at most half the memory budget).
-  [[nodiscard]] std::size_t ring_bytes() const noexcept { return ring_total_; }
+  [[nodiscard]] std::size_t ring_bytes() const noexcept { return streams_.ring_bytes(); }
 
   // ---- what an operator sees and steers (SPEC §16) ----
   struct task_view {
@@ -192,14 +198,6 @@ class task_manager {
     util::time_point queued_at{};     // when it was last queued
     util::time_point started_at{};    // when its current attempt began
   };
-  struct worker_info {
-    rlbus::role role;
-    rlbus::resources resources;
-    std::uint64_t serial = 0;
-    std::string task;      // "" = free
-    bool leaving = false;  // it sent LEAVING: no new task for this session (§12.6.10)
-    bool drained = false;  // an operator said so: no new task for this session (§16.5)
-  };
   using stream = coordinator_stream;
   struct check {
     util::time_point due;
@@ -242,14 +240,10 @@ class task_manager {
                    std::optional<refusal>& why);
 
   void try_assign(util::time_point now);
-  void start_attempt(task& t, worker_info& w, const std::string& worker_id, util::time_point now);
+  void start_attempt(task& t, const std::string& worker_id, util::time_point now);
   void set_deadline(task& t, util::time_point due);
   /// The task was queued (again): its wait is bounded by its queue timeout, if it has one.
   void arm_queue_timeout(task& t, util::time_point now);
-  /// The credit an attempt of `s` is topped up to: the window shared by twice its attempts.
-  [[nodiscard]] std::uint64_t chunk_of(const stream& s) const;
-  /// The worker is free again: back in its pool, unless it is in quarantine.
-  void free_worker(const std::string& worker_id);
   /// An attempt on `worker_id` ended through the worker (§12.6.9): it may begin a quarantine,
   /// which takes the worker out of its pool and is published.
   void ended_badly(const std::string& worker_id, rlbus::role role, const std::string& reason,
@@ -262,7 +256,8 @@ class task_manager {
   /// Cancels a coordinator's tasks without events and drops its stream (§12.5.8).
   void drop_coordinator(const std::string& id, util::time_point now);
   void cancel(task& t, const std::string& reason);
-  /// An event with a body the broker composes (codec::event_body, generated from the model), named by its type.
+  /// An event with a body the broker composes (codec::event_body, generated from the model), named
+  /// by its type.
   template <class Body>
   void emit(task& t, const Body& body, std::string_view detail = {}, std::uint32_t items = 1);
   /// An event whose body is a field of the worker's message, byte for byte (info, finished).
@@ -272,9 +267,6 @@ class task_manager {
   void emit_with(task& t, std::string_view event, std::size_t reserve, Body&& write_body,
                  std::string_view detail = {}, std::uint32_t items = 1);
   // flow control (§12.9)
-  void pump(const std::string& owner, stream& s) {
-    s.pump(sink_, owner, cfg_.stream_window, counts_);
-  }
   void grant(stream& s, const task* announce);
   void uncredit(task& t);
 
@@ -289,29 +281,14 @@ class task_manager {
   std::unordered_map<std::string, task, id_hash, std::equal_to<>> tasks_;
   std::map<std::uint64_t, std::string> queue_;  // order -> task id
   std::uint64_t next_order_ = 0;
-  std::unordered_map<std::string, worker_info> workers_;
-  std::map<std::uint64_t, std::string> free_[2];  // per kind (collector, learner): serial -> id
-  std::unordered_map<std::string, stream> streams_;
+  worker_pool workers_;
   std::string topic_;                                   // emit()'s, reused for every event's topic
   std::map<std::string, util::time_point> orphans_;     // coordinator id -> end of its grace
   std::unordered_map<std::string, std::size_t> owned_;  // coordinator id -> its live tasks
   policy_store policies_;
-  class quarantine quarantine_;
   std::priority_queue<check, std::vector<check>, std::greater<>> checks_;
   task_counts counts_;
-  // The rings of all streams hold at most half the memory budget, and with the connections'
-  // queues at most the three quarters that are not kept for peers that read (§15.5): what
-  // they hold now, and a stream's share of it (each stream may hold its own bound until the
-  // pool is full; then one holding more than an equal share is held back and trimmed).
-  std::size_t ring_total_ = 0;
-  [[nodiscard]] std::size_t ring_pool() const {
-    const auto budget = cfg_.memory_budget, shared = budget - budget / 4;
-    return std::min(budget / 2, shared - std::min(sink_.queued_bytes(), shared));
-  }
-  [[nodiscard]] bool over_ring_share(const stream& s) const {
-    const auto pool = ring_pool();
-    return ring_total_ >= pool && s.ring_bytes >= pool / std::max<std::size_t>(1, streams_.size());
-  }
+  stream_set streams_;  // after counts_, which it counts into
   histogram assignment_, duration_;
   std::optional<std::string> closed_;  // the queue is closed (draining), with this reason
   journal* journal_ = nullptr;

@@ -17,10 +17,10 @@ task_counts task_manager::counts() const {
   task_counts c = counts_;
   c.queued = queue_.size();
   c.running = tasks_.size() - queue_.size();
-  c.quarantined = quarantine_.active();
-  c.quarantines = quarantine_.total();
+  c.quarantined = workers_.quarantines_on();
+  c.quarantines = workers_.quarantines_begun();
   c.orphaned = orphans_.size();
-  c.ring_bytes = ring_total_;
+  c.ring_bytes = streams_.ring_bytes();
   return c;
 }
 
@@ -58,17 +58,16 @@ std::pair<std::vector<task_manager::task_view>, std::size_t> task_manager::list_
 }
 
 std::optional<task_manager::worker_view> task_manager::worker_state(const std::string& id) const {
-  const auto it = workers_.find(id);
-  if (it == workers_.end()) return std::nullopt;
-  const auto& w = it->second;
-  worker_view v{w.task, 0, quarantine_.held(id), w.leaving, w.drained};
-  if (!w.task.empty()) v.attempt = tasks_.at(w.task).attempt;
+  const auto* w = workers_.find(id);
+  if (w == nullptr) return std::nullopt;
+  worker_view v{w->task, 0, workers_.quarantined(id), w->leaving, w->drained};
+  if (!w->task.empty()) v.attempt = tasks_.at(w->task).attempt;
   return v;
 }
 
 std::vector<task_manager::stream_view> task_manager::list_streams() const {
   std::vector<stream_view> out;
-  for (const auto& [owner, s] : streams_)
+  for (const auto& [owner, s] : streams_.all())
     out.push_back({owner, s.seq, s.acked, s.windowed, s.ring.size()});
   std::sort(out.begin(), out.end(), [](const stream_view& a, const stream_view& b) {
     return a.coordinator < b.coordinator;
@@ -95,36 +94,29 @@ std::vector<std::pair<std::string, std::uint64_t>> task_manager::policy_versions
 }
 
 bool task_manager::set_drained(const std::string& id, bool drained, util::time_point now) {
-  const auto it = workers_.find(id);
-  if (it == workers_.end()) return false;
-  auto& w = it->second;
-  if (w.drained == drained) return true;
-  w.drained = drained;
+  const auto* w = workers_.find(id);
+  if (w == nullptr) return false;
+  if (w->drained == drained) return true;
+  workers_.set_drained(id, drained);
   spdlog::info("worker {} {} by an operator{}", id, drained ? "drained" : "undrained",
-               drained && !w.task.empty() ? fmt::format(" (its task {} runs on)", w.task) : "");
-  if (drained) {
-    free_[worker_slot(w.role)].erase(w.serial);
-  } else if (w.task.empty() && !w.leaving && !quarantine_.held(id)) {
-    free_[worker_slot(w.role)].emplace(w.serial, id);
-    try_assign(now);
-  }
+               drained && !w->task.empty() ? fmt::format(" (its task {} runs on)", w->task) : "");
+  if (!drained) try_assign(now);  // it may be free again
   return true;
 }
 
 std::optional<std::string> task_manager::take_back(const std::string& id, const std::string& reason,
                                                    util::time_point now) {
-  const auto it = workers_.find(id);
-  if (it == workers_.end()) return std::nullopt;
-  const std::string task_id = it->second.task;
+  const auto* w = workers_.find(id);
+  if (w == nullptr) return std::nullopt;
+  const std::string task_id = w->task;
   // No new task for it while the session lasts (the caller ends it next).
-  it->second.drained = true;
-  free_[worker_slot(it->second.role)].erase(it->second.serial);
+  workers_.set_drained(id, true);
   if (task_id.empty()) return task_id;
   auto& t = tasks_.at(task_id);
   const util::log_scope log(
       {.task = t.id, .attempt = t.attempt, .worker = id, .coordinator = t.owner});
   sink_.send_to(id, codec::task_abort{t.id, t.attempt, reason});
-  it->second.task.clear();
+  workers_.release(id);
   end_attempt(t, reason, now);
   try_assign(now);
   return task_id;

@@ -11,8 +11,8 @@
 #include "broker/tasks/task_helpers.hpp"
 #include "broker/tasks/task_manager.hpp"
 #include "codec/codec.hpp"
-#include "codec/messages.hpp"
 #include "codec/field_writer.hpp"
+#include "codec/messages.hpp"
 
 namespace rlbus::broker {
 
@@ -39,7 +39,7 @@ bool ends_task(std::string_view event) {
 template <class Body>
 void task_manager::emit_with(task& t, std::string_view event, std::size_t reserve,
                              Body&& write_body, std::string_view detail, std::uint32_t items) {
-  auto& s = streams_[t.owner];
+  auto& s = streams_.of(t.owner);
   if (!t.event_fields.of(t.attempt, t.worker))
     t.event_fields = codec::event_fixed(t.id, t.attempt, t.worker);
   const bool ends = ends_task(event);
@@ -48,9 +48,8 @@ void task_manager::emit_with(task& t, std::string_view event, std::size_t reserv
   write_body(wire);
   const auto body_bytes = wire.size() - head;
   if (ends) codec::event_kind(wire, t.kind);
-  const auto ring_before = s.ring_bytes;
-  s.push({s.seq, util::shared_frame(std::move(wire)), body_bytes, items, ends});
-  const auto& made = s.ring.back();
+  coordinator_stream::held made{s.seq, util::shared_frame(std::move(wire)), body_bytes, items,
+                                ends};
   if (journal_ != nullptr) {  // written before the event can leave (§14)
     if (s.seq > s.reserved) {
       s.reserved = s.seq + seq_reserve;
@@ -64,17 +63,7 @@ void task_manager::emit_with(task& t, std::string_view event, std::size_t reserv
     s.sent_max = s.seq;
   }
   if (event == "data") s.max_data_bytes = std::max(s.max_data_bytes, body_bytes);
-  // The ring is bounded in events and in bytes (payloads can be large).
-  s.trim(cfg_.stream_ring, cfg_.stream_ring_bytes);
-  ring_total_ = ring_total_ - ring_before + s.ring_bytes;
-  // Past the pool, a stream holding more than its share gives up its oldest events (a
-  // replay reports them lost): coordinators that never acknowledge cannot hold it all.
-  while (over_ring_share(s) && s.ring.size() > 1) {
-    ring_total_ -= s.ring.front().body_bytes;
-    s.pop_front();
-    ++counts_.ring_budget_drops;
-  }
-  pump(t.owner, s);
+  streams_.keep(t.owner, s, std::move(made));
   auto& topic = topic_;  // reused: no allocation per event
   topic.clear();
   topic.append("task.").append(t.owner).append(".").append(event);
@@ -144,8 +133,8 @@ void task_manager::relayed(task& t, std::optional<std::uint64_t> last, std::uint
   // More items leave the others' room as it was (the backlog grew by what this attempt's
   // unused credit shrank), so only this attempt can have come due for a top-up.
   if (t.data.credited()) {
-    auto& s = streams_[t.owner];
-    if (t.data.due_top_up(chunk_of(s))) grant(s, nullptr);
+    auto& s = streams_.of(t.owner);
+    if (t.data.due_top_up(streams_.chunk(s))) grant(s, nullptr);
   }
 }
 
@@ -206,7 +195,7 @@ std::optional<refusal> task_manager::on_data_lost(task& t, const codec::data_los
   spdlog::warn("task {} attempt {}: its collector lost DATA {}..{}", t.id, t.attempt, first,
                l.last);
   emit(t, codec::event_body::data_lost{first, l.last}, fmt::format("{}..{}", first, l.last));
-  if (t.data.credited()) grant(streams_[t.owner], nullptr);
+  if (t.data.credited()) grant(streams_.of(t.owner), nullptr);
   return std::nullopt;
 }
 
@@ -245,7 +234,7 @@ std::optional<refusal> task_manager::on_data_batch(task& t, const codec::data_ba
   const auto first = t.data.relayed() + 1;
   const std::span<const std::string_view> fresh_items(items.data() + skip, fresh);
   std::size_t bytes = 0;
-  auto& s = streams_[t.owner];
+  auto& s = streams_.of(t.owner);
   for (const auto item : fresh_items) {
     bytes += item.size();
     // A unit of credit costs what the stream's largest item does (§12.12.3).
@@ -274,26 +263,25 @@ void task_manager::send_data_ack(task& t, bool resend) {
 // ---- replay and flow control (§12.9) ---------------------------------------------------
 
 void task_manager::pump_streams() {
-  for (auto& [owner, s] : streams_)
-    if (s.windowed && s.next <= s.seq) pump(owner, s);
+  streams_.pump_all();
 }
 
 std::optional<refusal> task_manager::on_replay(const std::string& from, const codec::replay& r) {
-  auto& s = streams_[from];
+  auto& s = streams_.of(from);
   if (auto no = s.replay(r.from_seq)) return no;
   ++counts_.replays;
   if (journal_ != nullptr) journal_->acked(from, s.acked);
-  pump(from, s);
+  streams_.pump(from, s);
   grant(s, nullptr);
   return std::nullopt;
 }
 
 std::optional<refusal> task_manager::on_ack(const std::string& from, const codec::ack& a) {
-  auto& s = streams_[from];
+  auto& s = streams_.of(from);
   const auto before = s.acked;
   if (auto no = s.ack(a.seq)) return no;
   if (journal_ != nullptr && s.acked != before) journal_->acked(from, s.acked);
-  pump(from, s);
+  streams_.pump(from, s);
   grant(s, nullptr);
   return std::nullopt;
 }
@@ -306,7 +294,7 @@ std::optional<refusal> task_manager::on_ack(const std::string& from, const codec
 void task_manager::grant(stream& s, const task* announce) {
   if (!s.windowed || s.credited.empty()) return;
   const auto window = static_cast<std::uint64_t>(cfg_.stream_window);
-  const std::uint64_t chunk = chunk_of(s);
+  const std::uint64_t chunk = streams_.chunk(s);
   // Unused credit counts against the window up to each attempt's current chunk. An attempt
   // granted a bigger chunk while it shared the window with fewer others cannot be asked to
   // give it back; counting all of it would let a few idle attempts starve the rest for good.
@@ -320,7 +308,7 @@ void task_manager::grant(stream& s, const task* announce) {
     if (t.data.due_top_up(chunk)) {
       add = t.data.top_up(
           chunk, attempt_data::room(window, backlog, outstanding, s.unacked_bytes(), byte_budget,
-                                    s.max_data_bytes, over_ring_share(s)));
+                                    s.max_data_bytes, streams_.over_share(s)));
     }
     outstanding += add;
     if (add > 0 || &t == announce)
@@ -328,17 +316,13 @@ void task_manager::grant(stream& s, const task* announce) {
   }
 }
 
-std::uint64_t task_manager::chunk_of(const stream& s) const {
-  return attempt_data::chunk(static_cast<std::uint64_t>(cfg_.stream_window), s.credited.size());
-}
-
 // The attempt ends: its unused credit goes back to the window, for the stream's others.
 void task_manager::uncredit(task& t) {
   if (!t.data.end_credit()) return;
-  const auto it = streams_.find(t.owner);
-  if (it == streams_.end()) return;
-  it->second.credited.erase(t.id);
-  grant(it->second, nullptr);
+  auto* s = streams_.find(t.owner);
+  if (s == nullptr) return;
+  s->credited.erase(t.id);
+  grant(*s, nullptr);
 }
 
 }  // namespace rlbus::broker
