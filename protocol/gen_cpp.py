@@ -300,6 +300,48 @@ def task_event_bodies(model, struct_of):
     return out
 
 
+# The kinds of message a loop routes apart, each the messages of its reserved ranges (by their
+# sections): (predicate, sections, what it says).
+ROUTES = [
+    ("is_task_type", ("12", "12.9"), "the task messages and stream flow control"),
+    ("is_ops_type", ("16",), "the operations messages, OPS and OPS_REPLY"),
+    ("is_bus_type", ("17",), "the topic bus's messages"),
+    ("is_replication_type", ("14.10",),
+     "replication between the brokers of a group, which travels on a leader's replication "
+     "endpoint only"),
+]
+
+
+def routes(model, enum_name):
+    """The routing predicates (ROUTES) and has_payload_frame, as switches over type ids."""
+    ranges = {r["section"]: (r["first"], r["last"]) for r in model["reserved_ranges"]}
+    out = []
+
+    def predicate(name, doc, msgs):
+        if not msgs:
+            raise ModelError(f"{name}: no message")
+        out.append(f"/// True for the type ids of {doc}.")
+        out.append(f"constexpr bool {name}(std::uint8_t type) noexcept {{")
+        out.append("  switch (static_cast<msg_type>(type)) {")
+        for m in msgs:
+            out.append(f"    case msg_type::{enum_name[m['name']]}:")
+        out.append("      return true;")
+        out.append("    default:")
+        out.append("      return false;")
+        out.append("  }")
+        out.append("}")
+        out.append("")
+
+    for name, sections, doc in ROUTES:
+        spans = [ranges[s] for s in sections]
+        sec = ", ".join("§" + s for s in sections)
+        predicate(name, f"{doc} ({sec})",
+                  [m for m in model["messages"] if any(a <= m["id"] <= b for a, b in spans)])
+    predicate("has_payload_frame", "the messages that travel with a third frame, the payload",
+              [m for m in model["messages"] if m.get("payload_frame")])
+    return out
+
+
 def generate(model):
     out = []
     words = Words()
@@ -331,6 +373,7 @@ def generate(model):
     out.append("  return std::nullopt;")
     out.append("}")
     out.append("")
+    out += routes(model, enum_name)
     out.append("/// Error codes carried by ERROR, DISCONNECT and the answers that refuse (§6).")
     out.append("enum class error_code : std::uint16_t {")
     for e in model["error_codes"]:

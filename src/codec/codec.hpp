@@ -71,18 +71,8 @@ result<event> decode_event(std::string_view topic, std::string_view body,
 void encode_event(const event& e, msgpack::sbuffer& out);
 std::string encode_event(const event& e);
 
-/// True for the type ids of task messages and of stream flow control (SPEC §12, §12.9).
-bool is_task_type(std::uint8_t type) noexcept;
-/// True for OPS and OPS_REPLY (SPEC §16).
-bool is_ops_type(std::uint8_t type) noexcept;
-/// True for the type ids of the topic bus (SPEC §17: SUBSCRIBE 0x70 to BUS_GAP 0x77).
-bool is_bus_type(std::uint8_t type) noexcept;
-/// True for the type ids of replication between brokers (SPEC §14.10: SYNC 0x80 to SYNCED
-/// 0x83), which travel on a leader's replication endpoint only.
-bool is_replication_type(std::uint8_t type) noexcept;
-/// True for the messages that travel with a third frame, the payload (SPEC §17.1.1):
-/// PUBLISH and DELIVER.
-bool has_payload_frame(std::uint8_t type) noexcept;
+// is_task_type, is_ops_type, is_bus_type, is_replication_type and has_payload_frame, which
+// sort type ids by the ranges the model reserves, are generated with it (codec/model.hpp).
 
 /// Why `value` cannot travel as a user map field of a message (task_info, meta, info,
 /// result): nullopt when it is one complete msgpack map within `limits` at the depth of a

@@ -337,81 +337,12 @@ std::vector<std::string_view> split_items(const item_array& items) {
   return out;
 }
 
-bool is_ops_type(std::uint8_t type) noexcept {
-  return type == static_cast<std::uint8_t>(msg_type::ops) ||
-         type == static_cast<std::uint8_t>(msg_type::ops_reply);
-}
-
-bool is_bus_type(std::uint8_t type) noexcept {
-  switch (static_cast<msg_type>(type)) {
-    case msg_type::subscribe:
-    case msg_type::unsubscribe:
-    case msg_type::subscribed:
-    case msg_type::publish:
-    case msg_type::publish_credit:
-    case msg_type::deliver:
-    case msg_type::bus_ack:
-    case msg_type::bus_gap:
-      return true;
-    default:
-      return false;
-  }
-}
-
-bool is_replication_type(std::uint8_t type) noexcept {
-  return type >= static_cast<std::uint8_t>(msg_type::sync) &&
-         type <= static_cast<std::uint8_t>(msg_type::synced);
-}
-
-bool has_payload_frame(std::uint8_t type) noexcept {
-  return type == static_cast<std::uint8_t>(msg_type::publish) ||
-         type == static_cast<std::uint8_t>(msg_type::deliver);
-}
-
 bool valid_topic(std::string_view t, rule::topic r) noexcept {
   if (t.size() > max_topic_length || (t.empty() && !r.empty_ok)) return false;
   return std::all_of(t.begin(), t.end(), [](char c) {
     const auto b = static_cast<unsigned char>(c);
     return b >= 0x21 && b <= 0x7E;
   });
-}
-
-bool is_task_type(std::uint8_t type) noexcept {
-  switch (static_cast<msg_type>(type)) {
-    case msg_type::submit:
-    case msg_type::submitted:
-    case msg_type::finish:
-    case msg_type::cancel:
-    case msg_type::data_reply:
-    case msg_type::task_event:
-    case msg_type::capacity:
-    case msg_type::task_start:
-    case msg_type::task_close:
-    case msg_type::learn:
-    case msg_type::no_data:
-    case msg_type::task_abort:
-    case msg_type::policy_update:
-    case msg_type::started:
-    case msg_type::data:
-    case msg_type::info:
-    case msg_type::get_data:
-    case msg_type::learn_info:
-    case msg_type::result:
-    case msg_type::task_failed:
-    case msg_type::task_alive:
-    case msg_type::leaving:
-    case msg_type::policy:
-    case msg_type::replay:
-    case msg_type::ack:
-    case msg_type::stream_gap:
-    case msg_type::data_credit:
-    case msg_type::data_ack:
-    case msg_type::data_lost:
-    case msg_type::data_batch:
-      return true;
-    default:
-      return false;
-  }
 }
 
 }  // namespace rlbus::codec
