@@ -173,13 +173,8 @@ def members(out, owner, fields, words):
     return calls
 
 
-def struct(out, name, fields, words, doc, type_id=None, check=None):
-    out.append(f"/// {doc}")
-    out.append(f"struct {name} {{")
-    calls = members(out, name, fields, words)
-    if type_id is not None:
-        out.append(f"  static constexpr msg_type type = msg_type::{type_id};")
-    out.append(f"  bool operator==(const {name}&) const = default;")
+def fields_function(out, calls):
+    """A struct's `fields()`, which walks its members in order: `calls`, the lines of members()."""
     out.append("  template <class S, class F>")
     if calls:
         out.append("  static void fields(S& s, F&& f) {")
@@ -187,6 +182,16 @@ def struct(out, name, fields, words, doc, type_id=None, check=None):
         out.append("  }")
     else:
         out.append("  static void fields(S& /*s*/, F&& /*f*/) {}")
+
+
+def struct(out, name, fields, words, doc, type_id=None, check=None):
+    out.append(f"/// {doc}")
+    out.append(f"struct {name} {{")
+    calls = members(out, name, fields, words)
+    if type_id is not None:
+        out.append(f"  static constexpr msg_type type = msg_type::{type_id};")
+    out.append(f"  bool operator==(const {name}&) const = default;")
+    fields_function(out, calls)
     if check:
         out.extend(check)
     out.append("};")
@@ -279,13 +284,7 @@ def task_event_bodies(model, struct_of):
             ctype, init, rules = view_member(name, f)
             out.append(f"  {ctype} {f['name']}{'' if init is None else ' = ' + init};")
             calls.append(f"    f({quoted(f['name'])}, s.{f['name']}{''.join(', ' + r for r in rules)});")
-        out.append("  template <class S, class F>")
-        if calls:
-            out.append("  static void fields(S& s, F&& f) {")
-            out.extend(calls)
-            out.append("  }")
-        else:
-            out.append("  static void fields(S& /*s*/, F&& /*f*/) {}")
+        fields_function(out, calls)
         out.append("};")
         out.append("")
     out.append("/// Every event of a task, in the order of the model.")
@@ -444,10 +443,7 @@ def generate(model):
     body.append(f"  std::variant<std::monostate, {', '.join(order)}> body;")
     body.append("  bool operator==(const event&) const = default;")
     body.append("  /// The envelope's fields, written before the body's.")
-    body.append("  template <class S, class F>")
-    body.append("  static void fields(S& s, F&& f) {")
-    body.extend(calls)
-    body.append("  }")
+    fields_function(body, calls)
     body.append("};")
     body.append("")
     body.append("/// The body an event of `topic` has (std::monostate for a topic not in the model).")
