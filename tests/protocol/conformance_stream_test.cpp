@@ -306,6 +306,48 @@ TEST_CASE("SPEC 12.9.10: a credited collector sends no more DATA than its coordi
   CHECK(next_event(coord, "t", "data").seq == 3 + accepted);
 }
 
+// §12.9.10 "A worker cannot ask for credit, and one that has used what it knows of waits for
+// DATA_CREDIT, so the broker SHALL send an attempt's DATA_CREDIT again, with its current
+// `limit`, right after the WELCOME that resumes the worker's session (§8.6), since the old
+// connection may have taken the last one down"
+TEST_CASE("SPEC 12.9.10: a resumed collector hears its credit again", "[spec]") {
+  broker_with b(with_window(8));
+  raw_peer coord(b.ctx, b.router), w(b.ctx, b.router);
+  join(coord, "coord", role::coordinator);
+  const auto welcome = join(w, "w", role::collector);
+  coord.send(codec::replay{1});
+  submit_ok(coord, task_of("t"));
+  std::uint64_t limit = next_a<codec::data_credit>(w).limit;
+  next_a<codec::task_start>(w);
+  w.send(codec::started{"t", 1});
+  std::uint64_t accepted = 0;
+  while (accepted < limit) {
+    const auto out = send_data(w, "t", accepted);
+    REQUIRE_FALSE(out.refused);
+    ++accepted;
+    limit = std::max(limit, out.limit);
+  }
+  // The coordinator catches up and the broker grants more, on a connection that then breaks:
+  // the worker never reads it.
+  next_seqs(coord, 2 + accepted);
+  coord.send(codec::ack{2 + accepted});
+  const auto granted = next_a<codec::data_credit>(w).limit;
+  REQUIRE(granted > limit);
+  raw_peer again(b.ctx, b.router);
+  again.send(codec::hello{role::collector, "w", 30'000, {}, welcome.session});
+  CHECK(next_a<codec::welcome>(again).resumed);
+  std::optional<std::uint64_t> heard;
+  while (auto m = again.recv(2000ms)) {
+    if (const auto* c = std::get_if<codec::data_credit>(&*m)) {
+      heard = c->limit;
+      break;
+    }
+  }
+  REQUIRE(heard);
+  CHECK(*heard == granted);
+  CHECK_FALSE(send_data(again, "t", accepted).refused);
+}
+
 // §12.9.11 "When the step deadline (§12.7.1) of a running credited attempt passes while that
 // attempt has used all its credit, the broker SHALL set the deadline step-timeout later instead
 // of ending the attempt: its worker is held back by the coordinator, not silent. The task

@@ -638,6 +638,46 @@ TEST_CASE_METHOD(fixture, "credit is shared by a stream's collectors and returne
   CHECK(limit_of("w1") > a);
 }
 
+// A worker cannot ask for credit: one that used what it knows of waits for DATA_CREDIT, so a
+// DATA_CREDIT its connection did not take (full, or gone with a reconnect) is told again.
+TEST_CASE_METHOD(fixture, "credit that did not reach its worker is told again", "[unit][tasks]") {
+  cfg.stream_window = 8;
+  join("w", role::collector);
+  ok("coord", role::coordinator, codec::replay{1});
+  submit("coord", "t", role::collector);
+  auto start = drain(sink, "w");
+  REQUIRE(start.size() == 2);
+  const auto first = std::get<codec::data_credit>(start[0]).limit;
+  REQUIRE(first >= 1);
+  ok("w", role::collector, codec::started{"t", 1});
+  for (std::uint64_t i = 0; i < first; ++i)
+    ok("w", role::collector,
+       codec::data_ready{"t", 1, "d", "b", codec::empty_map_blob, std::nullopt});
+  drain(sink, "w");
+  // The coordinator catches up while the worker's connection takes nothing: the top-up is
+  // granted but does not go out.
+  sink.unreachable.insert("w");
+  ok("coord", role::coordinator, codec::ack{2 + first});
+  CHECK(sink.empty("w"));
+  sink.unreachable.clear();
+  // The next tick tells it, once.
+  tm->pump_streams();
+  auto told = drain(sink, "w");
+  REQUIRE(told.size() == 1);
+  const auto granted = std::get<codec::data_credit>(told[0]).limit;
+  CHECK(granted > first);
+  tm->pump_streams();
+  CHECK(sink.empty("w"));
+  // Told, but a reconnect may have taken it: a resumed session hears it again.
+  tm->peer_resumed("w");
+  bool credit_again = false;
+  for (const auto& m : drain(sink, "w"))
+    if (const auto* c = std::get_if<codec::data_credit>(&m)) credit_again = c->limit == granted;
+  CHECK(credit_again);
+  ok("w", role::collector,
+     codec::data_ready{"t", 1, "d", "b", codec::empty_map_blob, std::nullopt});
+}
+
 // ---- reliable data (SPEC §12.11) -------------------------------------------------------
 
 namespace {

@@ -16,6 +16,7 @@ void attempt_data::begin_credit() noexcept {
   credited_ = true;
   accepted_ = 0;
   limit_ = 0;
+  told_.reset();
 }
 
 bool attempt_data::end_credit() noexcept {
@@ -23,6 +24,7 @@ bool attempt_data::end_credit() noexcept {
   credited_ = false;
   accepted_ = 0;
   limit_ = 0;
+  told_.reset();
   return true;
 }
 

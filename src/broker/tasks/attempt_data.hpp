@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 namespace rlbus::broker {
 
@@ -36,6 +37,12 @@ class attempt_data {
   [[nodiscard]] bool may_accept(std::uint64_t items = 1) const noexcept {
     return !credited_ || items <= unused();
   }
+  /// Credited, and the worker may not know its limit: no DATA_CREDIT with the current limit
+  /// reached its connection (the connection was full, or went down with it).
+  [[nodiscard]] bool credit_untold() const noexcept { return credited_ && told_ != limit_; }
+  /// DATA_CREDIT with the current limit went out; untold(): it may have been lost.
+  void told() noexcept { told_ = limit_; }
+  void untold() noexcept { told_.reset(); }
   /// Credited and all of it used: its collector waits for DATA_CREDIT.
   [[nodiscard]] bool exhausted() const noexcept { return credited_ && accepted_ >= limit_; }
   void accept(std::uint64_t items = 1) noexcept { accepted_ += items; }
@@ -80,6 +87,7 @@ class attempt_data {
   bool credited_ = false;
   std::uint64_t accepted_ = 0;
   std::uint64_t limit_ = 0;
+  std::optional<std::uint64_t> told_;  // the limit of the last DATA_CREDIT that went out
   // what was relayed since the last DATA_ACK, and the items dropped past the next index
   // since the last relay
   std::uint64_t relayed_ = 0;

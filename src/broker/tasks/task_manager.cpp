@@ -47,6 +47,8 @@ void task_manager::peer_resumed(const std::string& id) {
   // What went down with the old connection is sent again by the worker on its own; this
   // only tells it how much of that it can skip.
   if (t.st == state::running || t.st == state::closing) send_data_ack(t, false);
+  // So may the last DATA_CREDIT: a worker that used what it knew of would wait for ever.
+  if (t.data.credited()) tell_credit(t);
   // A TASK_CLOSE may have gone down with it too: said again, or the attempt would wait for
   // its close timeout (§12.11.7).
   if (t.st == state::closing) sink_.send_to(id, codec::task_close{t.id, t.attempt});

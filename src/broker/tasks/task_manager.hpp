@@ -98,8 +98,10 @@ class task_manager {
 
   /// Ends attempts whose step deadline has passed.
   void on_timers(util::time_point now);
-  /// Sends what each windowed stream holds unsent within its window: a send refused for the
-  /// broker's memory budget leaves a coordinator nothing to acknowledge (call it now and then).
+  /// Sends what each windowed stream holds unsent within its window, and DATA_CREDIT that
+  /// did not reach its worker: a send refused for a full connection or the broker's memory
+  /// budget leaves a coordinator nothing to acknowledge, and a collector nothing to wait for
+  /// (call it now and then).
   void pump_streams();
   [[nodiscard]] std::optional<util::time_point> next_deadline() const;
 
@@ -268,6 +270,8 @@ class task_manager {
                  std::string_view detail = {}, std::uint32_t items = 1);
   // flow control (§12.9)
   void grant(stream& s, const task* announce);
+  void tell_credit(task& t);
+  void tell_untold_credit();
   void uncredit(task& t);
 
   const config& cfg_;

@@ -264,6 +264,7 @@ void task_manager::send_data_ack(task& t, bool resend) {
 
 void task_manager::pump_streams() {
   streams_.pump_all();
+  tell_untold_credit();
 }
 
 std::optional<refusal> task_manager::on_replay(const std::string& from, const codec::replay& r) {
@@ -311,9 +312,21 @@ void task_manager::grant(stream& s, const task* announce) {
                                     s.max_data_bytes, streams_.over_share(s)));
     }
     outstanding += add;
-    if (add > 0 || &t == announce)
-      sink_.send_to(t.worker, codec::data_credit{t.id, t.attempt, t.data.limit()});
+    if (add > 0 || &t == announce) tell_credit(t);
   }
+}
+
+// DATA_CREDIT with the attempt's limit so far. A worker cannot ask for it, and waits for it
+// once it has used what it knows of: one that does not reach the connection is told again on
+// the next tick (tell_untold_credit), and after a resumption (peer_resumed).
+void task_manager::tell_credit(task& t) {
+  if (sink_.send_to(t.worker, codec::data_credit{t.id, t.attempt, t.data.limit()})) t.data.told();
+}
+
+void task_manager::tell_untold_credit() {
+  for (const auto& [owner, s] : streams_.all())
+    for (const auto& id : s.credited)
+      if (auto& t = tasks_.at(id); t.data.credit_untold()) tell_credit(t);
 }
 
 // The attempt ends: its unused credit goes back to the window, for the stream's others.
