@@ -77,15 +77,10 @@ import zmq  # noqa: E402
 import redis_mq  # noqa: E402
 import zmq_mq  # noqa: E402
 from ding.framework.message_queue import MQ  # noqa: E402
+from rlbus import free_port  # noqa: E402
 
 HEADER = struct.Struct("<iq")  # publisher index, sequence number (-1: a probe)
 MB = 1e6
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- backends --------------------------------------------------------------------------------------
@@ -141,7 +136,7 @@ class RedisBackend(Backend):
 
     def start(self):
         import redis
-        self.port = _free_port()
+        self.port = free_port()
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no"], stdout=subprocess.DEVNULL)
@@ -233,7 +228,7 @@ class BareBackend(Backend):
     name = "bare"
 
     def nodes(self, n):
-        addrs = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(n)]
+        addrs = [f"tcp://127.0.0.1:{free_port()}" for _ in range(n)]
         return [{"bind": a, "peers": [b for b in addrs if b != a]} for a in addrs]
 
     @staticmethod

@@ -4,8 +4,8 @@
 #   bash scripts/test.sh            the whole suite: every default suite in build/ (unit,
 #                                   protocol, integration, python, deploy, install, lint),
 #                                   then the C++ suites again under AddressSanitizer +
-#                                   UndefinedBehaviorSanitizer and the unit and protocol ones
-#                                   under ThreadSanitizer (scripts/sanitize.sh), and clang-tidy
+#                                   UndefinedBehaviorSanitizer and under ThreadSanitizer
+#                                   (scripts/sanitize.sh), and clang-tidy
 #                                   over src/ and examples/ (scripts/tidy.sh); about 40
 #                                   minutes on 2 cores from a fresh clone
 #   bash scripts/test.sh --quick    the inner loop: the unit and protocol suites and the

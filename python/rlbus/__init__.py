@@ -47,7 +47,7 @@ if _os.environ.get("RLBUS_RUN_LOCK"):  # a process started by a process of a run
 
 __all__ = ["__version__", "protocol", "DEFAULT_ENDPOINT", "ProtocolError", "Policy", "SubmitResult", "TaskFailure",
            "CurveKeys", "curve_keys_from_files", "Worker", "Task", "Coordinator", "Bus",
-           "BusMessage", "BusError", "Broker", "find_broker"]
+           "BusMessage", "BusError", "Broker", "find_broker", "free_port"]
 
 
 def __getattr__(name: str) -> Any:
@@ -63,7 +63,7 @@ def __getattr__(name: str) -> Any:
     if name in ("Bus", "BusMessage", "BusError"):
         from . import bus
         return getattr(bus, name)
-    if name in ("Broker", "find_broker"):
+    if name in ("Broker", "find_broker", "free_port"):
         from . import _broker
         return getattr(_broker, name)
     raise AttributeError(f"module 'rlbus' has no attribute {name!r}")

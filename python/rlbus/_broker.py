@@ -1,4 +1,5 @@
-"""Finding and starting an rlbus broker from Python: :func:`find_broker` and :class:`Broker`.
+"""Finding and starting an rlbus broker from Python: :func:`find_broker`, :class:`Broker` and
+:func:`free_port` for a broker (or anything else a test starts) on a port of its own.
 
 A program on one machine that names no broker gets one of its own this way (the embedded
 broker of :mod:`rlbus.compat.ditask`); tests start theirs with it too.
@@ -8,14 +9,16 @@ from __future__ import annotations
 
 import functools
 import os
+import random
 import re
 import shutil
+import socket
 import subprocess
 import threading
 import time
 from typing import Any, List, Optional, Sequence
 
-__all__ = ["find_broker", "Broker", "BROKER_ENV"]
+__all__ = ["find_broker", "free_port", "Broker", "BROKER_ENV"]
 
 BROKER_ENV = "RLBUS_BROKER"
 _BUILD_ENV = "RLBUS_BUILD_DIR"
@@ -57,6 +60,31 @@ def find_broker() -> str:
     raise FileNotFoundError(
         "no rlbus-broker binary found; tried: " + ", ".join(os.path.normpath(p) for p in tried)
         + f" (set ${BROKER_ENV} to the binary, or install the broker on PATH)")
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now, drawn between 10000 and the start of the
+    kernel's range of ephemeral ports (at most 30000), as fixed ports such as 7235 are.
+
+    A port of the ephemeral range, found free, can be taken before its server binds it by any
+    socket that connects meanwhile; and a peer reconnecting to such a port while its broker is
+    down can be given that very port and connect to itself, holding it. Below the range
+    neither happens. Another process may still bind the port first: unlikely, and the bind
+    then fails clearly."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    for _ in range(10_000):
+        port = random.randrange(10000, max(10001, min(low, 30000)))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError("no free loopback port between 10000 and the ephemeral range")
 
 
 class Broker:

@@ -4,13 +4,10 @@ a broker process started on free ports for the integration tests."""
 from __future__ import annotations
 
 import os
-import random
-import socket
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import pytest
@@ -157,17 +154,3 @@ def closing() -> Any:
         x.close()
 
 
-def free_port() -> int:
-    """A free port below the kernel's ephemeral range, as fixed ports are. One of that range
-    found free can be taken before the broker binds it, by any socket that connects meanwhile
-    (another test's); and a peer's socket reconnecting to a port of that range while its broker
-    is down can be given that very port and connect to itself."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    while True:
-        port = random.randrange(10000, min(low, 30000))
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port

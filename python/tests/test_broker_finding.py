@@ -1,5 +1,5 @@
 """How the package finds and starts a broker: rlbus.find_broker() ($RLBUS_BROKER, PATH, a
-build tree), rlbus.Broker (free ports, the same ones again after a kill), and
+build tree), rlbus.Broker (free ports, the same ones again after a kill), rlbus.free_port, and
 `python3 -m rlbus`, which says what it found, as a new user would run it."""
 
 from __future__ import annotations
@@ -90,3 +90,14 @@ def test_a_killed_broker_comes_back_on_the_same_endpoints() -> None:
         finally:
             node.close(2)
     assert not b.running
+
+
+def test_free_port_gives_ports_a_broker_can_bind_below_the_ephemeral_range() -> None:
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    ports = {rlbus.free_port() for _ in range(20)}
+    assert all(10000 <= p < min(low, 30000) for p in ports)
+    assert len(ports) > 1  # drawn, not one fixed port
+    port = ports.pop()
+    with rlbus.Broker(binary=BROKER, router=f"tcp://127.0.0.1:{port}") as b:
+        assert b.router == f"tcp://127.0.0.1:{port}"

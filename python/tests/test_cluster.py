@@ -20,7 +20,8 @@ from typing import Iterator, List
 import pytest
 import rlbus
 
-from conftest import BROKER, free_port, wait_until
+from conftest import BROKER, wait_until
+from rlbus import free_port
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 

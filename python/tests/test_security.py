@@ -12,7 +12,8 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 import rlbus
-from conftest import BROKER, Broker, free_port, wait_until
+from conftest import BROKER, Broker, wait_until
+from rlbus import free_port
 from relay import Relay
 from rlbus.worker import Task
 

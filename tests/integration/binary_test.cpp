@@ -208,7 +208,8 @@ TEST_CASE("the broker binary serves workers and stops cleanly on SIGTERM", "[bin
   worker_options o;
   o.endpoint = ep.router;
   o.id = "collector-bin";
-  o.heartbeat = 50ms;
+  // It must hear the broker's goodbye, not its silence while it stops.
+  o.heartbeat = 1000ms;
   o.reconnect_min = 5000ms;  // so the state after shutdown stays observable
   o.reconnect_max = 5000ms;
   worker w(o);

@@ -45,7 +45,11 @@ TEST_CASE("a worker's heartbeats keep it alive for many liveness windows", "[wor
 TEST_CASE("a worker notices a dead broker and reconnects when one is back", "[worker]") {
   auto cfg = test_config("ipc");  // a fixed endpoint the second broker can bind again
   auto b = std::make_unique<broker::server_thread>(cfg);
-  worker w(options_for(cfg.router_endpoint, "phoenix"));
+  // Beats far apart: the broker's goodbye, not its silence while it stops, is what the worker
+  // must hear, however slowly the broker stops (a loaded machine, a sanitizer).
+  auto o = options_for(cfg.router_endpoint, "phoenix");
+  o.heartbeat = 1000ms;
+  worker w(o);
   REQUIRE(w.wait_for(connection_state::ready, 5s));
   b.reset();  // broker gone: the worker hears DISCONNECT 503 and starts retrying
   REQUIRE(wait_until([&] { return w.state() == connection_state::reconnecting; }));
@@ -70,7 +74,9 @@ TEST_CASE("a worker detects a broker that went silent without a word", "[worker]
 
 TEST_CASE("a second worker with a live id waits until the id is free", "[worker]") {
   broker::server_thread b(test_config());
-  auto first = std::make_unique<worker>(options_for(b.get().router_endpoint(), "twin"));
+  auto o = options_for(b.get().router_endpoint(), "twin");
+  o.heartbeat = 1000ms;  // the first holds its id however slow the machine: no expiry frees it
+  auto first = std::make_unique<worker>(o);
   REQUIRE(first->wait_for(connection_state::ready, 5s));
   worker second(options_for(b.get().router_endpoint(), "twin"));
   REQUIRE(wait_until([&] { return second.last_error().find("409") != std::string::npos; }));

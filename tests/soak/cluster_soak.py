@@ -30,7 +30,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,26 +45,11 @@ BUILD = Path(os.environ.get("RLBUS_BUILD_DIR", ROOT / "build"))
 sys.path.insert(0, str(ROOT / "python"))
 
 import rlbus  # noqa: E402
+from rlbus import free_port  # noqa: E402
 
 BROKER = BUILD / "src" / "rlbus-broker"
 CTL = BUILD / "src" / "rlbus-ctl"
 GROUP = "soak"
-
-
-def free_port() -> int:
-    """A free port below the kernel's ephemeral range. A port from that range can be taken,
-    while its broker is down, by a peer's reconnecting socket that the kernel gives that very
-    port and that then connects to itself (TCP simultaneous open); the broker could not bind
-    it again. Real deployments use fixed ports below the range (7235)."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    while True:
-        port = random.randrange(10000, min(low, 30000))
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
 
 
 def wait_until(what: Callable[[], bool], timeout: float, step: float = 0.05) -> bool:

@@ -14,12 +14,13 @@ DITASK_LARGE=1 (adds the 100 MiB payload case).
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 
 import pytest
 
 import zmq_mq
+from rlbus import free_port
+
 from .helpers import wait_until
 
 DEFAULT_MQ_TYPES = "rlbus,zmqpubsub"
@@ -43,19 +44,13 @@ def _zmqpubsub(monkeypatch):
         forwarder.stop()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def _redis(monkeypatch):
     exe = shutil.which("redis-server")
     if exe is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
     redis = pytest.importorskip("redis")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no"], stdout=subprocess.DEVNULL)
     client = redis.Redis(port=port)
