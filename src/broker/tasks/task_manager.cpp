@@ -517,8 +517,7 @@ void task_manager::start_attempt(task& t, const std::string& worker_id, util::ti
   t.data.begin();
   t.attempt_end = now + t.task_timeout;
   t.leave_end = false;
-  ++t.generation;  // the queue timeout, if any, no longer applies
-  t.scheduled.reset();
+  task_schedule::clear(t.timer);  // the queue timeout, if any, no longer applies
   set_deadline(t, now + t.start_timeout);
   const util::log_scope log(
       {.task = t.id, .attempt = t.attempt, .worker = t.worker, .coordinator = t.owner});
@@ -548,18 +547,13 @@ void task_manager::start_attempt(task& t, const std::string& worker_id, util::ti
 
 void task_manager::set_deadline(task& t, util::time_point due) {
   t.deadline = std::min(due, t.attempt_end);
-  if (t.scheduled && *t.scheduled <= t.deadline) return;  // the check due then looks again
-  ++t.generation;
-  t.scheduled = t.deadline;
-  checks_.push({t.deadline, t.id, t.generation});
+  schedule_.no_later_than(t.timer, t.id, t.deadline);
 }
 
 void task_manager::arm_queue_timeout(task& t, util::time_point now) {
   if (t.queue_timeout.count() == 0) return;
-  ++t.generation;
   t.deadline = now + t.queue_timeout;
-  t.scheduled = t.deadline;
-  checks_.push({t.deadline, t.id, t.generation});
+  schedule_.exactly(t.timer, t.id, t.deadline);
 }
 
 void task_manager::ended_badly(const std::string& worker_id, rlbus::role role,
@@ -582,8 +576,7 @@ void task_manager::end_attempt(task& t, const std::string& reason, util::time_po
       {.task = t.id, .attempt = t.attempt, .worker = t.worker, .coordinator = t.owner});
   uncredit(t);
   t.request_id.reset();
-  ++t.generation;  // no deadline while queued
-  t.scheduled.reset();
+  task_schedule::clear(t.timer);  // no deadline while queued
   if (t.attempt < t.max_attempts) {
     spdlog::warn("task {} attempt {} ended ({}): re-queued", t.id, t.attempt, reason);
     if (journal_ != nullptr) journal_->requeued(t.id, t.attempt);
@@ -609,16 +602,15 @@ void task_manager::end_attempt(task& t, const std::string& reason, util::time_po
 
 void task_manager::on_timers(util::time_point now) {
   bool freed = false;
-  while (!checks_.empty() && checks_.top().due <= now) {
-    const auto c = checks_.top();
-    checks_.pop();
-    const auto it = tasks_.find(c.task_id);
-    if (it == tasks_.end() || it->second.generation != c.generation) continue;
-    task& t = it->second;
+  const auto slot_of = [this](const std::string& id) -> task_schedule::slot* {
+    const auto it = tasks_.find(id);
+    return it == tasks_.end() ? nullptr : &it->second.timer;
+  };
+  while (const auto due = schedule_.pop_due(now, slot_of)) {
+    task& t = tasks_.at(*due);
     if (t.st == state::queued) {
       // No worker took it within its queue timeout: it fails like a task out of attempts,
       // naming the attempt that ended last (0: none) and no worker (§12.7.6).
-      t.scheduled.reset();
       const util::log_scope log({.task = t.id, .coordinator = t.owner});
       const auto reason = fmt::format("no worker took the task within queue_timeout_ms={}",
                                       t.queue_timeout.count());
@@ -629,18 +621,15 @@ void task_manager::on_timers(util::time_point now) {
       continue;
     }
     if (t.deadline > now) {  // progress since: look again at the real deadline
-      t.scheduled = t.deadline;
-      checks_.push({t.deadline, t.id, t.generation});
+      schedule_.exactly(t.timer, t.id, t.deadline);
       continue;
     }
     if (t.st == state::running && t.data.exhausted() && t.deadline < t.attempt_end) {
       // Its collector waits for credit: held back by the coordinator's window, not silent.
       t.deadline = std::min(now + t.step_timeout, t.attempt_end);
-      t.scheduled = t.deadline;
-      checks_.push({t.deadline, t.id, t.generation});
+      schedule_.exactly(t.timer, t.id, t.deadline);
       continue;
     }
-    t.scheduled.reset();
     const char* step = t.st == state::starting  ? "start"
                        : t.st == state::closing ? "close"
                                                 : "step";
@@ -706,7 +695,7 @@ void task_manager::cancel(task& t, const std::string& reason) {
 
 std::optional<util::time_point> task_manager::next_deadline() const {
   auto next = workers_.next_release();
-  if (!checks_.empty() && (!next || checks_.top().due < *next)) next = checks_.top().due;
+  if (const auto due = schedule_.next(); due && (!next || *due < *next)) next = due;
   for (const auto& [id, due] : orphans_)
     if (!next || due < *next) next = due;
   return next;

@@ -20,8 +20,9 @@
 // Its parts with state of their own are objects it owns: the workers (worker_pool: who is
 // free, which worker a task goes to, quarantine), the coordinators' streams (stream_set: the
 // rings, the memory they share, what each window lets out; one stream is a
-// coordinator_stream), each attempt's data credit and index (attempt_data) and the policies
-// (policy_store). What is left here is the tasks themselves and what ties the parts together.
+// coordinator_stream), each attempt's data credit and index (attempt_data), the policies
+// (policy_store) and when each task's deadline is looked at (task_schedule). What is left here
+// is the tasks themselves and what ties the parts together.
 // Its member functions live by concern: task_manager.cpp (lifecycle, assignment, timers),
 // task_stream.cpp (events, the stream's window and data credit, reliable data; the credit
 // and index state of an attempt is an attempt_data), task_journal.cpp (durability) and
@@ -33,7 +34,6 @@
 #include <deque>
 #include <map>
 #include <optional>
-#include <queue>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -47,6 +47,7 @@
 #include "broker/tasks/policy_store.hpp"
 #include "broker/tasks/stream.hpp"
 #include "broker/tasks/stream_set.hpp"
+#include "broker/tasks/task_schedule.hpp"
 #include "broker/tasks/task_sink.hpp"
 #include "broker/tasks/worker_pool.hpp"
 #include "codec/codec.hpp"
@@ -187,11 +188,8 @@ class task_manager {
     std::optional<std::uint64_t> request_id;  // a learner's request awaiting DATA_REPLY
     util::time_point deadline{};              // of the current step, bounded by attempt_end
     util::time_point attempt_end{};
-    bool leave_end = false;  // attempt_end is its worker's LEAVING deadline (§12.6.10)
-    // The heap holds one check per task at most: progress only moves `deadline` later, and
-    // a check that comes due early is re-pushed at the real deadline (as peer expiry does).
-    std::optional<util::time_point> scheduled;
-    std::uint32_t generation = 0;  // bumped when the schedule is dropped: older checks go stale
+    bool leave_end = false;     // attempt_end is its worker's LEAVING deadline (§12.6.10)
+    task_schedule::slot timer;  // when `deadline` is looked at (a check may come early)
     // The current attempt's data credit (§12.9.9), held by a collector attempt begun while
     // its owner's stream was windowed, and its indexed sequence (reliable data, §12.11).
     attempt_data data;
@@ -201,12 +199,6 @@ class task_manager {
     util::time_point started_at{};    // when its current attempt began
   };
   using stream = coordinator_stream;
-  struct check {
-    util::time_point due;
-    std::string task_id;
-    std::uint32_t generation;
-    bool operator>(const check& o) const noexcept { return due > o.due; }
-  };
 
   // coordinator side
   std::optional<refusal> on_submit(const std::string& from, codec::submit&& s,
@@ -290,7 +282,7 @@ class task_manager {
   std::map<std::string, util::time_point> orphans_;     // coordinator id -> end of its grace
   std::unordered_map<std::string, std::size_t> owned_;  // coordinator id -> its live tasks
   policy_store policies_;
-  std::priority_queue<check, std::vector<check>, std::greater<>> checks_;
+  task_schedule schedule_;
   task_counts counts_;
   stream_set streams_;  // after counts_, which it counts into
   histogram assignment_, duration_;
