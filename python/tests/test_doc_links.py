@@ -79,3 +79,31 @@ def test_relative_links_resolve(page: Path) -> None:
         if fragment and dest.is_file() and dest.suffix == ".md" and fragment not in anchors(dest):
             broken.append(f"line {n}: {target} (no heading #{fragment} in {dest.name})")
     assert not broken, f"{page.relative_to(ROOT)}:\n" + "\n".join(broken)
+
+
+def test_every_test_file_is_in_the_table_of_parts() -> None:
+    """docs/testing.md's table "Where each part's tests are" names every test file (C++
+    under tests/, Python under python/tests/; a folder covers what is in it), and every path
+    it names exists."""
+    text = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
+    section = text.split("## Where each part's tests are", 1)[1].split("\n## ", 1)[0]
+    roots = (ROOT / "tests", ROOT / "python" / "tests")
+    named: List[Path] = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or cells[0] in ("part", "---"):
+            continue
+        for root, cell in zip(roots, cells[1:]):
+            for path in re.findall(r"`([^`]+)`", cell):
+                where = root / path
+                assert where.exists(), f"docs/testing.md names {where.relative_to(ROOT)}"
+                named.append(where)
+    assert named, "the table is gone from docs/testing.md"
+    tests = [p for pattern in ("unit/*_test.cpp", "protocol/*_test.cpp",
+                               "integration/*_test.cpp", "install/test_*.py",
+                               "packaging/test_*.py", "soak/*.py", "fuzz/*.cpp")
+             for p in roots[0].glob(pattern)]
+    tests += list(roots[1].rglob("test_*.py"))
+    missing = [str(t.relative_to(ROOT)) for t in tests
+               if not any(t == n or (n.is_dir() and n in t.parents) for n in named)]
+    assert not missing, f"not in docs/testing.md's table of parts: {missing}"

@@ -21,7 +21,7 @@
 #include <zmq.hpp>
 
 #include "broker/core/settings.hpp"
-#include "client/session.hpp"
+#include "client/core/session.hpp"
 #include "cluster/elector.hpp"
 #include "cluster/etcd.hpp"
 #include "cluster/membership.hpp"

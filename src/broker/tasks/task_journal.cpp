@@ -105,9 +105,7 @@ void task_manager::restore(const journal_state& js, util::time_point now) {
     t.attempt = jt.attempt;
     t.last_worker = jt.worker;
     t.order = jt.order;
-    next_order_ = std::max(next_order_, t.order);
-    ++owned_[t.owner];
-    auto& held = tasks_.emplace(t.id, std::move(t)).first->second;
+    auto& held = tasks_.restore(std::move(t));
     if (jt.running) {
       // The attempt ended with the broker that ran it. The restart is not the task's fault:
       // it does not use up an attempt (within the protocol's 1000).
@@ -124,7 +122,7 @@ void task_manager::restore(const journal_state& js, util::time_point now) {
       held.worker.clear();
       ++counts_.requeued;
     }
-    queue_.emplace(held.order, held.id);
+    tasks_.requeue(held);
     held.submitted_at = now;  // as far as this broker knows
     held.queued_at = now;
     arm_queue_timeout(held, now);

@@ -57,8 +57,7 @@ void task_manager::peer_resumed(const std::string& id) {
 void task_manager::peer_gone(const std::string& id, rlbus::role role, util::time_point now,
                              bool orderly) {
   if (role == rlbus::role::coordinator) {
-    const auto owned = static_cast<std::size_t>(std::count_if(
-        tasks_.begin(), tasks_.end(), [&](const auto& kv) { return kv.second.owner == id; }));
+    const auto owned = tasks_.owned_by(id);
     const auto* s = streams_.find(id);
     const bool unacked = s != nullptr && s->windowed && s->seq > s->acked;
     if (!orderly && cfg_.coordinator_grace_ms > 0 && (owned > 0 || unacked)) {
@@ -228,13 +227,13 @@ std::optional<refusal> task_manager::on_submit(const std::string& from, codec::s
                   "the broker is shutting down and accepts no new tasks; submit again to the "
                   "next broker",
                   0);
-  if (tasks_.count(s.task_id) != 0)
+  if (tasks_.contains(s.task_id))
     return answer(false, codec::error_code::duplicate_task,
                   fmt::format("task '{}' is already live", s.task_id), 0);
-  if (queue_.size() >= cfg_.max_queue)
+  if (tasks_.queued() >= cfg_.max_queue)
     return answer(false, codec::error_code::queue_full,
                   fmt::format("the queue holds its maximum of {} tasks", cfg_.max_queue), 0);
-  if (auto& owned = owned_[from]; owned >= cfg_.max_tasks_per_coordinator) {
+  if (tasks_.owned_by(from) >= cfg_.max_tasks_per_coordinator) {
     ++counts_.task_limit;
     return answer(false, codec::error_code::too_many_tasks,
                   fmt::format("you hold the maximum of {} live tasks a coordinator may have",
@@ -257,30 +256,26 @@ std::optional<refusal> task_manager::on_submit(const std::string& from, codec::s
   t.task_timeout = ms(s.task_timeout_ms, cfg_.task_timeout_ms);
   t.max_attempts = s.max_attempts.value_or(cfg_.max_attempts);
   t.queue_timeout = ms(s.queue_timeout_ms, cfg_.queue_timeout_ms);
-  t.order = ++next_order_;
   t.submitted_at = now;
   t.queued_at = now;
-  queue_.emplace(t.order, t.id);
-  if (journal_ != nullptr) journal_->submitted(journal_task_of(t));  // before SUBMITTED says so
-  const auto id = t.id;
-  ++owned_[from];
-  arm_queue_timeout(tasks_.emplace(id, std::move(t)).first->second, now);
+  auto& added = tasks_.add(std::move(t));
+  if (journal_ != nullptr) journal_->submitted(journal_task_of(added));  // before SUBMITTED says so
+  arm_queue_timeout(added, now);
   ++counts_.queued;
-  answer(true, codec::error_code::goodbye, "", queue_.size() - 1);
+  answer(true, codec::error_code::goodbye, "", tasks_.queued() - 1);
   try_assign(now);
   return std::nullopt;
 }
 
-task_manager::task* task_manager::owned_task(const std::string& coordinator,
-                                             const std::string& task_id,
-                                             std::optional<refusal>& why) {
-  const auto it = tasks_.find(task_id);
-  if (it == tasks_.end() || it->second.owner != coordinator) {
+task* task_manager::owned_task(const std::string& coordinator, const std::string& task_id,
+                               std::optional<refusal>& why) {
+  task* t = tasks_.find(task_id);
+  if (t == nullptr || t->owner != coordinator) {
     why =
         refuse(codec::error_code::unknown_task, fmt::format("no live task '{}' of yours", task_id));
     return nullptr;
   }
-  return &it->second;
+  return t;
 }
 
 std::optional<refusal> task_manager::on_finish(const std::string& from, const codec::finish& f,
@@ -348,14 +343,14 @@ std::uint32_t attempt_of(const M& m) {
 }
 }  // namespace
 
-task_manager::task* task_manager::held_task(const std::string& from, std::string_view task_id,
-                                            std::uint32_t attempt, std::optional<refusal>& why) {
-  const auto it = tasks_.find(task_id);
-  if (it == tasks_.end()) {
+task* task_manager::held_task(const std::string& from, std::string_view task_id,
+                              std::uint32_t attempt, std::optional<refusal>& why) {
+  task* found = tasks_.find(task_id);
+  if (found == nullptr) {
     why = refuse(codec::error_code::unknown_task, fmt::format("you hold no task '{}'", task_id));
     return nullptr;
   }
-  task& t = it->second;
+  task& t = *found;
   // Fencing (§12.7.5): an earlier attempt is stale whoever names it; the current one is
   // stale only for the worker it ended on while the task waits to be assigned again. A
   // worker that ran an earlier attempt and names the one now running elsewhere holds
@@ -493,7 +488,8 @@ std::optional<refusal> task_manager::on_worker_message(const std::string& from, 
 
 void task_manager::try_assign(util::time_point now) {
   if (closed_) return;  // draining: nothing new starts
-  for (auto q = queue_.begin(); q != queue_.end() && workers_.any_free();) {
+  auto& queue = tasks_.waiting();
+  for (auto q = queue.begin(); q != queue.end() && workers_.any_free();) {
     auto& t = tasks_.at(q->second);
     // A re-queued task avoids the worker its last attempt ended on, unless no other fits.
     const auto worker_id = workers_.assign(t.kind, t.requirements, t.last_worker, t.id);
@@ -501,7 +497,7 @@ void task_manager::try_assign(util::time_point now) {
       ++q;  // nobody fits this one now; later tasks may still fit someone
       continue;
     }
-    q = queue_.erase(q);
+    q = tasks_.dequeue(q);
     start_attempt(t, *worker_id, now);
   }
 }
@@ -584,7 +580,7 @@ void task_manager::end_attempt(task& t, const std::string& reason, util::time_po
     t.last_worker = std::move(t.worker);
     t.worker.clear();
     t.st = state::queued;
-    queue_.emplace(t.order, t.id);  // its original place: ahead of later submissions
+    tasks_.requeue(t);  // its original place: ahead of later submissions
     t.queued_at = now;
     ++counts_.requeued;
     if (closed_) {
@@ -603,8 +599,8 @@ void task_manager::end_attempt(task& t, const std::string& reason, util::time_po
 void task_manager::on_timers(util::time_point now) {
   bool freed = false;
   const auto slot_of = [this](const std::string& id) -> task_schedule::slot* {
-    const auto it = tasks_.find(id);
-    return it == tasks_.end() ? nullptr : &it->second.timer;
+    task* t = tasks_.find(id);
+    return t == nullptr ? nullptr : &t->timer;
   };
   while (const auto due = schedule_.pop_due(now, slot_of)) {
     task& t = tasks_.at(*due);
@@ -669,7 +665,7 @@ void task_manager::close_queue(const std::string& reason) {
   if (closed_) return;
   closed_ = reason;
   std::vector<std::string> queued;
-  for (const auto& [order, id] : queue_) queued.push_back(id);
+  for (const auto& [order, id] : tasks_.waiting()) queued.push_back(id);
   for (const auto& id : queued) cancel(tasks_.at(id), reason);
 }
 
@@ -702,14 +698,11 @@ std::optional<util::time_point> task_manager::next_deadline() const {
 }
 
 void task_manager::erase_task(const std::string& id) {
-  const auto it = tasks_.find(id);
-  if (it == tasks_.end()) return;
+  task* t = tasks_.find(id);
+  if (t == nullptr) return;
   if (journal_ != nullptr) journal_->ended(id);  // first: `id` may be the task's own
-  uncredit(it->second);
-  queue_.erase(it->second.order);
-  if (const auto o = owned_.find(it->second.owner); o != owned_.end() && --o->second == 0)
-    owned_.erase(o);
-  tasks_.erase(it);
+  uncredit(*t);
+  tasks_.erase(id);
 }
 
 }  // namespace rlbus::broker

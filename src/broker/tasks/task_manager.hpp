@@ -21,8 +21,9 @@
 // free, which worker a task goes to, quarantine), the coordinators' streams (stream_set: the
 // rings, the memory they share, what each window lets out; one stream is a
 // coordinator_stream), each attempt's data credit and index (attempt_data), the policies
-// (policy_store) and when each task's deadline is looked at (task_schedule). What is left here
-// is the tasks themselves and what ties the parts together.
+// (policy_store), the tasks themselves with their queue (task_store, each a task) and when each
+// task's deadline is looked at (task_schedule). What is left here is what ties them together:
+// how a task moves from step to step.
 // Its member functions live by concern: task_manager.cpp (lifecycle, assignment, timers),
 // task_stream.cpp (events, the stream's window and data credit, reliable data; the credit
 // and index state of an attempt is an attempt_data), task_journal.cpp (durability) and
@@ -47,8 +48,10 @@
 #include "broker/tasks/policy_store.hpp"
 #include "broker/tasks/stream.hpp"
 #include "broker/tasks/stream_set.hpp"
+#include "broker/tasks/task.hpp"
 #include "broker/tasks/task_schedule.hpp"
 #include "broker/tasks/task_sink.hpp"
+#include "broker/tasks/task_store.hpp"
 #include "broker/tasks/worker_pool.hpp"
 #include "codec/codec.hpp"
 #include "codec/map_writer.hpp"
@@ -169,35 +172,7 @@ class task_manager {
   void write_snapshot(journal& j) const;
 
  private:
-  enum class state { queued, starting, running, closing };
-  struct task {
-    std::string id;
-    std::string owner;  // coordinator id
-    rlbus::role kind = rlbus::role::collector;
-    codec::blob task_info;
-    rlbus::resources requirements;
-    std::optional<std::string> policy_id;
-    std::chrono::milliseconds start_timeout{}, step_timeout{}, close_timeout{}, task_timeout{};
-    std::chrono::milliseconds queue_timeout{};  // 0: waits in the queue without a bound
-    std::uint32_t max_attempts = 1;
-    std::uint32_t attempt = 0;  // the current (or last) attempt; 0 before the first
-    state st = state::queued;
-    std::string worker;
-    std::string last_worker;                  // who ran the attempt that ended (avoided next time)
-    std::uint64_t order = 0;                  // FIFO key, kept across re-queues
-    std::optional<std::uint64_t> request_id;  // a learner's request awaiting DATA_REPLY
-    util::time_point deadline{};              // of the current step, bounded by attempt_end
-    util::time_point attempt_end{};
-    bool leave_end = false;     // attempt_end is its worker's LEAVING deadline (§12.6.10)
-    task_schedule::slot timer;  // when `deadline` is looked at (a check may come early)
-    // The current attempt's data credit (§12.9.9), held by a collector attempt begun while
-    // its owner's stream was windowed, and its indexed sequence (reliable data, §12.11).
-    attempt_data data;
-    codec::event_fixed event_fields;  // of the attempt's TASK_EVENTs, encoded once
-    util::time_point submitted_at{};  // when its SUBMIT came
-    util::time_point queued_at{};     // when it was last queued
-    util::time_point started_at{};    // when its current attempt began
-  };
+  using state = task_state;
   using stream = coordinator_stream;
 
   // coordinator side
@@ -268,19 +243,10 @@ class task_manager {
 
   const config& cfg_;
   task_sink& sink_;
-  struct id_hash {  // lets a task be found by a view of its id
-    using is_transparent = void;
-    std::size_t operator()(std::string_view id) const noexcept {
-      return std::hash<std::string_view>{}(id);
-    }
-  };
-  std::unordered_map<std::string, task, id_hash, std::equal_to<>> tasks_;
-  std::map<std::uint64_t, std::string> queue_;  // order -> task id
-  std::uint64_t next_order_ = 0;
+  task_store tasks_;
   worker_pool workers_;
-  std::string topic_;                                   // emit()'s, reused for every event's topic
-  std::map<std::string, util::time_point> orphans_;     // coordinator id -> end of its grace
-  std::unordered_map<std::string, std::size_t> owned_;  // coordinator id -> its live tasks
+  std::string topic_;                                // emit()'s, reused for every event's topic
+  std::map<std::string, util::time_point> orphans_;  // coordinator id -> end of its grace
   policy_store policies_;
   task_schedule schedule_;
   task_counts counts_;

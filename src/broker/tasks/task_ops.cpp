@@ -15,8 +15,8 @@ namespace rlbus::broker {
 
 task_counts task_manager::counts() const {
   task_counts c = counts_;
-  c.queued = queue_.size();
-  c.running = tasks_.size() - queue_.size();
+  c.queued = tasks_.queued();
+  c.running = tasks_.size() - tasks_.queued();
   c.quarantined = workers_.quarantines_on();
   c.quarantines = workers_.quarantines_begun();
   c.orphaned = orphans_.size();
@@ -36,7 +36,7 @@ std::pair<std::vector<task_manager::task_view>, std::size_t> task_manager::list_
     std::size_t limit, std::uint64_t offset) const {
   std::vector<const task*> order;
   order.reserve(tasks_.size());
-  for (const auto& [order_key, id] : queue_) order.push_back(&tasks_.at(id));
+  for (const auto& [order_key, id] : tasks_.waiting()) order.push_back(&tasks_.at(id));
   std::vector<const task*> others;
   for (const auto& [id, t] : tasks_)
     if (t.st != state::queued) others.push_back(&t);
@@ -77,7 +77,7 @@ std::vector<task_manager::stream_view> task_manager::list_streams() const {
 
 std::vector<std::pair<std::string, std::uint64_t>> task_manager::queued_by_shape() const {
   std::map<std::string, std::uint64_t> shapes;
-  for (const auto& [order, id] : queue_) {
+  for (const auto& [order, id] : tasks_.waiting()) {
     std::string shape;
     for (const auto& [name, amount] : tasks_.at(id).requirements)
       shape += fmt::format("{}{}={}", shape.empty() ? "" : ",", name, amount);

@@ -1,6 +1,6 @@
 // See session.hpp. The broker is a peer we trust more than workers trust each other, but
 // its bytes are still decoded under limits and anything malformed is ignored.
-#include "client/session.hpp"
+#include "client/core/session.hpp"
 
 #include <algorithm>
 #include <cstring>

@@ -1,5 +1,5 @@
 // See stream.hpp.
-#include "client/stream.hpp"
+#include "client/tasks/stream.hpp"
 
 #include <variant>
 

@@ -1,5 +1,5 @@
-// rlbus::coordinator: a role on the client core (client/core.hpp). The core's I/O thread hands
-// it the broker's messages: answers to SUBMIT, and the task stream, which client/stream.hpp
+// rlbus::coordinator: a role on the client core (client/core/core.hpp). The core's I/O thread hands
+// it the broker's messages: answers to SUBMIT, and the task stream, which client/tasks/stream.hpp
 // puts in order; a callback thread works through that stream, calling the user's callbacks one
 // at a time, and what they answer goes out through the core's outbox. See
 // include/rlbus/coordinator.hpp for the contract.
@@ -16,8 +16,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include "client/core.hpp"
-#include "client/stream.hpp"
+#include "client/core/core.hpp"
+#include "client/tasks/stream.hpp"
 #include "codec/field_reader.hpp"
 
 namespace rlbus {

@@ -14,7 +14,7 @@
 #include <optional>
 #include <string>
 
-#include "client/core.hpp"
+#include "client/core/core.hpp"
 #include "codec/messages.hpp"
 
 namespace rlbus::client::detail {

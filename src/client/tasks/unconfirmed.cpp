@@ -1,5 +1,5 @@
 // See unconfirmed.hpp.
-#include "client/unconfirmed.hpp"
+#include "client/tasks/unconfirmed.hpp"
 
 #include <algorithm>
 #include <variant>

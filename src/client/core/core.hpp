@@ -19,7 +19,7 @@
 
 #include <zmq.hpp>
 
-#include "client/session.hpp"
+#include "client/core/session.hpp"
 #include "codec/messages.hpp"
 #include "rlbus/connection.hpp"
 #include "util/wake_pipe.hpp"

@@ -1,10 +1,10 @@
 // See batching.hpp.
-#include "client/batching.hpp"
+#include "client/tasks/batching.hpp"
 
 #include <algorithm>
 #include <variant>
 
-#include "client/unconfirmed.hpp"
+#include "client/tasks/unconfirmed.hpp"
 #include "rlbus/defaults.hpp"
 
 namespace rlbus::client::detail {

@@ -1,11 +1,11 @@
 // task_handle: what a worker's handler calls, and the shared task state behind it (see
-// client/task_state.hpp). Every member may be called from any thread.
+// client/tasks/task_state.hpp). Every member may be called from any thread.
 #include <algorithm>
 #include <stdexcept>
 
 #include <fmt/format.h>
 
-#include "client/task_state.hpp"
+#include "client/tasks/task_state.hpp"
 #include "codec/codec.hpp"
 
 namespace rlbus {

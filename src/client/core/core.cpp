@@ -1,7 +1,7 @@
 // See core.hpp. The I/O loop polls the session's socket, the wake-up pipe and the role's extra
 // descriptor, reads what came, runs the session's timers and flushes the outbox once per turn,
 // however many messages the other threads queued meanwhile.
-#include "client/core.hpp"
+#include "client/core/core.hpp"
 
 #include <array>
 

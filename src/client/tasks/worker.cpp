@@ -1,8 +1,8 @@
-// rlbus::worker: a role on the client core (client/core.hpp). The core's I/O thread hands it
-// the broker's task messages, which change the shared task state (client/task_state.hpp);
-// the handler thread runs the user's code on a task_handle (client/task.cpp), whose reports
-// wait in the core's outbox until flushed here, batched (client/batching.hpp) and kept until
-// confirmed (client/unconfirmed.hpp). See include/rlbus/worker.hpp for the contract.
+// rlbus::worker: a role on the client core (client/core/core.hpp). The core's I/O thread hands it
+// the broker's task messages, which change the shared task state (client/tasks/task_state.hpp);
+// the handler thread runs the user's code on a task_handle (client/tasks/task.cpp), whose reports
+// wait in the core's outbox until flushed here, batched (client/tasks/batching.hpp) and kept until
+// confirmed (client/tasks/unconfirmed.hpp). See include/rlbus/worker.hpp for the contract.
 #include "rlbus/worker.hpp"
 
 #include <algorithm>
@@ -15,9 +15,9 @@
 
 #include <spdlog/spdlog.h>
 
-#include "client/batching.hpp"
-#include "client/core.hpp"
-#include "client/task_state.hpp"
+#include "client/core/core.hpp"
+#include "client/tasks/batching.hpp"
+#include "client/tasks/task_state.hpp"
 #include "codec/codec.hpp"
 #include "util/wake_pipe.hpp"
 

@@ -1,5 +1,5 @@
 // See bus_inbox.hpp.
-#include "client/bus_inbox.hpp"
+#include "client/bus/bus_inbox.hpp"
 
 #include <algorithm>
 

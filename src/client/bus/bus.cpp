@@ -1,8 +1,8 @@
-// rlbus::bus: a role on the client core (client/core.hpp). Callers' threads queue
+// rlbus::bus: a role on the client core (client/core/core.hpp). Callers' threads queue
 // publications and subscription requests under the core's lock; the I/O thread sends them in
 // its flush hook (publications within the broker's credit, fragment by fragment) and hands
 // the broker's answers back: SUBSCRIBED to the waiting request, PUBLISH_CREDIT to the
-// publishers, DELIVER and BUS_GAP to the inbox (client/bus_inbox.hpp) that recv() empties.
+// publishers, DELIVER and BUS_GAP to the inbox (client/bus/bus_inbox.hpp) that recv() empties.
 // See include/rlbus/bus.hpp for the contract.
 #include "rlbus/bus.hpp"
 
@@ -17,8 +17,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "client/bus_inbox.hpp"
-#include "client/core.hpp"
+#include "client/bus/bus_inbox.hpp"
+#include "client/core/core.hpp"
 #include "codec/batch.hpp"
 #include "codec/codec.hpp"
 
@@ -43,7 +43,7 @@ namespace {
 using clock = std::chrono::steady_clock;
 using client::detail::payload_frame;
 
-constexpr std::size_t max_outbox = 100'000;                         // subscription requests waiting
+constexpr std::size_t max_requests = 100'000;  // subscription requests waiting to go out
 constexpr std::size_t fragment_room = defaults::bus_fragment_room;  // left for a fragment's body
 constexpr std::size_t max_queued = 256;                 // publications waiting for credit
 constexpr std::size_t max_queued_bytes = 16 << 20;      // or their bytes (one always fits)
@@ -64,7 +64,7 @@ bus_result failed(bus_errc e, std::string reason, std::uint16_t code = 0) {
 
 struct bus::impl {
   explicit impl(bus_options o)
-      : opts(std::move(o)), io(checked(opts), max_outbox), inbox(opts.max_partial_bytes) {
+      : opts(std::move(o)), io(checked(opts), max_requests), inbox(opts.max_partial_bytes) {
     client::detail::core::role_hooks hooks;
     hooks.on_message = [this](codec::message&& m) { on_message(std::move(m)); };
     hooks.flush = [this](client::detail::session& s) { return flush_hook(s); };

@@ -13,8 +13,8 @@
 #include <string>
 #include <utility>
 
-#include "client/core.hpp"
-#include "client/unconfirmed.hpp"
+#include "client/core/core.hpp"
+#include "client/tasks/unconfirmed.hpp"
 #include "codec/messages.hpp"
 #include "rlbus/worker.hpp"
 #include "util/clock.hpp"
