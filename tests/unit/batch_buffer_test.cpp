@@ -11,7 +11,9 @@
 #include "demo/collector.hpp"
 #include "demo/learner.hpp"
 
-using namespace rlbus::demo;
+// In the demo's own namespace, so its names win in a unity build where another test brings
+// rlbus's into view (the SDK's rlbus::policy beside the demo's policy).
+namespace rlbus::demo {
 
 namespace {
 
@@ -136,3 +138,5 @@ TEST_CASE("a learner fed whole batches through the buffer trains as if in-proces
     CHECK(via_buffer.params() == direct.params());
   }
 }
+
+}  // namespace rlbus::demo

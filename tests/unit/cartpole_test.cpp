@@ -10,7 +10,9 @@
 #include "demo/cartpole.hpp"
 #include "demo/rng.hpp"
 
-using namespace rlbus::demo;
+// In the demo's own namespace, so its names win in a unity build where another test brings
+// rlbus's into view (the SDK's rlbus::policy beside the demo's policy).
+namespace rlbus::demo {
 
 namespace {
 
@@ -143,3 +145,5 @@ TEST_CASE("uniform01 is the top 53 bits of one draw, scaled", "[unit][demo]") {
   CHECK(derive_seed(1, 0) != derive_seed(1, 1));
   CHECK(derive_seed(1, 0) != derive_seed(2, 0));
 }
+
+}  // namespace rlbus::demo

@@ -7,7 +7,9 @@
 
 #include "demo/wire.hpp"
 
-using namespace rlbus::demo;
+// In the demo's own namespace, so its names win in a unity build where another test brings
+// rlbus's into view (the SDK's rlbus::policy beside the demo's policy).
+namespace rlbus::demo {
 
 TEST_CASE("demo messages survive their msgpack form", "[unit][demo]") {
   const collector_task c{42, 0.1F, 500, 8, 4, 10};
@@ -100,3 +102,5 @@ TEST_CASE("bytes that are not a demo message are refused as values", "[unit][dem
   CHECK_FALSE(decode_result_batch(std::string(buf.data(), buf.size())));
   CHECK_FALSE(decode_learn_report(encode(learner_task{})));  // another message altogether
 }
+
+}  // namespace rlbus::demo

@@ -15,7 +15,9 @@
 #include "demo/policy.hpp"
 #include "demo/rng.hpp"
 
-using namespace rlbus::demo;
+// In the demo's own namespace, so its names win in a unity build where another test brings
+// rlbus's into view (the SDK's rlbus::policy beside the demo's policy).
+namespace rlbus::demo {
 
 namespace {
 
@@ -221,3 +223,5 @@ TEST_CASE("a fixed-seed run solves CartPole-v1 within a bounded number of update
   // The solved policy also holds up on start states no check has used.
   CHECK(evaluate(policy(l.params()), 424242).mean_return >= cartpole::solved_mean_return);
 }
+
+}  // namespace rlbus::demo

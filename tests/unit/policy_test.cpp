@@ -12,7 +12,9 @@
 
 #include "demo/policy.hpp"
 
-using namespace rlbus::demo;
+// In the demo's own namespace: `policy` is the demo's, even in a unity build where another test
+// brings the SDK's rlbus::policy into view.
+namespace rlbus::demo {
 
 TEST_CASE("parameters survive the byte form bit for bit", "[unit][demo]") {
   const std::vector<float> params{0.0F,
@@ -73,3 +75,5 @@ TEST_CASE("the policy pushes right exactly when its score is positive", "[unit][
   CHECK(pi.act({0.1, 0.2, 0.3, 0.4}) == action::push_right);
   CHECK(policy().act({}) == action::push_left);  // a score of exactly 0 is not > 0
 }
+
+}  // namespace rlbus::demo
