@@ -79,6 +79,21 @@ data_outcome send_data(raw_peer& w, const std::string& task, std::uint64_t n) {
   }
 }
 
+/// Sends DATA of task "t" until its attempt has used all the credit it has heard of: `limit`,
+/// raised by any DATA_CREDIT that comes meanwhile. None may be refused, nor more than `most`
+/// go. Returns how many went.
+std::uint64_t use_credit(raw_peer& w, std::uint64_t& limit, std::uint64_t most = 1'000'000) {
+  std::uint64_t accepted = 0;
+  while (accepted < limit) {
+    const auto out = send_data(w, "t", accepted);
+    REQUIRE_FALSE(out.refused);
+    ++accepted;
+    limit = std::max(limit, out.limit);
+    REQUIRE(accepted <= most);
+  }
+  return accepted;
+}
+
 }  // namespace
 
 // §12.9.1 "A stream is **plain** until its coordinator's first ACK or REPLAY ... A plain stream
@@ -283,14 +298,7 @@ TEST_CASE("SPEC 12.9.10: a credited collector sends no more DATA than its coordi
   CHECK(next_a<codec::task_start>(w).task_id == "t");
   w.send(codec::started{"t", 1});
   std::uint64_t limit = credit.limit;
-  std::uint64_t accepted = 0;
-  while (accepted < limit) {
-    const auto out = send_data(w, "t", accepted);
-    REQUIRE_FALSE(out.refused);
-    ++accepted;
-    limit = std::max(limit, out.limit);
-    REQUIRE(accepted <= 8);
-  }
+  const auto accepted = use_credit(w, limit, 8);
   CHECK(2 + accepted <= 8);  // assigned, started and the data fit the window
   CHECK(send_data(w, "t", accepted).refused);
   CHECK(next_seqs(coord, 2 + accepted) == range(1, 2 + accepted));  // the refused one made none
@@ -320,13 +328,7 @@ TEST_CASE("SPEC 12.9.10: a resumed collector hears its credit again", "[spec]") 
   std::uint64_t limit = next_a<codec::data_credit>(w).limit;
   next_a<codec::task_start>(w);
   w.send(codec::started{"t", 1});
-  std::uint64_t accepted = 0;
-  while (accepted < limit) {
-    const auto out = send_data(w, "t", accepted);
-    REQUIRE_FALSE(out.refused);
-    ++accepted;
-    limit = std::max(limit, out.limit);
-  }
+  const auto accepted = use_credit(w, limit);
   // The coordinator catches up and the broker grants more, on a connection that then breaks:
   // the worker never reads it.
   next_seqs(coord, 2 + accepted);
@@ -366,13 +368,7 @@ TEST_CASE("SPEC 12.9.11: a collector held back by the window does not time out",
   std::uint64_t limit = next_a<codec::data_credit>(w).limit;
   next_a<codec::task_start>(w);
   w.send(codec::started{"t", 1});
-  std::uint64_t accepted = 0;
-  while (accepted < limit) {
-    const auto out = send_data(w, "t", accepted);
-    REQUIRE_FALSE(out.refused);
-    ++accepted;
-    limit = std::max(limit, out.limit);
-  }
+  use_credit(w, limit);
   // Several step timeouts pass and the attempt goes on ...
   CHECK_FALSE(w.recv_a<codec::task_abort>(1000ms));
   // ... until the task timeout, which still bounds it.
