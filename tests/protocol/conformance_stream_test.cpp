@@ -206,6 +206,30 @@ TEST_CASE("SPEC 12.9.6, 12.9.7: back on a new connection, REPLAY fetches what we
   expect_quiet(again);
 }
 
+// §12.9.7 "After a resumption (§8.6) of a windowed stream's session the broker SHALL send no
+// event of the stream until the coordinator's first REPLAY or ACK on the new connection"
+TEST_CASE("SPEC 12.9.7: a resumed coordinator hears nothing of its stream before its REPLAY",
+          "[spec]") {
+  broker_with b(with_window(64));
+  auto coord = std::make_unique<raw_peer>(b.ctx, b.router);
+  raw_peer w(b.ctx, b.router);
+  const auto token = join(*coord, "coord", role::coordinator).session;
+  join(w, "w", role::collector);
+  start_plain(*coord, w);
+  coord->send(codec::ack{2});
+  expect_quiet(*coord);
+  coord.reset();
+  infos(w, 3);  // 3..5: into the void, or held
+  raw_peer again(b.ctx, b.router);
+  again.send(codec::hello{role::coordinator, "coord", 30'000, {}, token});
+  CHECK(next_a<codec::welcome>(again).resumed);
+  infos(w, 1);          // 6, made after the WELCOME
+  expect_quiet(again);  // held: the coordinator has not said from where it goes on
+  again.send(codec::replay{3});
+  CHECK(next_seqs(again, 4) == range(3, 6));
+  expect_quiet(again);
+}
+
 // §12.9.7 "The broker SHALL send the events of the stream in seq order, and event `next` only
 // while `next` <= acked + stream-window ... Events past the window are **held** in the ring and
 // sent as ACKs arrive." §12.9.8 "a `seq` not greater than acked changes nothing and is not an

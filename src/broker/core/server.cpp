@@ -532,7 +532,8 @@ void server::on_hello(const std::string& routing_id, peer* current, codec::hello
     if (live->role == rlbus::role::bus) return bus_.node_resumed(live->id);
     // Changes sent while the old connection was cut were lost: the counts again (§12.10.4).
     if (live->role == rlbus::role::coordinator) send_snapshot(*live);
-    // After the WELCOME: a collector learns what the broker relayed of its task (§12.11).
+    // After the WELCOME: a collector learns what the broker relayed of its task (§12.11), a
+    // coordinator's stream waits for its REPLAY (§12.9.7).
     tasks_.peer_resumed(live->id);
     return;
   }

@@ -40,8 +40,9 @@ struct coordinator_stream {
   // Flow control (§12.9), off until the coordinator's first ACK or REPLAY: until then
   // every event is sent as it is made, as in v1.
   bool windowed = false;
-  // A new session adopted the stream (§12.5.8) and has not said where it goes on (its REPLAY
-  // or ACK): nothing is sent meanwhile, so that it never sees an event before those it missed.
+  // A new session adopted the stream (§12.5.8), or the session resumed on a new connection
+  // (§8.6), and has not said where it goes on (its REPLAY or ACK): nothing is sent meanwhile,
+  // so that it never sees an event before those it missed, nor one twice.
   bool awaiting_resume = false;
   std::uint64_t acked = 0;         // the coordinator has processed every event up to here
   std::uint64_t next = 1;          // the next event to send

@@ -41,6 +41,12 @@ void task_manager::peer_resources(const std::string& id, const rlbus::resources&
 }
 
 void task_manager::peer_resumed(const std::string& id) {
+  if (auto* s = streams_.find(id)) {
+    // What went down with the old connection is the coordinator's to ask for: an event sent
+    // before its REPLAY would come again with it (§12.9.7).
+    s->awaiting_resume = s->windowed;
+    return;
+  }
   const auto* w = workers_.find(id);
   if (w == nullptr || w->task.empty()) return;
   auto& t = tasks_.at(w->task);

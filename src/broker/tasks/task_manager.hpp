@@ -69,8 +69,9 @@ class task_manager {
                    std::uint64_t serial, util::time_point now);
   /// A worker re-announced its resources (a repeated or resuming HELLO).
   void peer_resources(const std::string& id, const rlbus::resources& res, util::time_point now);
-  /// A worker's session went on on a new connection (after its WELCOME): a collector is told
-  /// how far its running task's indexed DATA got (DATA_ACK, §12.11).
+  /// A session went on on a new connection (after its WELCOME): a collector is told how far
+  /// its running task's indexed DATA got (DATA_ACK, §12.11); a coordinator's windowed stream
+  /// waits for its REPLAY or ACK (§12.9.7).
   void peer_resumed(const std::string& id);
   /// A session ended: a worker's task is re-queued or failed. A coordinator's tasks are
   /// cancelled and its stream dropped when it said DISCONNECT (`orderly`); otherwise they are
