@@ -16,7 +16,7 @@ out=$(realpath -m "${1:-dist}")
 need=(build-essential debhelper dh-python lintian fakeroot python3-all python3-setuptools
       meson ninja-build pkg-config libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libspdlog-dev
       libfmt-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev zlib1g-dev
-      libcpp-httplib-dev libssl-dev)
+      libcpp-httplib-dev libssl-dev libjs-chart.js)
 # shellcheck source=scripts/apt.sh
 . scripts/apt.sh
 apt_install_missing "rlbus debs" "${need[@]}"

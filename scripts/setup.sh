@@ -18,6 +18,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libtomlplusplus-dev zlib1g-dev
   libcpp-httplib-dev              # the broker's HTTP endpoint (/metrics, /healthz, /readyz)
   libssl-dev                      # base64 for etcd's API (standby brokers)
+  libjs-chart.js                  # the web view's charts, compiled into the broker
 )
 # And for the test suites:
 if [ "$mode" = all ]; then
@@ -32,6 +33,7 @@ if [ "$mode" = all ]; then
     etcd-server                     # the cluster tests: a real etcd elects the leading broker
     clang-format pyflakes3 mypy     # the lint suite (tests/lint/lint.py)
     clang-tidy                      # its tidy suite (meson test --setup tidy --suite tidy)
+    chromium chromium-driver python3-selenium  # the web view's tests, in a real browser
   )
 fi
 # Optional, for PNG plots of the bench (bench/plot.py): apt-get install gnuplot-nox

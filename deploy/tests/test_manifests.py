@@ -8,6 +8,7 @@ Deployment that exists, on metrics the real broker exposes. systemd: the unit pa
 `systemd-analyze verify` and its config file is one the binary takes.
 """
 
+import json
 import os
 import re
 import shutil
@@ -210,6 +211,28 @@ def test_keda_scales_a_deployment_on_metrics_the_broker_exposes(docs):
         assert used, trigger
         assert used <= names, used - names
         assert float(trigger["metadata"]["threshold"]) > 0
+
+
+def test_the_grafana_dashboard_queries_metrics_the_broker_exposes():
+    dash = json.loads((DEPLOY / "grafana" / "rlbus.json").read_text())
+    panels = dash["panels"]
+    exprs = [t["expr"] for p in panels for t in p.get("targets", [])]
+    assert len(exprs) >= 30
+    names = exposed_metrics()
+    for expr in exprs:
+        # A histogram's family is named without its _bucket, _sum and _count series.
+        used = {re.sub(r"_(bucket|sum|count)$", "", m) for m in re.findall(r"\brlbus_\w+", expr)}
+        assert used, expr
+        assert used <= names, (expr, used - names)
+        assert 'instance=~"$instance"' in expr, expr  # the broker picked at the top
+    ids = [p["id"] for p in panels]
+    assert len(set(ids)) == len(ids)
+    for p in panels:
+        grid = p["gridPos"]
+        assert grid["x"] + grid["w"] <= 24 and grid["h"] > 0, p["title"]
+        if p["type"] != "row":
+            assert p["datasource"]["uid"] == "${datasource}", p["title"]
+    assert {v["name"] for v in dash["templating"]["list"]} == {"datasource", "instance"}
 
 
 def test_the_systemd_unit_verifies_and_its_config_is_taken(tmp_path):

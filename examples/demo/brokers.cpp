@@ -165,6 +165,7 @@ std::string broker_set::label(const std::string& name) const {
 struct broker_set::member {
   std::string name;
   std::uint16_t port;
+  std::uint16_t web;  // its HTTP endpoint: the web view, /metrics
   std::unique_ptr<process> proc;
   std::unique_ptr<broker_log> log;  // its thread ends once the process is gone
   bool killed = false;              // on purpose: its exit is no failure
@@ -178,7 +179,7 @@ broker_set::broker_set(broker_options o, console& out, clock::time_point started
   scratch_ = tmpl;
   const auto port = o_.port != 0 ? o_.port : static_cast<std::uint16_t>(util::free_tcp_port());
   if (!o_.group) {
-    members_.push_back(spawn("broker", port));
+    members_.push_back(spawn("broker", port, free_web_port()));
     return;
   }
   try {
@@ -186,8 +187,9 @@ broker_set::broker_set(broker_options o, console& out, clock::time_point started
   } catch (const std::exception& e) {
     throw std::runtime_error(std::string("the group's etcd did not start: ") + e.what());
   }
-  members_.push_back(spawn("a", port));  // alone in the group: it leads
-  members_.push_back(spawn("b", static_cast<std::uint16_t>(util::free_tcp_port())));
+  members_.push_back(spawn("a", port, free_web_port()));  // alone in the group: it leads
+  members_.push_back(
+      spawn("b", static_cast<std::uint16_t>(util::free_tcp_port()), free_web_port()));
 }
 
 broker_set::~broker_set() {
@@ -196,13 +198,15 @@ broker_set::~broker_set() {
   std::filesystem::remove_all(scratch_, ec);
 }
 
-std::vector<std::string> broker_set::args(const std::string& name, std::uint16_t port) const {
+std::vector<std::string> broker_set::args(const std::string& name, std::uint16_t port,
+                                          std::uint16_t web) const {
   const auto router = fmt::format("tcp://127.0.0.1:{}", port);
   std::vector<std::string> a{"--router",        router,
                              "--events",        "tcp://127.0.0.1:0",
                              "--liveness",      std::to_string(o_.liveness),
                              "--heartbeat-min", "50",
                              "--journal",       fmt::format("{}/{}.journal", scratch_, name),
+                             "--metrics-port",  std::to_string(web),
                              "--log-level",     "info"};
   if (o_.group) {
     for (const auto& s : {"--cluster-etcd", etcd_->url().c_str()}) a.emplace_back(s);
@@ -214,11 +218,18 @@ std::vector<std::string> broker_set::args(const std::string& name, std::uint16_t
   return a;
 }
 
-std::unique_ptr<broker_set::member> broker_set::spawn(const std::string& name, std::uint16_t port) {
+// The web view's port (and /metrics'): any free one, named in the opening block.
+std::uint16_t broker_set::free_web_port() {
+  return static_cast<std::uint16_t>(util::free_tcp_port());
+}
+
+std::unique_ptr<broker_set::member> broker_set::spawn(const std::string& name, std::uint16_t port,
+                                                      std::uint16_t web) {
   auto m = std::make_unique<member>();
   m->name = name;
   m->port = port;
-  m->proc = std::make_unique<process>(label(name), o_.path, args(name, port),
+  m->web = web;
+  m->proc = std::make_unique<process>(label(name), o_.path, args(name, port, web),
                                       /*capture_output=*/true);
   m->log = std::make_unique<broker_log>(name, m->proc->output_fd(), out_, started_);
   m->log->forward(forward_, o_.group);
@@ -260,6 +271,13 @@ std::vector<std::string> broker_set::describe() const {
                                   m->log->router(), m->log->events(),
                                   o_.group ? "  (leader)" : ""));
   }
+  for (const auto& m : members_) {
+    const auto name = o_.group ? "broker-" + m->name : std::string("broker");
+    lines.push_back(
+        fmt::format("  {:<12} web view http://127.0.0.1:{}/  (open it in a browser: "
+                    "workers, tasks and rates, live)",
+                    name, m->web));
+  }
   return lines;
 }
 
@@ -284,7 +302,7 @@ std::optional<std::string> broker_set::tend() {
         if (!m->killed) continue;
         m->log.reset();  // its pipe is at its end
         try {
-          m = spawn(m->name, m->port);
+          m = spawn(m->name, m->port, m->web);
         } catch (const std::exception& e) {
           return e.what();
         }
@@ -304,7 +322,7 @@ std::string broker_set::kill_and_restart() {
   m->proc->signal(SIGKILL);
   (void)m->proc->wait_exit(5s);
   m->log.reset();
-  m = spawn(m->name, m->port);
+  m = spawn(m->name, m->port, m->web);
   return fmt::format(
       "SIGKILL the broker (pid {}); started again as pid {} on its journal: "
       "expect its tasks back and the running ones re-queued",

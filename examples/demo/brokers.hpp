@@ -75,9 +75,11 @@ class broker_set {
 
  private:
   struct member;
-  std::unique_ptr<member> spawn(const std::string& name, std::uint16_t port);
+  std::unique_ptr<member> spawn(const std::string& name, std::uint16_t port, std::uint16_t web);
+  static std::uint16_t free_web_port();
   [[nodiscard]] std::string label(const std::string& name) const;  // "broker a", "the broker"
-  [[nodiscard]] std::vector<std::string> args(const std::string& name, std::uint16_t port) const;
+  [[nodiscard]] std::vector<std::string> args(const std::string& name, std::uint16_t port,
+                                              std::uint16_t web) const;
 
   broker_options o_;
   console& out_;

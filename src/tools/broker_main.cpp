@@ -150,15 +150,42 @@ void say_listening(const rlbus::broker::server& server, const rlbus::broker::htt
   std::fflush(stdout);
 }
 
+// Who may see the web view: a token when one is set; one is needed with CURVE on or on an
+// address other machines reach. Throws std::runtime_error when the token file is unusable.
+rlbus::broker::web_access web_access_of(const rlbus::broker::config& cfg) {
+  rlbus::broker::web_access access;
+  if (!cfg.metrics_token_path.empty())
+    access.token = rlbus::broker::read_token_file(cfg.metrics_token_path);
+  access.token_required =
+      !cfg.curve_key_path.empty() || !rlbus::broker::loopback_host(cfg.metrics_address);
+  access.token_for_metrics = cfg.metrics_token_for_metrics;
+  if (cfg.metrics_port != 0 && access.token_required && access.token.empty())
+    spdlog::warn(
+        "the web view is off: with CURVE on or on {} it needs a token (metrics.token-file); "
+        "/metrics, /healthz and /readyz are served",
+        cfg.metrics_address);
+  return access;
+}
+
+// The web view's sources: `server`'s loop and recent counters.
+rlbus::broker::web_sources web_sources_of(rlbus::broker::server& server) {
+  return {[&server](std::vector<rlbus::codec::ops> questions, std::chrono::milliseconds timeout) {
+            return server.ask(std::move(questions), timeout);
+          },
+          [&server](std::int64_t after) { return server.recent().since(after); }};
+}
+
 // The broker alone: serves until stopped.
 int serve_alone(zmq::context_t& ctx, const rlbus::broker::config& cfg, signal_thread& signals) {
   rlbus::broker::server server(ctx, cfg);
   const serving routed(signals, server);
-  // Metrics and probes on a port of their own, when asked for: serving from here on.
+  // Metrics, probes and the web view on a port of their own, when asked for: serving from
+  // here on.
   std::unique_ptr<rlbus::broker::http_endpoint> http;
   if (cfg.metrics_port != 0)
-    http = std::make_unique<rlbus::broker::http_endpoint>(cfg.metrics_address, cfg.metrics_port,
-                                                          [&server] { return server.snapshot(); });
+    http = std::make_unique<rlbus::broker::http_endpoint>(
+        cfg.metrics_address, cfg.metrics_port, [&server] { return server.snapshot(); },
+        web_sources_of(server), web_access_of(cfg));
   std::unique_ptr<run_watch> run;  // destroyed before `server`
   if (!cfg.run_lock_path.empty()) run = std::make_unique<run_watch>(cfg.run_lock_path, server);
   say_listening(server, http.get());
@@ -251,15 +278,30 @@ int serve_in_group(zmq::context_t& ctx, const rlbus::broker::config& cfg, signal
   std::mutex mutex;  // `current`, for the HTTP endpoint's thread
   rlbus::broker::server* current = nullptr;
   std::unique_ptr<rlbus::broker::http_endpoint> http;
+  // The web view reads whichever server leads from here; standing by, it has nothing to show.
+  rlbus::broker::web_sources web{
+      [&](std::vector<rlbus::codec::ops> questions,
+          std::chrono::milliseconds timeout) -> std::optional<std::vector<rlbus::codec::blob>> {
+        const std::lock_guard<std::mutex> hold(mutex);
+        if (current == nullptr) return std::nullopt;
+        return current->ask(std::move(questions), timeout);
+      },
+      [&](std::int64_t after) {
+        const std::lock_guard<std::mutex> hold(mutex);
+        return current != nullptr ? current->recent().since(after)
+                                  : std::vector<rlbus::broker::series::sample>{};
+      }};
   if (cfg.metrics_port != 0)
-    http =
-        std::make_unique<rlbus::broker::http_endpoint>(cfg.metrics_address, cfg.metrics_port, [&] {
+    http = std::make_unique<rlbus::broker::http_endpoint>(
+        cfg.metrics_address, cfg.metrics_port,
+        [&] {
           const std::lock_guard<std::mutex> hold(mutex);
           if (current != nullptr) return current->snapshot();
           rlbus::broker::stats s;
           s.standby = true;
           return s;
-        });
+        },
+        std::move(web), web_access_of(cfg));
   std::printf("rlbus-broker standing by: member %s of group %s router=%s%s%s\n", ec.member.c_str(),
               ec.group.c_str(), door->endpoint().c_str(), http ? " metrics=" : "",
               http ? http->url().c_str() : "");

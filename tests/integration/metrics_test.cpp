@@ -1,5 +1,7 @@
 // The broker's HTTP endpoint: /healthz, /readyz (not ready while draining) and /metrics, a
-// Prometheus text exposition scraped from the real broker binary and parsed line by line.
+// Prometheus text exposition scraped from the real broker binary and parsed line by line;
+// and the web view's JSON, asked of a broker's loop. (The page itself is tested in a real
+// browser: python/tests/test_web_view.py.)
 #include <catch2/catch.hpp>
 
 #include <arpa/inet.h>
@@ -14,8 +16,11 @@
 #include <sstream>
 #include <string>
 
+#include <fmt/format.h>
 #include <httplib.h>
+#include <nlohmann/json.hpp>
 
+#include "broker/core/server.hpp"
 #include "broker/ops/http_endpoint.hpp"
 #include "rlbus/worker.hpp"
 #include "support/child.hpp"
@@ -191,4 +196,56 @@ TEST_CASE("/metrics counts the topic bus by topic and the nodes that lag", "[bin
   CHECK(samples.at("rlbus_bus_topic_subscribers{topic=\"model\"}") == 1);
   CHECK(samples.at("rlbus_bus_node_lag{node=\"sub\"}") == 2);  // nothing acknowledged
   CHECK(samples.at("rlbus_bus_dropped_total") == 0);
+}
+
+// The web view's JSON, from a broker loop that serves peers meanwhile: the questions go to
+// the loop from the HTTP thread and come back as the OPS verbs answer them.
+TEST_CASE("the web view's JSON is what the loop's OPS verbs answer", "[broker][metrics]") {
+  broker::server_thread b(test_config());
+  auto& s = b.get();
+  broker::web_access access;
+  access.token = "a-token-of-sixteen-chars";
+  broker::http_endpoint http(
+      "127.0.0.1", 0, [&s] { return s.snapshot(); },
+      {[&s](std::vector<codec::ops> q, std::chrono::milliseconds t) {
+         return s.ask(std::move(q), t);
+       },
+       [&s](std::int64_t after) { return s.recent().since(after); }},
+      access);
+  worker_options o;
+  o.endpoint = s.router_endpoint();
+  o.id = "collector-viewed";
+  o.heartbeat = 1s;
+  worker w(o);
+  REQUIRE(w.wait_for(connection_state::ready, 10s));
+
+  httplib::Client client(http.url());
+  CHECK(client.Get("/api/view")->status == 401);
+  const httplib::Headers bearer{{"Authorization", "Bearer " + access.token}};
+  nlohmann::json view;
+  REQUIRE(wait_until(
+      [&] {
+        const auto r = client.Get("/api/view?workers_kind=collector", bearer);
+        if (!r || r->status != 200) return false;
+        view = nlohmann::json::parse(r->body);
+        return view.at("workers").at("total") == 1;
+      },
+      20s));
+  CHECK(view.at("workers").at("workers")[0].at("id") == "collector-viewed");
+  CHECK(view.at("status").at("peers").at("collector") == 1);
+  CHECK(view.at("status").at("epoch") == fmt::format("{:016x}", s.epoch()));
+  CHECK(view.at("tasks").at("total") == 0);
+  CHECK(client.Get("/api/view?tasks_state=lost", bearer)->status == 400);
+  // The series gets a sample a second at the status ticks (every 20 ms here).
+  REQUIRE(wait_until(
+      [&] {
+        const auto r = client.Get("/api/series", bearer);
+        return r && r->status == 200 && nlohmann::json::parse(r->body).at("samples").size() >= 2;
+      },
+      20s));
+  b.stop();
+  // A loop that stopped answers nothing, and says so at once.
+  const auto r = client.Get("/api/view", bearer);
+  REQUIRE(r);
+  CHECK(r->status == 503);
 }

@@ -43,6 +43,9 @@ codec::error refused(raw_peer& p, const codec::ops& o, error_code code) {
 }  // namespace
 
 // §16.1 "OPS is the one message besides HELLO that a connection without a session may send"
+// §16.5 "`status`: `version` (str, the broker's release), `epoch` (as in WELCOME, §4.2.1),
+// `settings` (map of setting key to its value as text: the settings that differ from their
+// defaults, §1.4)"
 TEST_CASE_METHOD(fixture, "SPEC 16.1, 16.5: status answers a connection without a session",
                  "[spec]") {
   raw_peer coord(ctx, router), w(ctx, router), ctl(ctx, router);
@@ -62,6 +65,12 @@ TEST_CASE_METHOD(fixture, "SPEC 16.1, 16.5: status answers a connection without 
   CHECK(s.at("streams")[0].at("coordinator") == "coord");
   CHECK(s.at("streams")[0].at("seq").get<std::uint64_t>() >= 1);
   CHECK(s.at("changes").empty());
+  CHECK_FALSE(s.at("version").get<std::string>().empty());
+  CHECK(s.at("epoch") == broker.get().epoch());
+  // The settings that are not their defaults, as text, and no other.
+  CHECK(s.at("settings").at("status-interval") == "20");
+  CHECK(s.at("settings").at("drain-ms") == "0");
+  CHECK_FALSE(s.at("settings").contains("tasks.max-attempts"));
   // Operations leave no session behind and no trace in any stream.
   CHECK(broker.get().snapshot().peers == 2);
   expect_quiet(coord);

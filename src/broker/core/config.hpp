@@ -167,6 +167,11 @@ struct config {  // NOLINT(clang-analyzer-optin.performance.Padding)
   /// The HTTP endpoint (/metrics, /healthz, /readyz): its port (0: none) and address.
   std::uint32_t metrics_port = 0;
   std::string metrics_address = "127.0.0.1";
+  /// A file whose first line is the token the web view and its JSON ask for (and /metrics,
+  /// with metrics_token_for_metrics). Without one, the view is served only on loopback
+  /// without CURVE.
+  std::string metrics_token_path;
+  bool metrics_token_for_metrics = false;
   /// trace, debug, info, warn, error, critical or off.
   std::string log_level = "info";
   /// human (time, level, message) or json (one object per line, with the task and peers).

@@ -12,6 +12,7 @@
 
 #include "broker/core/settings.hpp"
 #include "codec/codec.hpp"
+#include "codec/map_writer.hpp"
 #include "util/bind.hpp"
 #include "util/log.hpp"
 #include "util/poll.hpp"
@@ -145,6 +146,10 @@ void server::run() {
   next_status_ = started_;
   std::vector<zmq::pollitem_t> items;
   std::string why_stopped;
+  struct closing {  // however run() ends, whoever asks the loop stops waiting
+    loop_queries& q;
+    ~closing() { q.close(); }
+  } const close_queries{queries_};
   while (true) {
     auto now = util::clock::now();
     if (past_fence()) break;
@@ -224,6 +229,7 @@ void server::run() {
       release_held();
     }
     store_counters();
+    queries_.serve([this](const codec::ops& op) { return answer_query(op); });
   }
   if (fenced_) {
     // Whatever libzmq still holds for peers is dropped with the sockets.
@@ -929,10 +935,19 @@ void server::set_drained(const std::string& id, bool drained, util::time_point n
   store_counters();
 }
 
+// What another thread asks of the loop (the web view): a read-only verb's reply, or why not.
+codec::blob server::answer_query(const codec::ops& op) {
+  if (op.verb != "status" && op.verb != "workers" && op.verb != "tasks" && op.verb != "topics")
+    return codec::map_writer(1).str("error", "only status, workers, tasks and topics").done();
+  auto answer = ops_.answer(op, view(), metrics_, *this, util::clock::now());
+  if (auto* reply = std::get_if<codec::blob>(&answer)) return std::move(*reply);
+  return codec::map_writer(1).str("error", std::get<refusal>(answer).reason).done();
+}
+
 broker_view server::view() const {
   return {cfg_,        peers_,         tasks_,      bus_,
           gate_,       journal_.get(), repl_.get(), {live_workers_[0], live_workers_[1]},
-          live_nodes_, draining_,      started_};
+          live_nodes_, draining_,      started_,    epoch_};
 }
 
 void server::publish_status(util::time_point now) {

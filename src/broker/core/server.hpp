@@ -43,6 +43,7 @@
 #include "broker/durability/journal.hpp"
 #include "broker/group/replicator.hpp"
 #include "broker/ops/histogram.hpp"
+#include "broker/ops/loop_queries.hpp"
 #include "broker/ops/metrics.hpp"
 #include "broker/ops/operations.hpp"
 #include "broker/ops/view.hpp"
@@ -78,6 +79,15 @@ class server : private task_sink, private bus_sink, private ops_levers {
   [[nodiscard]] std::string public_key() const { return gate_.public_key(); }
   /// Thread-safe snapshot of the counters.
   [[nodiscard]] stats snapshot() const { return metrics_.snapshot(); }
+  /// The last 15 minutes of the counters, a sample a second (thread-safe).
+  [[nodiscard]] const series& recent() const noexcept { return metrics_.recent(); }
+  /// Any thread but the loop's: the answers of the read-only OPS verbs (status, workers,
+  /// tasks, topics) to `questions`, as an operator would get them, from the loop between two
+  /// turns; nullopt when the loop does not answer within `timeout` (busy, or not running).
+  std::optional<std::vector<codec::blob>> ask(std::vector<codec::ops> questions,
+                                              std::chrono::milliseconds timeout) {
+    return queries_.ask(std::move(questions), timeout);
+  }
 
   /// The leader of a group of brokers (cluster/elector.hpp) serves only until `until()`, which
   /// the group's election moves on. Past it the broker sends nothing more, not even a
@@ -118,6 +128,7 @@ class server : private task_sink, private bus_sink, private ops_levers {
   void session_over(const peer& p, util::time_point now, bool orderly = false);
   /// What operations and metrics read of the broker (the loop's thread).
   [[nodiscard]] broker_view view() const;
+  codec::blob answer_query(const codec::ops& op);
   /// What the task manager, the gatekeeper and the journal count, into the atomics that
   /// snapshot() reads.
   void store_counters() { metrics_.store(view()); }
@@ -198,6 +209,7 @@ class server : private task_sink, private bus_sink, private ops_levers {
   std::string router_endpoint_;
   std::string events_endpoint_;
   util::wake_pipe wake_;
+  loop_queries queries_{[this] { wake_.notify(); }};
   std::atomic<unsigned> stop_requests_{0};
   std::atomic<unsigned> reload_requests_{0};
   unsigned reloads_done_ = 0;

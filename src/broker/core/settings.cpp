@@ -262,6 +262,13 @@ std::vector<setting> make_table() {
        "address the HTTP endpoint listens on (a scraper on another machine needs 0.0.0.0 or "
        "the host's address; in plain mode that also needs insecure, as the sockets do)",
        &c::metrics_address, 1, 0, any, "", "metrics-address"},
+      {"metrics", "token-file",
+       "file whose first line is the token the web view (/) and its JSON (/api/) ask for, as "
+       "'Authorization: Bearer TOKEN' or ?token=TOKEN; with CURVE on or an address other "
+       "machines reach, the view is served only with one",
+       &c::metrics_token_path, 0, 0, any, "", "metrics-token-file"},
+      {"metrics", "token-for-metrics", "/metrics asks for the token too",
+       &c::metrics_token_for_metrics, 0, 0, any, "", "metrics-token-for-metrics"},
       // ---- logging ----
       {"log",
        "level",
@@ -456,6 +463,9 @@ void validate(const config& cfg) {
                         "loopback unless told: turn CURVE on or say --insecure",
                         cfg.metrics_address));
   }
+  require(!cfg.metrics_token_for_metrics || !cfg.metrics_token_path.empty(),
+          "metrics.token-for-metrics (--metrics-token-for-metrics) needs the token it asks for: "
+          "set metrics.token-file (--metrics-token-file)");
   if (!cfg.cluster_etcd.empty()) {
     std::vector<std::string> urls;
     try {
@@ -481,6 +491,15 @@ void validate(const config& cfg) {
                         "quarter to a half of the lease ({} ms)",
                         cfg.cluster_margin_ms, cfg.cluster_lease_ms));
   }
+}
+
+std::vector<std::pair<std::string, std::string>> changed_settings(const config& cfg) {
+  const config defaults;
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& s : settings())
+    if (auto value = s.text(cfg); value != s.text(defaults))
+      out.emplace_back(s.key(), std::move(value));
+  return out;
 }
 
 std::vector<std::string> live_setting_keys() {

@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -54,6 +55,9 @@ void validate(const config& cfg);
 
 /// Every setting, in the order of the reference page.
 const std::vector<setting>& settings();
+/// The settings whose value in `cfg` is not their default: key and value as text, in table
+/// order.
+std::vector<std::pair<std::string, std::string>> changed_settings(const config& cfg);
 /// The keys of the settings that may change while the broker runs (`live`), in table order.
 std::vector<std::string> live_setting_keys();
 /// The setting with this key ("tasks.max-queue"), name in its table or flag name ("max-queue",

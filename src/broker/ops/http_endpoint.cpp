@@ -19,13 +19,23 @@ struct http_endpoint::impl {
 };
 
 http_endpoint::http_endpoint(const std::string& address, std::uint32_t port,
-                             const std::function<stats()>& snapshot)
+                             const std::function<stats()>& snapshot, web_sources web,
+                             web_access access)
     : impl_(std::make_unique<impl>()) {
   auto& h = impl_->http;
-  h.new_task_queue = [] { return new httplib::ThreadPool(2); };  // a scraper and a probe
-  h.Get("/metrics", [snapshot](const httplib::Request&, httplib::Response& res) {
-    res.set_content(prometheus_text(snapshot()), "text/plain; version=0.0.4; charset=utf-8");
-  });
+  // A scraper, a probe and a page or two: a request waits for a thread, never the loop.
+  h.new_task_queue = [] { return new httplib::ThreadPool(4); };
+  const bool guard_metrics = access.token_for_metrics;
+  h.Get("/metrics",
+        [snapshot, access, guard_metrics](const httplib::Request& req, httplib::Response& res) {
+          if (guard_metrics && !access.admits(req)) {
+            res.status = 401;
+            res.set_content("/metrics needs the token: send 'Authorization: Bearer TOKEN'\n",
+                            "text/plain");
+            return;
+          }
+          res.set_content(prometheus_text(snapshot()), "text/plain; version=0.0.4; charset=utf-8");
+        });
   h.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok\n", "text/plain");
   });
@@ -41,6 +51,7 @@ http_endpoint::http_endpoint(const std::string& address, std::uint32_t port,
       res.set_content("ready\n", "text/plain");
     }
   });
+  if (web.ask) add_web_view(h, std::move(web), access);
   impl_->address = address;
   impl_->port =
       port == 0 ? h.bind_to_any_port(address)

@@ -2,6 +2,7 @@
 #include "broker/ops/metrics.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -370,13 +371,19 @@ void metrics::tick(const broker_view& v, std::size_t labelled) {
   auto lag = v.bus.nodes(labelled);
   auto standbys = v.replication != nullptr ? v.replication->standbys()
                                            : std::vector<replicator::standby_state>{};
-  const std::lock_guard lock(ticked_mu_);
-  shapes_ = std::move(shapes);
-  policies_ = std::move(policies);
-  bus_ = v.bus.counts();
-  topics_ = std::move(topics);
-  lag_ = std::move(lag);
-  standbys_ = std::move(standbys);
+  {
+    const std::lock_guard lock(ticked_mu_);
+    shapes_ = std::move(shapes);
+    policies_ = std::move(policies);
+    bus_ = v.bus.counts();
+    topics_ = std::move(topics);
+    lag_ = std::move(lag);
+    standbys_ = std::move(standbys);
+  }
+  const auto unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count();
+  recent_.record(unix_ms, snapshot());
 }
 
 }  // namespace rlbus::broker

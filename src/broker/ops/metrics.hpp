@@ -16,6 +16,7 @@
 #include "broker/bus/topic_bus.hpp"
 #include "broker/group/replicator.hpp"
 #include "broker/ops/histogram.hpp"
+#include "broker/ops/series.hpp"
 #include "util/send_meter.hpp"
 
 namespace rlbus::broker {
@@ -143,6 +144,8 @@ class metrics {
   void tick(const broker_view& v, std::size_t labelled);
   /// Thread-safe.
   [[nodiscard]] stats snapshot() const;
+  /// The last 15 minutes, a sample a second, taken at the ticks (thread-safe).
+  [[nodiscard]] const series& recent() const noexcept { return recent_; }
 
  private:
   const histogram& assignment_;
@@ -155,6 +158,7 @@ class metrics {
   std::vector<topic_stats> topics_;
   std::vector<node_stats> lag_;
   std::vector<replicator::standby_state> standbys_;
+  series recent_;
 };
 
 /// The exposition of one snapshot. Metric names start `rlbus_`; counters end `_total`.

@@ -12,6 +12,7 @@
 
 #include "broker/core/settings.hpp"
 #include "codec/map_writer.hpp"
+#include "rlbus_version.h"
 
 namespace rlbus::broker {
 
@@ -261,7 +262,13 @@ codec::blob operations::status(const broker_view& v, const stats& s, util::time_
                            .uint("lag_bytes", st.lag)
                            .boolean("in_sync", st.in_sync)
                            .done());
-  return codec::map_writer(12)
+  const auto changed = changed_settings(v.cfg);
+  codec::map_writer settings(static_cast<std::uint32_t>(changed.size()));
+  for (const auto& [key, value] : changed) settings.str(key, value);
+  return codec::map_writer(15)
+      .str("version", RLBUS_VERSION)
+      .uint("epoch", v.epoch)
+      .raw("settings", settings.done())
       .uint("uptime_ms", ms_since(v.started, now))
       .boolean("draining", s.draining)
       .raw("peers", codec::map_writer(4)

@@ -29,6 +29,7 @@ struct broker_view {
   std::uint64_t nodes;                   // live sessions of role bus (SPEC §17.9)
   bool draining;
   util::time_point started;
+  std::uint64_t epoch;  // this run's (SPEC §4.2.1)
 };
 
 }  // namespace rlbus::broker
