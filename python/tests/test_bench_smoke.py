@@ -2,8 +2,8 @@
 bare pyzmq loop through the proxy, the HTTP baseline), measures each row beside its
 baselines and reports nothing lost. And the topic bus's rows (`rlbus-bench bus`, which runs
 bench/bus_baselines.py) from Python and C++, run for a few seconds: every row is there, with
-its loss counted. It checks the harnesses, never a
-figure."""
+its loss counted. And what watching the web view costs the broker (bench/web_view.py). It
+checks the harnesses, never a figure."""
 
 from __future__ import annotations
 
@@ -77,3 +77,21 @@ def test_bus_rows_from_python_and_cpp_are_printed(tmp_path) -> None:
     assert "summary:" in r.stdout and "targets (reported, never asserted):" in r.stdout
     assert {t["backend"] for t in report["summary"]["targets"]} == {"rlbus", "ditask", "cpp"}
     assert "rlbus    broker rlbus-broker" in r.stdout
+
+
+def test_the_web_views_cost_is_measured_beside_the_broker_alone(tmp_path) -> None:
+    """bench/web_view.py, run small with the page in headless chromium: both phases measured,
+    the ratios those of the medians."""
+    out = tmp_path / "web.json"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "web_view.py"), "--smoke",
+                        "--broker", BROKER, "--json", str(out)],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["watcher"] == "chromium"
+    rows = {row["metric"]: row for row in report["rows"]}
+    assert set(rows) == {"cpu_ms_per_s", "delivered_per_s"}
+    for row in rows.values():
+        assert row["alone"] > 0 and row["watched"] > 0
+        assert row["ratio"] == row["watched"] / row["alone"]
+    assert "broker CPU ms/s" in r.stdout

@@ -4,7 +4,14 @@
 //
 // Exit status: 0 done; 1 no answer (the broker is not there, or did not answer within
 // --timeout); 2 bad usage; 3 the broker refused (it says why).
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
@@ -183,20 +190,28 @@ std::string age(const json& ms) {
   return fmt::format("{}h", v / 3'600'000);
 }
 
-void table(const std::vector<std::string>& head,
-           const std::vector<std::vector<std::string>>& rows) {
+// A table's lines: each column as wide as its widest cell, two spaces apart.
+std::vector<std::string> table_lines(const std::vector<std::string>& head,
+                                     const std::vector<std::vector<std::string>>& rows) {
   std::vector<std::size_t> width(head.size());
   for (std::size_t i = 0; i < head.size(); ++i) width[i] = head[i].size();
   for (const auto& r : rows)
     for (std::size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  std::vector<std::string> lines;
   const auto line = [&](const std::vector<std::string>& cells) {
     std::string out;
     for (std::size_t i = 0; i < cells.size(); ++i)
       out += i + 1 == cells.size() ? cells[i] : fmt::format("{:<{}}  ", cells[i], width[i]);
-    std::puts(out.c_str());
+    lines.push_back(std::move(out));
   };
   line(head);
   for (const auto& r : rows) line(r);
+  return lines;
+}
+
+void table(const std::vector<std::string>& head,
+           const std::vector<std::vector<std::string>>& rows) {
+  for (const auto& l : table_lines(head, rows)) std::puts(l.c_str());
 }
 
 void print_status(const json& s) {
@@ -399,6 +414,205 @@ int show_cluster(const std::string& etcd_urls, const std::string& group,
 
 }  // namespace
 
+// ---- top: a live view of the broker, refreshed in place --------------------------------------
+
+// One refresh's replies, and the broker's uptime then, for rates between two refreshes.
+struct top_sample {
+  json status, workers, tasks, topics;
+};
+
+std::string rate(const json& now, const json& before, const char* map, const char* key,
+                 double seconds) {
+  if (before.is_null() || seconds <= 0) return "-";
+  const auto a = before.at(map).value(key, std::uint64_t{0});
+  const auto b = now.at(map).value(key, std::uint64_t{0});
+  return fmt::format("{:.1f}", b >= a ? static_cast<double>(b - a) / seconds : 0.0);
+}
+
+std::string bytes(std::uint64_t n) {
+  if (n < 10'240) return fmt::format("{} B", n);
+  if (n < 10'485'760) return fmt::format("{} KiB", n / 1024);
+  return fmt::format("{} MiB", n >> 20U);
+}
+
+// The lines of one frame: a summary, then workers, tasks and topics, each table cut to `rows`
+// lines of entries.
+std::vector<std::string> top_frame(const std::string& endpoint, unsigned interval_ms,
+                                   bool interactive, const top_sample& now,
+                                   const json& before_status, std::size_t rows) {
+  std::vector<std::string> out;
+  const auto& s = now.status;
+  const auto& p = s.at("peers");
+  const double seconds =
+      before_status.is_null()
+          ? 0
+          : static_cast<double>(s.at("uptime_ms").get<std::uint64_t>() -
+                                std::min(s.at("uptime_ms").get<std::uint64_t>(),
+                                         before_status.at("uptime_ms").get<std::uint64_t>())) /
+                1000.0;
+  out.push_back(fmt::format("rlbus-ctl top  {}  every {} ms{}", endpoint, interval_ms,
+                            interactive ? "  (q quits)" : ""));
+  out.push_back(fmt::format("broker {} epoch {:016x}  up {}{}", s.value("version", "?"),
+                            s.value("epoch", std::uint64_t{0}), age(s.at("uptime_ms")),
+                            s.at("draining").get<bool>() ? "  DRAINING" : ""));
+  out.push_back(fmt::format("sessions  {} collectors, {} learners, {} coordinators, {} bus nodes",
+                            p.at("collector").dump(), p.at("learner").dump(),
+                            p.at("coordinator").dump(), p.at("bus").dump()));
+  out.push_back(fmt::format(
+      "tasks     {} queued, {} running; per second: {} finished, {} re-queued, {} failed",
+      s.at("tasks").at("queued").dump(), s.at("tasks").at("running").dump(),
+      rate(s, before_status, "counters", "tasks_finished", seconds),
+      rate(s, before_status, "counters", "tasks_requeued", seconds),
+      rate(s, before_status, "counters", "tasks_failed", seconds)));
+  out.push_back(
+      fmt::format("per s     messages {} in, {} out; bus {} published, {} delivered, {} dropped",
+                  rate(s, before_status, "counters", "messages_in", seconds),
+                  rate(s, before_status, "counters", "messages_out", seconds),
+                  rate(s, before_status, "bus", "published", seconds),
+                  rate(s, before_status, "bus", "delivered", seconds),
+                  rate(s, before_status, "bus", "dropped", seconds)));
+  out.push_back(fmt::format("memory    send queues {}, stream rings {}, bus queues {}",
+                            bytes(s.at("counters").value("send_queue_bytes", std::uint64_t{0})),
+                            bytes(s.at("counters").value("stream_ring_bytes", std::uint64_t{0})),
+                            bytes(s.at("bus").value("queued_bytes", std::uint64_t{0}))));
+  const auto section = [&](const std::string& title, std::size_t shown, std::size_t total,
+                           std::vector<std::string> lines) {
+    out.emplace_back();
+    out.push_back(fmt::format("{} ({} of {})", title, shown, total));
+    for (auto& l : lines) out.push_back(std::move(l));
+  };
+  std::vector<std::vector<std::string>> w;
+  for (const auto& x : now.workers.at("workers")) {
+    if (w.size() == rows) break;
+    const auto state = x.at("quarantined").get<bool>()           ? "quarantined"
+                       : x.at("leaving").get<bool>()             ? "leaving"
+                       : x.at("drained").get<bool>()             ? "drained"
+                       : x.at("task").get<std::string>().empty() ? "idle"
+                                                                 : "busy";
+    w.push_back({text_of(x.at("id")), text_of(x.at("role")), state,
+                 x.at("task").get<std::string>().empty() ? "-" : text_of(x.at("task")),
+                 age(x.at("heartbeat_age_ms"))});
+  }
+  section("WORKERS", w.size(), now.workers.at("total").get<std::size_t>(),
+          table_lines({"WORKER", "ROLE", "STATE", "TASK", "LAST SEEN"}, w));
+  std::vector<std::vector<std::string>> t;
+  for (const auto& x : now.tasks.at("tasks")) {
+    if (t.size() == rows) break;
+    t.push_back({text_of(x.at("id")), text_of(x.at("kind")), text_of(x.at("state")),
+                 x.at("attempt").dump(),
+                 x.at("worker").get<std::string>().empty() ? "-" : text_of(x.at("worker")),
+                 text_of(x.at("coordinator")), age(x.at("age_ms"))});
+  }
+  section("TASKS", t.size(), now.tasks.at("total").get<std::size_t>(),
+          table_lines({"TASK", "KIND", "STATE", "ATTEMPT", "WORKER", "COORDINATOR", "AGE"}, t));
+  std::vector<std::vector<std::string>> b;
+  for (const auto& x : now.topics.at("topics")) {
+    if (b.size() == rows) break;
+    b.push_back({text_of(x.at("topic")), x.at("messages").dump(),
+                 bytes(x.at("bytes").get<std::uint64_t>()), x.at("subscribers").dump()});
+  }
+  section("TOPICS", b.size(), now.topics.at("topics_total").get<std::size_t>(),
+          table_lines({"TOPIC", "MESSAGES", "BYTES", "SUBSCRIBERS"}, b));
+  return out;
+}
+
+std::atomic<bool> top_interrupted{false};
+
+// The terminal as top needs it while it runs, given back as it was however top ends: keys
+// read one at a time without echo, the screen of its own, no cursor.
+class raw_terminal {
+ public:
+  raw_terminal() {
+    if (::tcgetattr(STDIN_FILENO, &saved_) == 0) {
+      termios raw = saved_;
+      raw.c_lflag &= ~static_cast<tcflag_t>(ICANON | ECHO);
+      raw.c_cc[VMIN] = 0;
+      raw.c_cc[VTIME] = 0;
+      restore_ = ::tcsetattr(STDIN_FILENO, TCSANOW, &raw) == 0;
+    }
+    std::fputs("\x1b[?1049h\x1b[?25l", stdout);
+  }
+  ~raw_terminal() {
+    std::fputs("\x1b[?25h\x1b[?1049l", stdout);
+    std::fflush(stdout);
+    if (restore_) ::tcsetattr(STDIN_FILENO, TCSANOW, &saved_);
+  }
+  raw_terminal(const raw_terminal&) = delete;
+  raw_terminal& operator=(const raw_terminal&) = delete;
+
+ private:
+  termios saved_{};
+  bool restore_ = false;
+};
+
+// Waits up to `ms` for a key; whether it was q (or Ctrl-C came).
+bool quit_asked(unsigned ms) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (!top_interrupted) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd in{STDIN_FILENO, POLLIN, 0};
+    if (::poll(&in, 1, static_cast<int>(left.count())) <= 0) continue;  // EINTR: look again
+    char c = 0;
+    if (::read(STDIN_FILENO, &c, 1) == 1 && (c == 'q' || c == 'Q')) return true;
+    if ((in.revents & (POLLHUP | POLLERR)) != 0) {  // no keys will come: wait out the interval
+      std::this_thread::sleep_for(left);
+      return false;
+    }
+  }
+  return true;
+}
+
+template <class Ask>
+int run_top(Ask&& ask, const std::string& endpoint, unsigned interval_ms, std::uint32_t count,
+            std::uint32_t rows_wanted) {
+  const bool interactive = ::isatty(STDOUT_FILENO) == 1;
+  std::optional<raw_terminal> term;
+  if (interactive) {
+    term.emplace();
+    std::signal(SIGINT, [](int) { top_interrupted = true; });
+  }
+  rlbus::codec::ops status, workers, tasks, topics;
+  status.verb = "status";
+  workers.verb = "workers";
+  tasks.verb = "tasks";
+  topics.verb = "topics";
+  json before;
+  for (std::uint32_t n = 0; count == 0 || n < count; ++n) {
+    if (n > 0) {
+      if (interactive ? quit_asked(interval_ms) : false) break;
+      if (!interactive) std::this_thread::sleep_for(std::chrono::milliseconds(interval_ms));
+    }
+    // A frame fits the terminal: its summary and three titled tables.
+    std::size_t rows = rows_wanted;
+    if (interactive && rows_wanted == 0) {
+      winsize ws{};
+      const std::size_t height =
+          ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_row > 0 ? ws.ws_row : 24;
+      rows = height > 6 + 9 + 3 ? (height - 6 - 9) / 3 : 1;
+    } else if (rows_wanted == 0) {
+      rows = 20;
+    }
+    workers.limit = tasks.limit = topics.limit = static_cast<std::uint32_t>(rows);
+    const top_sample now{ask(status), ask(workers), ask(tasks), ask(topics)};
+    const auto lines = top_frame(endpoint, interval_ms, interactive, now, before, rows);
+    before = now.status;
+    if (interactive) {
+      std::string frame = "\x1b[H";
+      for (const auto& l : lines) frame += l + "\x1b[K\n";
+      frame += "\x1b[J";
+      std::fputs(frame.c_str(), stdout);
+    } else {
+      if (n > 0) std::puts("");
+      for (const auto& l : lines) std::puts(l.c_str());
+    }
+    std::fflush(stdout);
+    if (top_interrupted) break;
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{
       "rlbus-ctl: look inside a running rlbus broker and steer it.\n"
@@ -445,6 +659,11 @@ int main(int argc, char** argv) {
   auto* topics = app.add_subcommand(
       "topics", "the topic bus: the busiest topics, and its nodes, the laggiest first");
   auto* watch = app.add_subcommand("watch", "status and workers, refreshed in place");
+  auto* top = app.add_subcommand(
+      "top",
+      "a live view in the manner of top: sessions, tasks and traffic per second, workers, "
+      "tasks and topics, refreshed in place (q quits); plain text, frame after frame, when "
+      "the output is not a terminal");
   auto* drain = app.add_subcommand("drain", "give WORKER no new task (its task runs on)");
   auto* undrain = app.add_subcommand("undrain", "let a drained WORKER get tasks again");
   auto* evict =
@@ -466,11 +685,18 @@ int main(int argc, char** argv) {
   tasks->add_option("--state", state, "queued, starting, running or closing")
       ->check(CLI::IsMember({"queued", "starting", "running", "closing"}));
   tasks->add_option("--coordinator", coordinator, "only this coordinator's tasks");
-  watch->add_option("--interval", interval_ms, "ms between refreshes")
-      ->capture_default_str()
-      ->check(CLI::Range(100U, 3'600'000U));
-  watch->add_option("--count", count, "refreshes before it stops (0: until interrupted)")
-      ->capture_default_str();
+  std::uint32_t top_rows = 0;
+  for (auto* c : {watch, top}) {
+    c->add_option("--interval", interval_ms, "ms between refreshes")
+        ->capture_default_str()
+        ->check(CLI::Range(100U, 3'600'000U));
+    c->add_option("--count", count, "refreshes before it stops (0: until interrupted or q)")
+        ->capture_default_str();
+  }
+  top->add_option("--rows", top_rows,
+                  "entries of each table (default: what fits the terminal; 20 when the output "
+                  "is not one)")
+      ->check(CLI::Range(1U, 1000U));
   for (auto* c : {drain, undrain, evict})
     c->add_option("worker", worker, "the worker's id")->required();
   set->add_option("key", key,
@@ -500,7 +726,7 @@ int main(int argc, char** argv) {
   if (chosen == cluster)
     return show_cluster(cluster_etcd, cluster_name, std::chrono::milliseconds(timeout_ms), as_json,
                         keys);
-  op.verb = chosen == watch ? "status" : chosen->get_name();
+  op.verb = chosen == watch || chosen == top ? "status" : chosen->get_name();
   if (!kind.empty()) op.kind = rlbus::parse_role(kind);  // collector or learner: checked above
   if (!state.empty()) op.state = state;
   if (!coordinator.empty()) op.coordinator = coordinator;
@@ -545,6 +771,7 @@ int main(int argc, char** argv) {
     }
     return r;
   };
+  if (chosen == top) return run_top(ask, endpoint, interval_ms, count, top_rows);
   if (chosen != watch) {
     const auto r = chosen == tasks || chosen == workers
                        ? ask_all(op, chosen == tasks ? "tasks" : "workers")
