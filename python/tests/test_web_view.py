@@ -67,15 +67,16 @@ def http(url: str, token: Optional[str] = None) -> Tuple[int, str]:
 
 def rows(driver: Any, table: str, column: Optional[str] = None) -> Dict[str, str]:
     """The page's rows of ``table``: id -> the text of its cell ``column`` (or of the row)."""
+    # Pairs, not an object: the driver need not keep an object's keys in the page's order.
     got = driver.execute_script(
         """const [table, column] = arguments;
-        const out = {};
+        const out = [];
         for (const tr of document.querySelectorAll('#' + table + ' tbody tr')) {
           const cell = column ? tr.querySelector('td[data-col="' + column + '"]') : tr;
-          out[tr.dataset.id] = cell ? cell.textContent : null;
+          out.push([tr.dataset.id, cell ? cell.textContent : null]);
         }
         return out;""", table, column)
-    return dict(got)
+    return {k: v for k, v in got}
 
 
 def text(driver: Any, element_id: str) -> str:
@@ -189,6 +190,14 @@ def test_the_page_shows_what_ops_reports_as_tasks_run_and_a_worker_dies(
         assert wait_until(lambda: int(text(driver, "count-requeued")) >= 1, WAIT)
         assert text(driver, "count-collector") == "2"
         assert wait_until(page_matches_ops, WAIT)
+        # ... and the attempt that ended is listed with why, as OPS lists it.
+        ended = [e for e in ctl(broker, "tasks")["ended"] if e["worker"] == "col-doomed"]
+        assert ended and ended[0]["how"] == "requeued"
+        key = f'{ended[0]["id"]}/{ended[0]["attempt"]}/requeued'
+        assert wait_until(lambda: key in rows(driver, "ended", "reason"), WAIT)
+        assert "col-doomed" in rows(driver, "ended", "reason")[key]
+        # Queued tasks need nothing in particular: they wait for a free collector.
+        assert "a free collector with any" in text(driver, "queued-why")
 
         # The charts get points from the broker's series.
         def points(chart: str) -> int:
@@ -207,6 +216,45 @@ def test_the_page_shows_what_ops_reports_as_tasks_run_and_a_worker_dies(
     finally:
         driver.quit()
         fleet.close()
+        broker.stop()
+
+
+def test_a_large_fleet_comes_a_page_at_a_time() -> None:
+    """120 worker sessions: the page shows 50 of them, says how many there are, and its next
+    page holds the next 50 OPS lists, in OPS's order."""
+    import zmq
+    from rlbus import protocol as P
+
+    port = rlbus.free_port()
+    broker = Broker(["--metrics-port", str(port)])
+    ctx = zmq.Context()
+    socks = []
+    driver = browser()
+    try:
+        for i in range(120):
+            s = ctx.socket(zmq.DEALER)
+            s.linger = 0
+            s.connect(broker.router)
+            s.send_multipart(list(P.encode("HELLO", {"role": "collector", "id": f"w-{i:03}",
+                                                     "heartbeat_ms": 60000, "resources": {}})))
+            socks.append(s)
+        assert wait_until(lambda: ctl(broker, "workers")["total"] == 120, WAIT)
+        order = [w["id"] for w in ctl(broker, "workers")["workers"]]
+        driver.get(f"http://127.0.0.1:{port}/")
+        assert wait_until(lambda: list(rows(driver, "workers")) == order[:50], WAIT)
+        assert text(driver, "workers-page") == "1–50 of 120"
+        driver.find_element("id", "workers-next").click()
+        assert wait_until(lambda: list(rows(driver, "workers")) == order[50:100], WAIT)
+        assert text(driver, "workers-page") == "51–100 of 120"
+        driver.find_element("id", "workers-next").click()
+        assert wait_until(lambda: list(rows(driver, "workers")) == order[100:], WAIT)
+        assert driver.find_element("id", "workers-next").get_attribute("disabled")
+        assert severe(driver) == []
+    finally:
+        driver.quit()
+        for s in socks:
+            s.close()
+        ctx.term()
         broker.stop()
 
 

@@ -184,6 +184,10 @@ TEST_CASE("a coordinator process that vanished is succeeded by a new one that ad
   auto callbacks = logging(second_log, lost);
   callbacks.on_task_cancelled = [&](const std::string&, const std::string&) { ++cancelled; };
   co.endpoint = b.get().router_endpoint();
+  // Only the old session had to expire fast. The new one beats every second: under
+  // ThreadSanitizer beside a build, a stall of the test process past 600 ms expired it too,
+  // and it adopted its own tasks a second time.
+  co.heartbeat = 1s;
   coordinator second(co, std::move(callbacks));  // refused (409) until the old session expired
   REQUIRE(second.wait_for(connection_state::ready, 10s));
   phase = 2;

@@ -163,6 +163,48 @@ TEST_CASE_METHOD(fixture, "SPEC 16.5: tasks lists live tasks in queue order, fil
   CHECK(r.at("tasks")[0].at("id") == "q1");
 }
 
+// §16.5 "`attempt_ms` (since its current attempt began, 0 when queued), `requirements` ...;
+// and `ended`, the last 64 attempts that ended, whatever the filters, oldest first: `id`,
+// `kind`, `how` ..., `attempt`, `worker` ..., `coordinator`, `reason` ..., `age_ms`"
+TEST_CASE_METHOD(fixture, "SPEC 16.5: tasks says what each needs and which attempts ended",
+                 "[spec]") {
+  raw_peer c(ctx, router), w(ctx, router), ctl(ctx, router);
+  join(c, "c", role::coordinator);
+  join(w, "w", role::collector, {{"cpu", 2}});
+  submit_ok(c, task_of("needs-gpu", role::collector, {{"gpu", 1}}));
+  submit_ok(c, task_of("runs"));
+  next_a<codec::task_start>(w);
+  next_event(c, "runs", "assigned");
+  const auto live = ask(ctl, op("tasks"));
+  REQUIRE(live.at("tasks").size() == 2);
+  CHECK(live.at("tasks")[0].at("id") == "needs-gpu");
+  CHECK(live.at("tasks")[0].at("requirements") == json({{"gpu", 1}}));
+  CHECK(live.at("tasks")[0].at("attempt_ms") == 0);  // queued
+  CHECK(live.at("tasks")[1].at("requirements") == json::object());
+  CHECK(live.at("ended").empty());
+  // One attempt ends badly and is re-queued, another task is cancelled by its owner.
+  w.send(codec::task_failed{"runs", 1, "the env crashed"});
+  next_event(c, "runs", "requeued");
+  next_event(c, "runs", "assigned");  // the one worker there is takes it again
+  c.send(codec::cancel{"needs-gpu", "not needed"});
+  next_event(c, "needs-gpu", "cancelled");
+  auto queued = op("tasks");
+  queued.state = "running";  // the filters choose the live tasks, not what ended
+  const auto after = ask(ctl, queued);
+  REQUIRE(after.at("ended").size() == 2);
+  const auto& first = after.at("ended")[0];
+  CHECK(first.at("id") == "runs");
+  CHECK(first.at("how") == "requeued");
+  CHECK(first.at("attempt") == 1);
+  CHECK(first.at("worker") == "w");
+  CHECK(first.at("coordinator") == "c");
+  CHECK_THAT(first.at("reason").get<std::string>(), Catch::Contains("the env crashed"));
+  CHECK(after.at("ended")[1].at("id") == "needs-gpu");
+  CHECK(after.at("ended")[1].at("how") == "cancelled");
+  CHECK(after.at("ended")[1].at("worker") == "");
+  CHECK(after.at("ended")[1].at("reason") == "not needed");
+}
+
 // §16.5 drain: "the worker gets no new task from now on; the task it holds, if any, runs to
 // its end"
 TEST_CASE_METHOD(fixture, "SPEC 16.5: a drained worker gets no new task until undrained",

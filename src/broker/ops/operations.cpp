@@ -101,7 +101,7 @@ codec::blob operations::tasks(const codec::ops& op, const broker_view& v, std::s
   std::vector<codec::blob> items;
   items.reserve(tasks.size());
   for (const auto& t : tasks)
-    items.push_back(codec::map_writer(7)
+    items.push_back(codec::map_writer(9)
                         .str("id", t.id)
                         .str("kind", to_string(t.kind))
                         .str("state", t.state)
@@ -109,8 +109,26 @@ codec::blob operations::tasks(const codec::ops& op, const broker_view& v, std::s
                         .str("worker", t.worker)
                         .str("coordinator", t.coordinator)
                         .uint("age_ms", ms_since(t.submitted, now))
+                        .uint("attempt_ms", t.state == "queued" ? 0 : ms_since(t.started, now))
+                        .resources("requirements", t.requirements)
                         .done());
-  return codec::map_writer(2).array("tasks", items).uint("total", total).done();
+  std::vector<codec::blob> ended;
+  for (const auto& e : v.tasks.recently_ended())
+    ended.push_back(codec::map_writer(8)
+                        .str("id", e.id)
+                        .str("kind", to_string(e.kind))
+                        .str("how", e.how)
+                        .uint("attempt", e.attempt)
+                        .str("worker", e.worker)
+                        .str("coordinator", e.coordinator)
+                        .str("reason", e.reason)
+                        .uint("age_ms", ms_since(e.at, now))
+                        .done());
+  return codec::map_writer(3)
+      .array("tasks", items)
+      .uint("total", total)
+      .array("ended", ended)
+      .done();
 }
 
 std::variant<codec::blob, refusal> operations::set(const codec::ops& op, const broker_view& v,

@@ -122,7 +122,20 @@ class task_manager {
     std::uint32_t attempt = 0;
     std::string worker, coordinator;
     util::time_point submitted{};
+    util::time_point started{};     // its current attempt's start (not queued)
+    rlbus::resources requirements;  // what a worker must have to take it
   };
+  /// An attempt that ended: finished, failed, requeued or cancelled, and why.
+  struct ended_view {
+    std::string id;
+    rlbus::role kind = rlbus::role::collector;
+    std::string how;  // the event that ended it
+    std::uint32_t attempt = 0;
+    std::string worker, coordinator, reason;
+    util::time_point at{};
+  };
+  /// The last attempts that ended (at most 64), oldest first.
+  [[nodiscard]] const std::deque<ended_view>& recently_ended() const noexcept { return ended_; }
   /// Live tasks matching every filter given (empty: any), queued ones first in queue order,
   /// then the others by submission; at most `limit` after the first `offset`, and how many
   /// matched in all.
@@ -247,6 +260,7 @@ class task_manager {
   task_store tasks_;
   worker_pool workers_;
   std::string topic_;                                // emit()'s, reused for every event's topic
+  std::deque<ended_view> ended_;                     // recently_ended()
   std::map<std::string, util::time_point> orphans_;  // coordinator id -> end of its grace
   policy_store policies_;
   task_schedule schedule_;

@@ -52,7 +52,8 @@ std::pair<std::vector<task_manager::task_view>, std::size_t> task_manager::list_
       continue;
     if (total++ < offset) continue;
     if (out.size() < limit)
-      out.push_back({t->id, t->kind, name, t->attempt, t->worker, t->owner, t->submitted_at});
+      out.push_back({t->id, t->kind, name, t->attempt, t->worker, t->owner, t->submitted_at,
+                     t->st == state::queued ? util::time_point{} : t->started_at, t->requirements});
   }
   return {std::move(out), total};
 }

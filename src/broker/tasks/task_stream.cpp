@@ -25,6 +25,9 @@ namespace {
 // seqs that were never used are reported lost after a crash.
 constexpr std::uint64_t seq_reserve = 64;
 
+// How many ended attempts recently_ended() keeps: what an operator looks back at.
+constexpr std::size_t ended_kept = 64;
+
 bool ends_task(std::string_view event) {
   return event == "finished" || event == "failed" || event == "cancelled";
 }
@@ -64,6 +67,11 @@ void task_manager::emit_with(task& t, std::string_view event, std::size_t reserv
   }
   if (event == "data") s.max_data_bytes = std::max(s.max_data_bytes, body_bytes);
   streams_.keep(t.owner, s, std::move(made));
+  if (ends || event == "requeued") {
+    if (ended_.size() == ended_kept) ended_.pop_front();
+    ended_.push_back({t.id, t.kind, std::string(event), t.attempt, t.worker, t.owner,
+                      clip(std::string(detail)), util::clock::now()});
+  }
   auto& topic = topic_;  // reused: no allocation per event
   topic.clear();
   topic.append("task.").append(t.owner).append(".").append(event);

@@ -168,7 +168,9 @@ function drawWorkers(v) {
 }
 
 function drawTasks(v) {
-  fill("tasks", v.tasks.tasks, (tr, t) => {
+  const rows = v.tasks.tasks.map((t) => Object.assign({}, t, {
+    requirements: resourcesText(t.requirements) || "any" }));
+  fill("tasks", rows, (tr, t) => {
     tr.dataset.id = t.id;
     cell(tr, t.id);
     cell(tr, t.kind);
@@ -177,13 +179,32 @@ function drawTasks(v) {
     link(tr, t.worker, () => pickWorker(t.worker)).dataset.col = "worker";
     link(tr, t.coordinator, () => pickCoordinator(t.coordinator));
     cell(tr, clock(v.now_ms, t.age_ms) + " (" + duration(t.age_ms) + " ago)");
+    cell(tr, t.state === "queued" ? "" : duration(t.attempt_ms));
+    cell(tr, t.requirements).dataset.col = "requirements";
   });
   pager("tasks", v.tasks.total);
-  const queued = v.status.tasks.queued;
-  const workers = v.status.peers.collector + v.status.peers.learner;
-  document.getElementById("queued-why").textContent = queued === 0 ? ""
-    : workers === 0 ? queued + " task(s) wait: no worker has a session"
-      : queued + " task(s) wait for a free worker whose resources fit";
+  // Why the queued tasks of this page wait: no worker of their kind, or none free that has
+  // what they need.
+  const waiting = {};
+  for (const t of rows.filter((x) => x.state === "queued")) {
+    const why = v.status.peers[t.kind] === 0 ? "no " + t.kind + " has a session"
+      : "a free " + t.kind + " with " + t.requirements;
+    waiting[why] = (waiting[why] || 0) + 1;
+  }
+  document.getElementById("queued-why").textContent = Object.keys(waiting).length === 0 ? ""
+    : "Queued tasks shown wait for: " + Object.entries(waiting)
+      .map(([why, n]) => why + " (" + n + ")").join("; ");
+  fill("ended", v.tasks.ended.slice().reverse(), (tr, e) => {
+    tr.dataset.id = e.id + "/" + e.attempt + "/" + e.how;
+    cell(tr, clock(v.now_ms, e.age_ms));
+    cell(tr, e.id);
+    cell(tr, e.how, "state-" + (e.how === "finished" ? "busy" : e.how === "failed" ? "failed"
+      : "leaving")).dataset.col = "how";
+    cell(tr, String(e.attempt));
+    link(tr, e.worker, () => pickWorker(e.worker));
+    link(tr, e.coordinator, () => pickCoordinator(e.coordinator));
+    cell(tr, e.reason).dataset.col = "reason";
+  });
 }
 
 function drawTopics(v) {
@@ -362,7 +383,8 @@ async function refreshSeries() {
 
 // ---- controls ----
 function controls() {
-  for (const id of ["workers", "tasks", "streams", "topics", "nodes", "settings", "standbys"])
+  for (const id of ["workers", "tasks", "ended", "streams", "topics", "nodes", "settings",
+    "standbys"])
     sortable(id);
   const on = (id, ev, f) => document.getElementById(id).addEventListener(ev, f);
   on("workers-kind", "change", (e) => { view.workers.kind = e.target.value; view.workers.offset = 0; refresh(); });
