@@ -172,10 +172,10 @@ def chromium_available() -> bool:
             and os.path.exists("/usr/bin/chromedriver"))
 
 
-def measure(pid: int, flow: Flow, seconds: float) -> Dict[str, float]:
-    cpu0, n0, t0 = cpu_seconds(pid), flow.delivered, time.monotonic()
+def measure(pid: int, flow: Optional[Flow], seconds: float) -> Dict[str, float]:
+    cpu0, n0, t0 = cpu_seconds(pid), flow.delivered if flow else 0, time.monotonic()
     time.sleep(seconds)
-    cpu1, n1, t1 = cpu_seconds(pid), flow.delivered, time.monotonic()
+    cpu1, n1, t1 = cpu_seconds(pid), flow.delivered if flow else 0, time.monotonic()
     return {"cpu_ms_per_s": (cpu1 - cpu0) * 1000 / (t1 - t0),
             "delivered_per_s": (n1 - n0) / (t1 - t0)}
 
@@ -188,6 +188,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--watcher", choices=("chromium", "http"), default="chromium",
                     help="the page in headless chromium (default), or a thread asking its URLs")
     ap.add_argument("--broker", help="the rlbus-broker binary (default: as rlbus.find_broker)")
+    ap.add_argument("--no-flow", action="store_true",
+                    help="no bus flow: what the page costs a broker that has nothing else to do")
     ap.add_argument("--json", help="write the rows here too")
     ap.add_argument("--smoke", action="store_true",
                     help="50 workers, 1 s phases, 1 trial: checks the harness, measures nothing")
@@ -207,7 +209,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     assert broker.proc is not None
     pid = broker.proc.pid
     fleet = IdleFleet(broker.router, a.workers)
-    flow = Flow(broker.router)
+    flow = None if a.no_flow else Flow(broker.router)
     rows: Dict[str, List[Dict[str, float]]] = {"alone": [], "watched": []}
     try:
         time.sleep(min(2.0, a.seconds))  # sessions made, the flow under way
@@ -222,15 +224,20 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"trial {trial + 1}/{a.trials}: alone {rows['alone'][-1]}, "
                   f"watched {rows['watched'][-1]}", file=sys.stderr)
     finally:
-        flow.close()
+        if flow:
+            flow.close()
         fleet.close()
         broker.stop()
     med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in rows.items()}
-    print(f"\nweb view cost: {a.workers} idle workers, a bus flow of 256 B, watcher {watcher}, "
+    print(f"\nweb view cost: {a.workers} idle workers, "
+          f"{'no bus flow' if a.no_flow else 'a bus flow of 256 B'}, watcher {watcher}, "
           f"{a.trials} x {a.seconds:g} s per phase, medians")
     print(f"{'metric':<22}{'alone':>12}{'watched':>12}{'watched/alone':>15}")
     out = []
-    for m, unit in (("cpu_ms_per_s", "broker CPU ms/s"), ("delivered_per_s", "bus msgs/s")):
+    metrics = [("cpu_ms_per_s", "broker CPU ms/s")]
+    if not a.no_flow:
+        metrics.append(("delivered_per_s", "bus msgs/s"))
+    for m, unit in metrics:
         alone, watched = med["alone"][m], med["watched"][m]
         ratio = watched / alone if alone else float("nan")
         print(f"{unit:<22}{alone:>12.1f}{watched:>12.1f}{ratio:>15.2f}")
@@ -238,7 +245,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"workers": a.workers, "seconds": a.seconds, "trials": a.trials,
-                       "watcher": watcher, "rows": out, "trials_raw": rows}, f, indent=2)
+                       "watcher": watcher, "flow": not a.no_flow, "rows": out,
+                       "trials_raw": rows}, f, indent=2)
     return 0
 
 

@@ -383,7 +383,7 @@ void metrics::tick(const broker_view& v, std::size_t labelled) {
   const auto unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                            std::chrono::system_clock::now().time_since_epoch())
                            .count();
-  recent_.record(unix_ms, snapshot());
+  if (recent_.due(unix_ms)) recent_.record(unix_ms, snapshot());  // a snapshot a second
 }
 
 }  // namespace rlbus::broker

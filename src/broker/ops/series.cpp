@@ -76,13 +76,15 @@ const std::vector<series::column>& series::columns() {
   return all;
 }
 
-void series::record(std::int64_t at_ms, const stats& s) {
+bool series::due(std::int64_t at_ms) const {
   const std::lock_guard hold(mu_);
-  if (!ring_.empty()) {
-    const auto& last = ring_[(first_ + ring_.size() - 1) % keep_];
-    if (at_ms - last.at_ms < every_ms_) return;
-  }
+  return ring_.empty() || at_ms - ring_[(first_ + ring_.size() - 1) % keep_].at_ms >= every_ms_;
+}
+
+void series::record(std::int64_t at_ms, const stats& s) {
+  if (!due(at_ms)) return;
   sample next{at_ms, values_of(s)};
+  const std::lock_guard hold(mu_);
   if (ring_.size() < keep_) {
     ring_.push_back(std::move(next));
   } else {

@@ -35,6 +35,8 @@ class series {
   explicit series(std::size_t keep = 900, std::int64_t every_ms = 1000)
       : keep_(keep), every_ms_(every_ms) {}
 
+  /// Whether a sample at Unix time `at_ms` would be kept: the last one is a second old.
+  [[nodiscard]] bool due(std::int64_t at_ms) const;
   /// The loop's thread: `s` as of Unix time `at_ms`, unless the last sample is younger than a
   /// second.
   void record(std::int64_t at_ms, const stats& s);

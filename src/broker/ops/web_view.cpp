@@ -71,8 +71,7 @@ void reply_json(httplib::Response& res, int status, const json& body) {
                   "application/json; charset=utf-8");
 }
 
-void refuse(const httplib::Request& req, httplib::Response& res, const web_access& access,
-            bool page) {
+void refuse(httplib::Response& res, const web_access& access, bool page) {
   const auto why = access.token.empty()
                        ? std::string(
                              "the web view is off here: with CURVE on, or on an address other "
@@ -83,7 +82,6 @@ void refuse(const httplib::Request& req, httplib::Response& res, const web_acces
   const int status = access.token.empty() ? 403 : 401;
   if (!page) return reply_json(res, status, json{{"error", why}});
   res.status = status;
-  (void)req;
   res.set_content(fmt::format("<!doctype html><title>rlbus</title><p>{}</p>\n", why),
                   "text/html; charset=utf-8");
 }
@@ -180,7 +178,7 @@ void add_web_view(httplib::Server& http, web_sources sources, const web_access& 
       {"Referrer-Policy", "no-referrer"},
   });
   http.Get("/", [access](const httplib::Request& req, httplib::Response& res) {
-    if (!access.admits(req)) return refuse(req, res, access, true);
+    if (!access.admits(req)) return refuse(res, access, true);
     serve_asset("index.html", res);
     res.set_header("Cache-Control", "no-store");
   });
@@ -189,7 +187,7 @@ void add_web_view(httplib::Server& http, web_sources sources, const web_access& 
   });
   const auto guarded = [access](auto handler) {
     return [access, handler](const httplib::Request& req, httplib::Response& res) {
-      if (!access.admits(req)) return refuse(req, res, access, false);
+      if (!access.admits(req)) return refuse(res, access, false);
       try {
         handler(req, res);
       } catch (const bad_request& e) {
