@@ -13,6 +13,7 @@ if [ ! -f "$dir/build.ninja" ]; then
   echo "rlbus tidy: configuring $dir/ (a unity build, read and never compiled)"
   meson setup "$dir" --buildtype=debug -Dunity=on -Dunity_size=10 -Dtests=true >/dev/null
 fi
-# What the sources include that the build writes: the message model and the defaults.
-ninja -C "$dir" src/codec/model.hpp include/rlbus/defaults.hpp >/dev/null
+# What the sources include that the build writes: the message model, the defaults and the web
+# view's files.
+ninja -C "$dir" src/codec/model.hpp include/rlbus/defaults.hpp src/web_assets.cpp >/dev/null
 exec meson test -C "$dir" --no-rebuild --print-errorlogs --setup tidy --suite tidy

@@ -301,7 +301,7 @@ int serve_in_group(zmq::context_t& ctx, const rlbus::broker::config& cfg, signal
           s.standby = true;
           return s;
         },
-        std::move(web), web_access_of(cfg));
+        web, web_access_of(cfg));
   std::printf("rlbus-broker standing by: member %s of group %s router=%s%s%s\n", ec.member.c_str(),
               ec.group.c_str(), door->endpoint().c_str(), http ? " metrics=" : "",
               http ? http->url().c_str() : "");

@@ -19,8 +19,8 @@ struct http_endpoint::impl {
 };
 
 http_endpoint::http_endpoint(const std::string& address, std::uint32_t port,
-                             const std::function<stats()>& snapshot, web_sources web,
-                             web_access access)
+                             const std::function<stats()>& snapshot, const web_sources& web,
+                             const web_access& access)
     : impl_(std::make_unique<impl>()) {
   auto& h = impl_->http;
   // A scraper, a probe and a page or two: a request waits for a thread, never the loop.
@@ -51,7 +51,7 @@ http_endpoint::http_endpoint(const std::string& address, std::uint32_t port,
       res.set_content("ready\n", "text/plain");
     }
   });
-  if (web.ask) add_web_view(h, std::move(web), access);
+  if (web.ask) add_web_view(h, web, access);
   impl_->address = address;
   impl_->port =
       port == 0 ? h.bind_to_any_port(address)

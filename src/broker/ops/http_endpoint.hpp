@@ -22,8 +22,8 @@ class http_endpoint {
   /// With `web.ask`, it serves the web view too; `access` guards the view (and /metrics
   /// when it says so).
   http_endpoint(const std::string& address, std::uint32_t port,
-                const std::function<stats()>& snapshot, web_sources web = {},
-                web_access access = {});
+                const std::function<stats()>& snapshot, const web_sources& web = {},
+                const web_access& access = {});
   ~http_endpoint();
   http_endpoint(const http_endpoint&) = delete;
   http_endpoint& operator=(const http_endpoint&) = delete;

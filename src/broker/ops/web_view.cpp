@@ -169,7 +169,7 @@ bool web_access::admits(const httplib::Request& req) const {
   return CRYPTO_memcmp(want.data(), got.data(), want.size()) == 0;
 }
 
-void add_web_view(httplib::Server& http, web_sources sources, const web_access& access) {
+void add_web_view(httplib::Server& http, const web_sources& sources, const web_access& access) {
   http.set_default_headers({
       // Nothing the page uses comes from anywhere but the broker.
       {"Content-Security-Policy",

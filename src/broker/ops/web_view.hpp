@@ -44,7 +44,7 @@ struct web_sources {
 };
 
 /// Serves the view on `http`.
-void add_web_view(httplib::Server& http, web_sources sources, const web_access& access);
+void add_web_view(httplib::Server& http, const web_sources& sources, const web_access& access);
 
 /// The token in the first line of the file at `path`; throws std::runtime_error naming the
 /// file when it cannot be read or holds no token.
