@@ -9,6 +9,7 @@
 #include <csignal>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -245,6 +246,22 @@ int run_demo(launch_options o) {
     if (o.kill_leader_at && !leader_killed && result == training_state::solved)
       out.line(fmt::format("{} chaos: solved before iteration {}; the leader was not killed",
                            stamp(started), *o.kill_leader_at));
+
+    // ---- linger: the run's processes stay up, idle, for a look at the web view ----
+    if (t && fatal.empty() && !interrupted && o.linger.count() > 0) {
+      out.line(fmt::format(
+          "{} training ended; everything stays up for {} s (--linger): the web view above shows "
+          "the run; Ctrl-C ends the wait",
+          stamp(started), o.linger.count()));
+      const auto until = clock::now() + o.linger;
+      while (g_stop == 0 && clock::now() < until) {
+        if (auto why = brokers->tend()) {
+          err.line("rlbus-demo: " + *why);
+          break;
+        }
+        std::this_thread::sleep_for(100ms);
+      }
+    }
 
     // ---- stop, in order: coordinator, workers, broker ----
     brokers->forward(false);

@@ -5,6 +5,7 @@
 // takes over) on purpose (chaos), and stops everything in order at the end or on Ctrl-C.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -25,6 +26,9 @@ struct launch_options {
   /// iteration: the standby takes over on its copy of the journal.
   std::optional<std::uint64_t> kill_leader_at;
   bool respawn = false;
+  /// After training ends, keep every process (and so the broker's web view) up this long, or
+  /// until Ctrl-C, which then only ends the wait.
+  std::chrono::seconds linger{0};
   /// Broker liveness: a worker silent for liveness x heartbeat (training.heartbeat) is lost.
   std::uint32_t liveness = 4;
 };

@@ -61,6 +61,12 @@ int main(int argc, char** argv) {
                      "takes over on its copy of the journal and training goes on")
           ->excludes(kill_broker);
   app.add_flag("--respawn", o.respawn, "restart a collector that died (same id)");
+  std::uint32_t linger_s = 0;
+  app.add_option("--linger", linger_s,
+                 "after training ends, keep the broker, its web view and the workers up this "
+                 "many seconds (Ctrl-C ends the wait sooner), to look around")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 86'400));
   app.add_option("--broker", o.broker_path,
                  "rlbus-broker binary (default: next to rlbus-demo, else the build tree's src/)");
   app.add_option("--episode-cost-ms", t.episode_cost_ms,
@@ -130,6 +136,7 @@ int main(int argc, char** argv) {
     if (kill->count() > 0) o.kill_collector_at = kill_at;
     if (kill_broker->count() > 0) o.kill_broker_at = kill_broker_at;
     if (kill_leader->count() > 0) o.kill_leader_at = kill_leader_at;
+    o.linger = std::chrono::seconds(linger_s);
     t.time_limit = std::chrono::seconds(time_limit_s);
     t.heartbeat = std::chrono::milliseconds(heartbeat_ms);
     return run_demo(o);

@@ -4,10 +4,13 @@ a broker process started on free ports for the integration tests."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import urllib.request
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import pytest
@@ -154,3 +157,70 @@ def closing() -> Any:
         x.close()
 
 
+# ---- a group of brokers over a real etcd ----
+
+ETCD = shutil.which("etcd") or "/usr/bin/etcd"
+
+
+class Process:
+    """A child whose output lines are kept, for waiting on one."""
+
+    def __init__(self, args: List[str]) -> None:
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+        self.lines: List[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def saw(self, text: str) -> bool:
+        return any(text in line for line in list(self.lines))
+
+    def wait_for(self, text: str, timeout: float = 30.0) -> None:
+        assert wait_until(lambda: self.saw(text) or self.proc.poll() is not None, timeout) \
+            and self.saw(text), f"no {text!r} in:\n{''.join(self.lines)}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(30)
+        self._reader.join(10)
+
+
+@pytest.fixture
+def etcd() -> Iterator[str]:
+    if not os.path.exists(ETCD):
+        pytest.skip("etcd is not installed (apt-get install etcd-server)")
+    with tempfile.TemporaryDirectory() as d:
+        url = f"http://127.0.0.1:{rlbus.free_port()}"
+        peer = f"http://127.0.0.1:{rlbus.free_port()}"
+        p = Process([ETCD, "--name", "t", "--data-dir", os.path.join(d, "data"),
+                     "--listen-client-urls", url, "--advertise-client-urls", url,
+                     "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                     "--initial-cluster", f"t={peer}", "--heartbeat-interval", "50",
+                     "--election-timeout", "500"])
+
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    return b'"true"' in r.read()
+            except OSError:
+                return False
+        try:
+            assert wait_until(healthy, 60, 0.05), "".join(p.lines)
+            yield url
+        finally:
+            p.stop()
+
+
+def group_broker(etcd_url: str, journal: str = "", extra: Optional[List[str]] = None) -> tuple:
+    """A broker of group "g" on free ports: (its router endpoint, its Process)."""
+    router = f"tcp://127.0.0.1:{rlbus.free_port()}"
+    events = f"tcp://127.0.0.1:{rlbus.free_port()}"
+    return router, Process([BROKER, "--cluster-etcd", etcd_url, "--cluster-name", "g",
+                            "--advertise", router, "--router", router, "--events", events]
+                           + (["--journal", journal] if journal else []) + (extra or []))

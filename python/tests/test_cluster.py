@@ -7,87 +7,16 @@ installs it)."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import subprocess
-import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
-from typing import Iterator, List
+from typing import List
 
 import pytest
 import rlbus
 
-from conftest import BROKER, wait_until
-from rlbus import free_port
-
-ETCD = shutil.which("etcd") or "/usr/bin/etcd"
-
-
-class Process:
-    """A child whose output lines are kept, for waiting on one."""
-
-    def __init__(self, args: List[str]) -> None:
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True)
-        self.lines: List[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    def saw(self, text: str) -> bool:
-        return any(text in line for line in list(self.lines))
-
-    def wait_for(self, text: str, timeout: float = 30.0) -> None:
-        assert wait_until(lambda: self.saw(text) or self.proc.poll() is not None, timeout) \
-            and self.saw(text), f"no {text!r} in:\n{''.join(self.lines)}"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(30)
-        self._reader.join(10)
-
-
-@pytest.fixture
-def etcd() -> Iterator[str]:
-    if not os.path.exists(ETCD):
-        pytest.skip("etcd is not installed (apt-get install etcd-server)")
-    with tempfile.TemporaryDirectory() as d:
-        url = f"http://127.0.0.1:{free_port()}"
-        peer = f"http://127.0.0.1:{free_port()}"
-        p = Process([ETCD, "--name", "t", "--data-dir", os.path.join(d, "data"),
-                     "--listen-client-urls", url, "--advertise-client-urls", url,
-                     "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                     "--initial-cluster", f"t={peer}", "--heartbeat-interval", "50",
-                     "--election-timeout", "500"])
-
-        def healthy() -> bool:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    return b'"true"' in r.read()
-            except OSError:
-                return False
-        try:
-            assert wait_until(healthy, 60, 0.05), "".join(p.lines)
-            yield url
-        finally:
-            p.stop()
-
-
-def group_broker(etcd_url: str, journal: str = "") -> tuple:
-    router = f"tcp://127.0.0.1:{free_port()}"
-    events = f"tcp://127.0.0.1:{free_port()}"
-    return router, Process([BROKER, "--cluster-etcd", etcd_url, "--cluster-name", "g",
-                            "--advertise", router, "--router", router, "--events", events]
-                           + (["--journal", journal] if journal else []))
-
+from conftest import BROKER, group_broker, wait_until
 
 def collector_and_coordinator(endpoint: str, finished: List[str],
                               step: float = 0.0) -> tuple:

@@ -22,8 +22,8 @@ from typing import Iterator, List
 
 import pytest
 
-from conftest import BROKER, wait_until
-from test_cluster import ETCD, Process, collector_and_coordinator
+from conftest import BROKER, ETCD, Process, wait_until
+from test_cluster import collector_and_coordinator
 
 
 def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
-from conftest import BROKER, BUILD_DIR, Broker, collector_process, wait_until
+from conftest import BROKER, BUILD_DIR, Broker, collector_process, group_broker, wait_until
 import rlbus
 
 CTL = os.path.join(BUILD_DIR, "src", "rlbus-ctl")
@@ -90,12 +90,14 @@ def severe(driver: Any) -> List[Dict[str, Any]]:
 
 class Fleet:
     """Real peers of one broker: a coordinator, in-process collectors and a learner whose
-    tasks emit data until they are stopped, a collector process that can be killed, and two
-    bus nodes publishing."""
+    tasks emit data until they are stopped (the learner publishing a new version of policy
+    "pi" twice a second, the collectors' data naming the version they hold), a collector
+    process that can be killed, and two bus nodes publishing."""
 
     def __init__(self, broker: Broker) -> None:
         self.endpoint = broker.router
         self.stop = threading.Event()
+        self.version = 0
         self.coordinator = rlbus.Coordinator(self.endpoint, id="coord-web")
         self.workers: List[Any] = []
         for wid, role in (("col-a", "collector"), ("col-b", "collector"), ("learn-a", "learner")):
@@ -116,6 +118,9 @@ class Fleet:
                 task.emit_data(f"{task.id}-{i}", "buf", {"i": i})
             else:
                 task.emit_learn_info("buf", {"i": i})
+                if i % 10 == 0:
+                    self.version += 1
+                    task.publish_policy("pi", self.version, params=b"w")
             i += 1
 
     def _publish(self) -> None:
@@ -158,7 +163,8 @@ def test_the_page_shows_what_ops_reports_as_tasks_run_and_a_worker_dies(
     driver = browser()
     try:
         for i in range(6):  # more collector tasks than collectors: some wait in the queue
-            fleet.coordinator.submit(f"collect-{i}", "collector", {"episodes": 1})
+            fleet.coordinator.submit(f"collect-{i}", "collector", {"episodes": 1},
+                                     policy_id="pi")
         fleet.coordinator.submit("learn-0", "learner", {"iters": 1})
         assert wait_until(lambda: len(ctl(broker, "workers")["workers"]) == 4, WAIT)
 
@@ -205,9 +211,20 @@ def test_the_page_shows_what_ops_reports_as_tasks_run_and_a_worker_dies(
                 "const c = Chart.getChart(arguments[0]); return c ? c.data.labels.length : 0",
                 chart))
         assert wait_until(lambda: all(points(c) >= 3 for c in (
-            "chart-tasks", "chart-events", "chart-bus", "chart-memory", "chart-queue")), WAIT)
-        assert wait_until(lambda: max(driver.execute_script(
-            "return Chart.getChart('chart-bus').data.datasets[0].data")) > 0, WAIT)
+            "chart-tasks", "chart-events", "chart-bus", "chart-memory", "chart-queue",
+            "chart-policy")), WAIT)
+
+        def dataset(chart: str, k: int) -> List[Optional[float]]:
+            return list(driver.execute_script(
+                "return Chart.getChart(arguments[0]).data.datasets[arguments[1]].data", chart, k))
+        assert wait_until(lambda: max(dataset("chart-bus", 0)) > 0, WAIT)
+        # Data items are counted one by one, and the collected data's lag has values: the
+        # collectors' items name the policy's versions.
+        assert wait_until(lambda: max(dataset("chart-events", 1)) > 0, WAIT)
+        assert wait_until(lambda: any(v is not None for v in dataset("chart-policy", 0)), WAIT)
+        assert wait_until(lambda: max(dataset("chart-policy", 1)) >= 2, WAIT)
+        lag = ctl(broker, "status")["counters"]
+        assert lag["data_lag_items"] > 0 and lag["data_items"] >= lag["data_lag_items"]
 
         artifacts = os.path.join(BUILD_DIR, "test-artifacts")
         os.makedirs(artifacts, exist_ok=True)
@@ -323,3 +340,56 @@ def test_a_token_file_that_cannot_serve_is_refused_at_start(tmp_path: Any) -> No
                             "--metrics-token-file", path],
                            capture_output=True, text=True, timeout=WAIT)
         assert r.returncode != 0 and says in r.stdout + r.stderr, r
+
+
+def test_a_broker_of_a_group_shows_its_group_as_etcd_holds_it(etcd: str) -> None:
+    """Two brokers of group "g" over a real etcd: the leader's page names the group, who leads
+    and both members, itself marked; the standby's JSON names the same leader; once the
+    leader is killed, the standby leads and its page shows that, and the dead member goes
+    when etcd lets its key go."""
+    a_port, b_port = rlbus.free_port(), rlbus.free_port()
+    a_router, a = group_broker(etcd, extra=["--metrics-port", str(a_port)])
+    b = None
+    driver = browser()
+    try:
+        a.wait_for("rlbus-broker listening")
+        b_router, b = group_broker(etcd, extra=["--metrics-port", str(b_port)])
+        b.wait_for("leads group g")
+
+        def roles() -> Dict[str, str]:
+            return rows(driver, "members", "role")
+        driver.get(f"http://127.0.0.1:{a_port}/")
+        both = {a_router: "leader (this broker)", b_router: "standby"}
+        assert wait_until(lambda: roles() == both, WAIT), roles()
+        assert text(driver, "group-name") == "g"
+        assert a_router in text(driver, "group-leader")
+        assert driver.find_element("id", "group").is_displayed()
+        # The standby, which serves no peer, says the same of the group.
+        status, body = http(f"http://127.0.0.1:{b_port}/api/cluster")
+        g = json.loads(body)
+        assert status == 200 and g["me"] == b_router and g["leader"]["member"] == a_router
+
+        driver.get("about:blank")  # a's page would log its failed requests once a is gone
+        assert severe(driver) == []
+        a.stop()  # SIGKILL: its lease runs out, and b (no journal to be behind on) leads
+        b.wait_for("rlbus-broker listening")
+        driver.get(f"http://127.0.0.1:{b_port}/")
+        assert wait_until(lambda: roles().get(b_router) == "leader (this broker)", WAIT), roles()
+        assert wait_until(lambda: a_router not in roles(), WAIT), roles()
+        assert b_router in text(driver, "group-leader")
+        assert severe(driver) == []
+    finally:
+        driver.quit()
+        a.stop()
+        if b is not None:
+            b.stop()
+
+
+def test_a_broker_alone_shows_no_group() -> None:
+    port = rlbus.free_port()
+    broker = Broker(["--metrics-port", str(port)])
+    try:
+        status, body = http(f"http://127.0.0.1:{port}/api/cluster")
+        assert status == 200 and json.loads(body) == {"group": None}
+    finally:
+        broker.stop()

@@ -117,6 +117,9 @@ result<batch_view> read_data_batch_body(std::string_view body);
 /// each item ends; an array made by hand without `ends` has none here): each item's bytes,
 /// in order. Views into `items`.
 std::vector<std::string_view> split_items(const item_array& items);
+/// The policy_version of one item as split_items gives it (of a decoded batch, whose items
+/// were checked); nullopt when it has none, or when `item` is not a data item.
+std::optional<std::uint64_t> item_policy_version(std::string_view item);
 
 /// Builds DATA_BATCH's `items` (§12.12.2) one item at a time, each in canonical form.
 class items_writer {

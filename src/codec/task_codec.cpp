@@ -337,6 +337,13 @@ std::vector<std::string_view> split_items(const item_array& items) {
   return out;
 }
 
+std::optional<std::uint64_t> item_policy_version(std::string_view item) {
+  detail::field_reader ir(item, decode_limits{}, true);
+  thread_local data_item scratch;  // keeps its capacity from item to item
+  if (ir.fault() || detail::reader::check_item(ir, &scratch)) return std::nullopt;
+  return scratch.policy_version;
+}
+
 bool valid_topic(std::string_view t, rule::topic r) noexcept {
   if (t.size() > max_topic_length || (t.empty() && !r.empty_ok)) return false;
   return std::all_of(t.begin(), t.end(), [](char c) {

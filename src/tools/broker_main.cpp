@@ -34,6 +34,7 @@
 #include "broker/ops/http_endpoint.hpp"
 #include "cluster/elector.hpp"
 #include "cluster/etcd.hpp"
+#include "cluster/group_view.hpp"
 #include "cluster/membership.hpp"
 #include "rlbus_version.h"
 #include "util/curve_keys.hpp"
@@ -275,6 +276,9 @@ int serve_in_group(zmq::context_t& ctx, const rlbus::broker::config& cfg, signal
         ec.group);
   ec.replicates = !replication.empty();
   rlbus::cluster::elector group(ec);
+  // The group as the web view shows it: etcd is asked at most every 2 s however many watch.
+  rlbus::cluster::group_watch watch(ec.etcd, ec.group, ec.member, ec.timeout,
+                                    std::chrono::seconds(2));
   std::mutex mutex;  // `current`, for the HTTP endpoint's thread
   rlbus::broker::server* current = nullptr;
   std::unique_ptr<rlbus::broker::http_endpoint> http;
@@ -290,6 +294,9 @@ int serve_in_group(zmq::context_t& ctx, const rlbus::broker::config& cfg, signal
         const std::lock_guard<std::mutex> hold(mutex);
         return current != nullptr ? current->recent().since(after)
                                   : std::vector<rlbus::broker::series::sample>{};
+      },
+      [&watch] {
+        return watch.get().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
       }};
   if (cfg.metrics_port != 0)
     http = std::make_unique<rlbus::broker::http_endpoint>(

@@ -17,7 +17,6 @@
 #include <iostream>
 #include <map>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,9 +28,7 @@
 
 #include "broker/core/settings.hpp"
 #include "client/core/session.hpp"
-#include "cluster/elector.hpp"
-#include "cluster/etcd.hpp"
-#include "cluster/membership.hpp"
+#include "cluster/group_view.hpp"
 #include "codec/codec.hpp"
 #include "rlbus/defaults.hpp"
 #include "rlbus/types.hpp"
@@ -335,16 +332,9 @@ void print_human(const std::string& verb, const json& r) {
 int show_cluster(const std::string& etcd_urls, const std::string& group,
                  std::chrono::milliseconds timeout, bool as_json,
                  const std::optional<rlbus::curve_keys>& keys) {
-  rlbus::cluster::leader_info leader;
-  std::vector<rlbus::cluster::member_info> members;
-  std::set<std::string> in_sync;  // empty: the leader copies its journal to nobody
+  rlbus::cluster::group_view g;
   try {
-    const auto urls = rlbus::util::split_endpoints(etcd_urls);
-    leader = rlbus::cluster::leader_of(urls, group, timeout);
-    members = rlbus::cluster::members_of(urls, group, timeout);
-    if (const auto kv = rlbus::cluster::etcd_client(urls, timeout)
-                            .get(rlbus::cluster::elector::insync_key_of(group)))
-      for (auto& m : rlbus::cluster::in_sync_members(kv->value)) in_sync.insert(std::move(m));
+    g = rlbus::cluster::read_group(rlbus::util::split_endpoints(etcd_urls), group, timeout);
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "rlbus-ctl: %s\n", e.what());
     return exit_usage;
@@ -352,6 +342,7 @@ int show_cluster(const std::string& etcd_urls, const std::string& group,
     std::fprintf(stderr, "rlbus-ctl: group %s: %s\n", group.c_str(), e.what());
     return exit_no_answer;
   }
+  const auto& leader = g.leader;
   // Each standby's lag, as the leader knows it (when it answers in time).
   std::map<std::string, json> lag;
   if (leader.epoch != 0) {
@@ -372,22 +363,10 @@ int show_cluster(const std::string& etcd_urls, const std::string& group,
     return json(static_cast<std::uint64_t>(std::max<std::int64_t>(now_ms - since, 0)));
   };
   if (as_json) {
-    json out{{"group", group}, {"leader", nullptr}, {"members", json::array()}};
-    if (leader.epoch != 0)
-      out["leader"] = {{"member", leader.member},
-                       {"advertise", leader.advertise},
-                       {"epoch", leader.epoch},
-                       {"since_ms", leader.since_ms}};
-    for (const auto& m : members) {
-      json one{{"member", m.member},
-               {"advertise", m.advertise},
-               {"version", m.version},
-               {"since_ms", m.since_ms},
-               {"role", m.member == leader.member ? "leader" : "standby"},
-               {"in_sync", in_sync.count(m.member) == 1}};
-      if (const auto it = lag.find(m.member); it != lag.end()) one.update(it->second);
-      out["members"].push_back(std::move(one));
-    }
+    auto out = rlbus::cluster::to_json(g);
+    for (auto& one : out["members"])
+      if (const auto it = lag.find(one["member"].get<std::string>()); it != lag.end())
+        one.update(it->second);
     std::cout << out.dump(2) << "\n";
     return 0;
   }
@@ -399,13 +378,13 @@ int show_cluster(const std::string& etcd_urls, const std::string& group,
                 leader.member.c_str(), leader.advertise.c_str(),
                 static_cast<long long>(leader.epoch), age(for_ms(leader.since_ms)).c_str());
   std::vector<std::vector<std::string>> rows;
-  for (const auto& m : members) {
+  for (const auto& m : g.members) {
     const auto it = lag.find(m.member);
-    rows.push_back({m.member, m.member == leader.member ? "leader" : "standby", m.advertise,
-                    m.version, age(for_ms(m.since_ms)), in_sync.count(m.member) == 1 ? "yes" : "no",
-                    it == lag.end()
-                        ? "-"
-                        : fmt::format("{} B", it->second["lag_bytes"].get<std::uint64_t>())});
+    rows.push_back(
+        {m.member, m.member == leader.member ? "leader" : "standby", m.advertise, m.version,
+         age(for_ms(m.since_ms)), g.in_sync.count(m.member) == 1 ? "yes" : "no",
+         it == lag.end() ? "-"
+                         : fmt::format("{} B", it->second["lag_bytes"].get<std::uint64_t>())});
   }
   std::puts("");
   table({"MEMBER", "ROLE", "ADVERTISE", "VERSION", "UP", "IN SYNC", "LAG"}, rows);

@@ -10,6 +10,9 @@
 #include <sstream>
 #include <vector>
 
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
 #include "cluster/local_etcd.hpp"
 #include "support/child.hpp"
 #include "support/support.hpp"
@@ -155,6 +158,40 @@ TEST_CASE("Ctrl-C stops the demo and every process it started", "[demo-binary]")
   for (const int pid : pids) CHECK(wait_until([&] { return gone(pid); }, 5s));
 }
 
+TEST_CASE("with --linger the run stays up to be watched, and Ctrl-C then ends it as solved",
+          "[demo-binary]") {
+  child demo(demo_bin(), {"--port", "0", "--linger", "120", "--broker",
+                          binary_from_env("RLBUS_BROKER_BIN"), "--time-limit", "60"});
+  const auto lingering = demo.wait_for_line("everything stays up for 120 s", 60s);
+  INFO(demo.output());
+  REQUIRE(lingering);
+  // The web view's address, from the opening block; its broker still has the whole fleet
+  // and the tasks the run finished.
+  const auto& out = demo.output();
+  const std::string marker = "web view http://127.0.0.1:";
+  const auto at = out.find(marker);
+  REQUIRE(at != std::string::npos);
+  const int port = std::atoi(out.c_str() + at + marker.size());
+  httplib::Client web("127.0.0.1", port);
+  web.set_read_timeout(10, 0);
+  const auto r = web.Get("/api/view");
+  REQUIRE(r);
+  REQUIRE(r->status == 200);
+  const auto v = nlohmann::json::parse(r->body);
+  CHECK(v["status"]["peers"]["collector"] == 3);
+  CHECK(v["status"]["peers"]["learner"] == 1);
+  CHECK(v["status"]["counters"]["tasks_finished"].get<std::uint64_t>() > 0);
+  CHECK(out.find("result:") == std::string::npos);  // nothing was stopped yet
+  const auto pids = child_pids(out);
+  demo.signal(SIGINT);
+  const auto status = demo.wait(15s);
+  INFO(demo.output());
+  REQUIRE(status);
+  CHECK(*status == 0);
+  CHECK_THAT(demo.output(), Catch::Contains("result:          solved"));
+  for (const int pid : pids) CHECK(wait_until([&] { return gone(pid); }, 5s));
+}
+
 TEST_CASE("a port in use is a clear error, not a hang", "[demo-binary]") {
   zmq::context_t ctx;
   zmq::socket_t squatter(ctx, zmq::socket_type::router);
@@ -172,9 +209,9 @@ TEST_CASE("a port in use is a clear error, not a hang", "[demo-binary]") {
 TEST_CASE("the demo's flags are documented and bad ones refused", "[demo-binary]") {
   auto [status, out] = run_to_end(demo_bin(), {"--help"});
   CHECK(status == 0);
-  for (const char* flag :
-       {"--port", "--collectors", "--seed", "--max-iterations", "--time-limit",
-        "--kill-collector-at", "--kill-broker-at", "--kill-leader-at", "--respawn", "--broker"})
+  for (const char* flag : {"--port", "--collectors", "--seed", "--max-iterations", "--time-limit",
+                           "--kill-collector-at", "--kill-broker-at", "--kill-leader-at",
+                           "--respawn", "--broker", "--linger"})
     CHECK_THAT(out, Catch::Contains(flag));
   std::tie(status, out) = run_to_end(demo_bin(), {"run", "--no-such-flag"});
   CHECK(status == 2);

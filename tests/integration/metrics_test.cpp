@@ -39,7 +39,8 @@ int free_port() {
 
 // The samples of an exposition, checked as they are read: each family has its HELP and TYPE
 // before its samples, each sample line is `name{label="value"} number` or `name number`.
-// A histogram's samples are its family's name with _bucket, _sum or _count.
+// A histogram's samples are its family's name with _bucket, _sum or _count; a summary's
+// (without quantiles) with _sum or _count.
 std::map<std::string, double> parse_exposition(const std::string& text) {
   static const std::regex sample(
       R"(^([a-z_]+)(\{[a-z_]+="(?:[^"\\]|\\.)*"\})? ([0-9]+(\.[0-9]+)?(e[-+]?[0-9]+)?)$)");
@@ -56,7 +57,7 @@ std::map<std::string, double> parse_exposition(const std::string& text) {
       if (m[1] == "HELP") {
         helped.insert(m[2]);
       } else {
-        CHECK((m[3] == "counter" || m[3] == "gauge" || m[3] == "histogram"));
+        CHECK((m[3] == "counter" || m[3] == "gauge" || m[3] == "histogram" || m[3] == "summary"));
         typed[m[2]] = m[3];
       }
       continue;
@@ -64,7 +65,8 @@ std::map<std::string, double> parse_exposition(const std::string& text) {
     REQUIRE(std::regex_match(line, m, sample));
     std::string family = m[1];
     std::smatch part;
-    if (std::regex_match(family, part, histogram_part) && typed[part[1]] == "histogram")
+    if (std::regex_match(family, part, histogram_part) &&
+        (typed[part[1]] == "histogram" || (typed[part[1]] == "summary" && part[2] != "bucket")))
       family = part[1];
     CHECK(helped.count(family) == 1);
     CHECK(typed.count(family) == 1);
@@ -87,6 +89,9 @@ TEST_CASE("the HTTP endpoint answers health, readiness and metrics", "[binary][m
     s.assignment_latency = latency.counts();
     s.queued_by_shape = {{"", 2}, {"gpu=1", 1}, {"odd\"name=1", 1}};
     s.policy_versions = {{"pi", 7}};
+    s.data_items = 12;
+    s.data_lag_items = 10;
+    s.data_lag_versions = 25;
     return s;
   });
   httplib::Client client(http.url());
@@ -123,6 +128,10 @@ TEST_CASE("the HTTP endpoint answers health, readiness and metrics", "[binary][m
   // A quote in a label value is escaped, as the format says.
   CHECK(samples.at("rlbus_queue_depth_by_requirements{requirements=\"odd\\\"name=1\"}") == 1);
   CHECK(samples.at("rlbus_policy_version{policy=\"pi\"}") == 7);
+  // The lag of collected data: a summary whose mean is versions per item.
+  CHECK(samples.at("rlbus_data_items_total") == 12);
+  CHECK(samples.at("rlbus_data_policy_lag_count") == 10);
+  CHECK(samples.at("rlbus_data_policy_lag_sum") == 25);
   CHECK(client.Get("/nothing")->status == 404);
 }
 

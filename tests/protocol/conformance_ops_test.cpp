@@ -95,6 +95,45 @@ TEST_CASE_METHOD(fixture, "SPEC 16.5: status counts duplicate and out-of-order D
   CHECK(after.at("data_out_of_order") == broker.get().snapshot().data_out_of_order);
 }
 
+// §16.5 "`data_items` (the items of collected data relayed: a DATA is one, a DATA_BATCH each
+// of its new items), `data_lag_items` and `data_lag_versions` (of those items that name a
+// `policy_version`, §13.4.4, while the broker holds a version of their task's policy: how many,
+// and by how many versions in all they trailed that newest version when they came)"
+TEST_CASE_METHOD(fixture, "SPEC 16.5: status counts collected items and how far they trail",
+                 "[spec]") {
+  raw_peer coord(ctx, router), w(ctx, router), l(ctx, router), ctl(ctx, router);
+  join(coord, "coord", role::coordinator);
+  join(w, "w", role::collector);
+  join(l, "l", role::learner);
+  for (std::uint64_t v = 1; v <= 3; ++v)
+    l.send(codec::policy{"pi", v, std::nullopt, std::string("p")});
+  expect_quiet(l);
+  auto with = task_of("t");
+  with.policy_id = "pi";
+  start_task(coord, w, with);
+  auto d = indexed_data(1);
+  d.policy_version = 1;  // two behind
+  w.send(d);
+  next_event(coord, "t", "data");
+  codec::items_writer items;
+  for (const std::optional<std::uint64_t> v : {std::optional<std::uint64_t>{3}, {2}, {}})
+    items.add(codec::data_item{"i", "b", codec::empty_map_blob, std::nullopt, v});
+  w.send(codec::data_batch{"t", 1, 2, items.done()});
+  next_event(coord, "t", "data_batch");
+  // A task without a policy: its items count, their versions trail nothing the broker holds.
+  raw_peer w2(ctx, router);
+  join(w2, "w2", role::collector);
+  start_task(coord, w2, task_of("plain"));
+  codec::data_ready plain{"plain", 1, "x", "b", codec::empty_map_blob, std::nullopt};
+  plain.policy_version = 1;
+  w2.send(plain);
+  next_event(coord, "plain", "data");
+  const auto c = ask(ctl, op("status")).at("counters");
+  CHECK(c.at("data_items") == 5);
+  CHECK(c.at("data_lag_items") == 3);     // v1, v3 and v2 of "pi"
+  CHECK(c.at("data_lag_versions") == 3);  // 2 + 0 + 1
+}
+
 TEST_CASE_METHOD(fixture, "SPEC 16.5: workers lists each worker session with its task", "[spec]") {
   raw_peer coord(ctx, router), w0(ctx, router), w1(ctx, router), l0(ctx, router), ctl(ctx, router);
   join(coord, "coord", role::coordinator);

@@ -55,8 +55,9 @@ TEST_CASE("series columns are what the broker counts", "[unit][ops]") {
   s.queued_bytes = 100;
   s.ring_bytes = 20;
   s.policy_versions = {{"a", 3}, {"b", 7}};
-  s.received_by_type[static_cast<std::uint8_t>(rlbus::codec::msg_type::data)] = 4;
-  s.received_by_type[static_cast<std::uint8_t>(rlbus::codec::msg_type::data_batch)] = 2;
+  s.data_items = 6;
+  s.data_lag_items = 4;
+  s.data_lag_versions = 9;
   series recent;
   recent.record(1, s);
   const auto v = recent.since(0).at(0).values;
@@ -64,5 +65,7 @@ TEST_CASE("series columns are what the broker counts", "[unit][ops]") {
   CHECK(v[column_of("bus_published_bytes")] == 4096);
   CHECK(v[column_of("memory_budget_used")] == 120);  // the queues and the rings: one budget
   CHECK(v[column_of("policy_version")] == 7);        // the newest of any policy
-  CHECK(v[column_of("data_messages")] == 6);
+  CHECK(v[column_of("data_items")] == 6);
+  CHECK(v[column_of("data_lag_items")] == 4);
+  CHECK(v[column_of("data_lag_versions")] == 9);
 }

@@ -54,6 +54,12 @@ class exposition {
                    "{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, h.count, name,
                    h.sum_seconds, name, h.count);
   }
+  /// A summary without quantiles: how many observations, and their sum.
+  void summary(std::string_view name, std::string_view help, std::uint64_t count,
+               std::uint64_t sum) {
+    head(name, "summary", help);
+    fmt::format_to(std::back_inserter(out_), "{}_sum {}\n{}_count {}\n", name, sum, name, count);
+  }
   /// One sample per (label value, value) pair.
   void labelled(std::string_view name, std::string_view type, std::string_view help,
                 std::string_view label,
@@ -205,6 +211,12 @@ std::string prometheus_text(const stats& s) {
   e.one("rlbus_data_out_of_order_total", "counter", "indexed DATA dropped past the next index",
         s.data_out_of_order);
   e.one("rlbus_data_lost_total", "counter", "DATA its collector declared lost", s.data_lost);
+  e.one("rlbus_data_items_total", "counter",
+        "collected data items relayed to coordinators (each item of a batch)", s.data_items);
+  e.summary("rlbus_data_policy_lag",
+            "versions a collected item trailed the newest of its task's policy when it came "
+            "(items that name their version, of tasks whose policy the broker holds)",
+            s.data_lag_items, s.data_lag_versions);
   e.one("rlbus_workers_quarantined", "gauge", "workers in quarantine", s.workers_quarantined);
   e.one("rlbus_quarantines_total", "counter", "quarantines begun", s.quarantines);
   e.one("rlbus_coordinators_orphaned", "gauge", "vanished coordinators whose tasks are kept",
@@ -291,6 +303,9 @@ stats metrics::snapshot() const {
   s.data_duplicates = c.data_duplicates.load();
   s.data_out_of_order = c.data_out_of_order.load();
   s.data_lost = c.data_lost.load();
+  s.data_items = c.data_items.load();
+  s.data_lag_items = c.data_lag_items.load();
+  s.data_lag_versions = c.data_lag_versions.load();
   s.workers_quarantined = c.quarantined.load();
   s.quarantines = c.quarantines.load();
   s.coordinators_orphaned = c.orphaned.load();
@@ -340,6 +355,9 @@ void metrics::store(const broker_view& v) {
   c.data_duplicates.store(t.data_duplicates, std::memory_order_relaxed);
   c.data_out_of_order.store(t.data_out_of_order, std::memory_order_relaxed);
   c.data_lost.store(t.data_lost, std::memory_order_relaxed);
+  c.data_items.store(t.data_items, std::memory_order_relaxed);
+  c.data_lag_items.store(t.data_lag_items, std::memory_order_relaxed);
+  c.data_lag_versions.store(t.data_lag_versions, std::memory_order_relaxed);
   c.quarantined.store(t.quarantined, std::memory_order_relaxed);
   c.quarantines.store(t.quarantines, std::memory_order_relaxed);
   c.orphaned.store(t.orphaned, std::memory_order_relaxed);

@@ -60,6 +60,9 @@ struct stats {
   std::uint64_t data_duplicates = 0;    // indexed DATA already relayed, dropped (resends)
   std::uint64_t data_out_of_order = 0;  // indexed DATA past relayed + 1, dropped (a gap)
   std::uint64_t data_lost = 0;          // DATA a collector declared lost (DATA_LOST)
+  // collected data: items relayed (a batch's new items each), and of those that name their
+  // task's policy version, how many and how many versions in all they trailed the newest
+  std::uint64_t data_items = 0, data_lag_items = 0, data_lag_versions = 0;
   // quarantine (SPEC §12.6.9)
   std::uint64_t workers_quarantined = 0;  // workers in quarantine now
   std::uint64_t quarantines = 0;          // quarantines begun
@@ -113,13 +116,13 @@ struct server_counters {
       over_bytes{0}, stalled_cut{0}, cut_hellos{0}, refused_hellos{0}, expired{0}, events{0},
       tasks_queued{0}, tasks_running{0}, tasks_finished{0}, tasks_failed{0}, tasks_requeued{0},
       stale{0}, collectors{0}, learners{0}, replays{0}, resent{0}, lost{0}, ring_bytes{0},
-      ring_drops{0}, data_duplicates{0}, data_out_of_order{0}, data_lost{0}, events_unheard{0},
-      quarantined{0}, quarantines{0}, orphaned{0}, adoptions{0}, restored{0}, journal_torn{0},
-      journal_records{0}, journal_bytes{0}, journal_fsyncs{0}, journal_compactions{0},
-      connections{0}, admitted{0}, refused_key{0}, refused_subscriber{0}, refused_address{0},
-      refused_connections{0}, bounced{0}, refused_unauthorized{0}, refused_role_limit{0},
-      refused_task_limit{0}, revoked{0}, allowlist_reloads{0}, allowlist_errors{0}, unanswered{0},
-      nodes{0};
+      ring_drops{0}, data_duplicates{0}, data_out_of_order{0}, data_lost{0}, data_items{0},
+      data_lag_items{0}, data_lag_versions{0}, events_unheard{0}, quarantined{0}, quarantines{0},
+      orphaned{0}, adoptions{0}, restored{0}, journal_torn{0}, journal_records{0}, journal_bytes{0},
+      journal_fsyncs{0}, journal_compactions{0}, connections{0}, admitted{0}, refused_key{0},
+      refused_subscriber{0}, refused_address{0}, refused_connections{0}, bounced{0},
+      refused_unauthorized{0}, refused_role_limit{0}, refused_task_limit{0}, revoked{0},
+      allowlist_reloads{0}, allowlist_errors{0}, unanswered{0}, nodes{0};
   std::atomic<bool> draining{false};
   std::array<std::atomic<std::uint64_t>, 256> received_by_type{}, sent_by_type{};
   std::array<std::atomic<std::uint64_t>, 200> errors_by_code{};

@@ -19,9 +19,6 @@ std::uint64_t max_version(const stats& s) {
 std::uint64_t sent(const stats& s, codec::msg_type t) {
   return s.sent_by_type[static_cast<std::uint8_t>(t)];
 }
-std::uint64_t received(const stats& s, codec::msg_type t) {
-  return s.received_by_type[static_cast<std::uint8_t>(t)];
-}
 
 // Each column's value in a snapshot, in the order of columns().
 std::vector<std::uint64_t> values_of(const stats& s) {
@@ -30,7 +27,9 @@ std::vector<std::uint64_t> values_of(const stats& s) {
       s.messages_in,
       s.messages_out,
       sent(s, msg_type::task_event),
-      received(s, msg_type::data) + received(s, msg_type::data_batch),
+      s.data_items,
+      s.data_lag_items,
+      s.data_lag_versions,
       s.assignment_latency.count,
       s.tasks_finished,
       s.tasks_requeued,
@@ -56,7 +55,10 @@ const std::vector<series::column>& series::columns() {
       {"messages_in", kind::counter, "messages received"},
       {"messages_out", kind::counter, "messages sent"},
       {"task_events", kind::counter, "TASK_EVENTs sent to coordinators"},
-      {"data_messages", kind::counter, "DATA and DATA_BATCH received from collectors"},
+      {"data_items", kind::counter, "collected data items relayed (each item of a batch)"},
+      {"data_lag_items", kind::counter, "collected items that name their policy's version"},
+      {"data_lag_versions", kind::counter,
+       "versions those items trailed their policy's newest, in all"},
       {"tasks_started", kind::counter, "attempts assigned to a worker"},
       {"tasks_finished", kind::counter, "tasks finished"},
       {"tasks_requeued", kind::counter, "attempts that ended and went back to the queue"},

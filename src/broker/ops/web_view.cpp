@@ -143,6 +143,14 @@ void recent(const web_sources& sources, const httplib::Request& req, httplib::Re
   reply_json(res, 200, json{{"columns", std::move(columns)}, {"samples", std::move(samples)}});
 }
 
+// The group, as its watch last read it from etcd; {"group": null} for a broker alone.
+void cluster(const web_sources& sources, httplib::Response& res) {
+  if (!sources.cluster) return reply_json(res, 200, json{{"group", nullptr}});
+  res.status = 200;
+  res.set_header("Cache-Control", "no-store");
+  res.set_content(sources.cluster(), "application/json; charset=utf-8");
+}
+
 void serve_asset(std::string_view name, httplib::Response& res) {
   const auto* a = find_web_asset(name);
   if (a == nullptr) {
@@ -200,6 +208,9 @@ void add_web_view(httplib::Server& http, const web_sources& sources, const web_a
            }));
   http.Get("/api/series", guarded([sources](const httplib::Request& req, httplib::Response& res) {
              recent(sources, req, res);
+           }));
+  http.Get("/api/cluster", guarded([sources](const httplib::Request&, httplib::Response& res) {
+             cluster(sources, res);
            }));
 }
 

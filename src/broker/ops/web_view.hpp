@@ -1,7 +1,8 @@
 // The web view on the broker's HTTP endpoint: one page (/) that shows the broker live, its
 // files (/assets/...), and the JSON it reads: /api/view (the read-only OPS verbs' replies,
-// asked of the broker's loop, one page of each table) and /api/series (the last 15 minutes
-// of the counters). Read-only: nothing here changes the broker.
+// asked of the broker's loop, one page of each table), /api/series (the last 15 minutes
+// of the counters) and /api/cluster (the broker's group as etcd holds it, for a broker of a
+// group). Read-only: nothing here changes the broker.
 //
 // Who may look: with a token set, the page and its JSON ask for it ('Authorization: Bearer
 // TOKEN', or ?token=TOKEN), compared in constant time. A token is required when CURVE is on
@@ -41,6 +42,9 @@ struct web_sources {
       ask;
   /// The samples after a Unix time in ms (metrics::recent()).
   std::function<std::vector<series::sample>(std::int64_t)> recent;
+  /// The broker's group as etcd holds it, as JSON text (cluster::group_watch); none: the
+  /// broker is not of a group.
+  std::function<std::string()> cluster;
 };
 
 /// Serves the view on `http`.

@@ -211,6 +211,11 @@ class task_manager {
   bool dropped_by_index(task& t, const std::optional<std::uint64_t>& index);
   static std::optional<refusal> out_of_credit(const task& t);
   void relayed(task& t, std::optional<std::uint64_t> last, std::uint64_t items, std::size_t bytes);
+  /// The newest version of `t`'s policy the broker holds, 0 when none: what collected data
+  /// trails (§13).
+  [[nodiscard]] std::uint64_t newest_version(const task& t) const;
+  /// Counts one collected item, and how far its `version` trails `newest` (when both are known).
+  void collected(std::uint64_t newest, std::optional<std::uint64_t> version);
   std::optional<refusal> on_data_lost(task& t, const codec::data_lost& l, util::time_point now);
   std::optional<refusal> on_data_batch(task& t, const codec::data_batch& b, util::time_point now);
   std::optional<refusal> on_leaving(const std::string& from, const codec::leaving& l,

@@ -38,6 +38,10 @@ struct task_counts {
   // reliable data (§12.11): indexed DATA dropped as already relayed, dropped as past the
   // next index, and DATA declared lost by their collectors
   std::uint64_t data_duplicates = 0, data_out_of_order = 0, data_lost = 0;
+  // collected data: items relayed (a DATA is one, a DATA_BATCH its new items), and of those
+  // that name the version of their task's policy, how many and by how many versions in all
+  // they trailed the newest one the broker held when they came (§13)
+  std::uint64_t data_items = 0, data_lag_items = 0, data_lag_versions = 0;
   // quarantine (§12.6.9): workers in quarantine now, and quarantines begun in all
   std::uint64_t quarantined = 0, quarantines = 0;
   // coordinator grace (§12.5.8): coordinators whose tasks await adoption now, adoptions made

@@ -170,7 +170,21 @@ std::optional<refusal> task_manager::on_data(const std::string& from, rlbus::rol
   if (d.payload) body.payload = *d.payload;
   emit(t, body, d.data_id);
   relayed(t, d.index, 1, size);
+  collected(newest_version(t), d.policy_version);
   return std::nullopt;
+}
+
+std::uint64_t task_manager::newest_version(const task& t) const {
+  if (!t.policy_id) return 0;
+  const auto* p = policies_.latest(*t.policy_id);
+  return p != nullptr ? p->version : 0;
+}
+
+void task_manager::collected(std::uint64_t newest, std::optional<std::uint64_t> version) {
+  ++counts_.data_items;
+  if (newest == 0 || !version) return;
+  ++counts_.data_lag_items;
+  counts_.data_lag_versions += newest - std::min(newest, *version);
 }
 
 // A collector dropped DATA first..last before the broker confirmed them (§12.11.6). Those
@@ -243,10 +257,14 @@ std::optional<refusal> task_manager::on_data_batch(task& t, const codec::data_ba
   const std::span<const std::string_view> fresh_items(items.data() + skip, fresh);
   std::size_t bytes = 0;
   auto& s = streams_.of(t.owner);
+  // Items name their policy's version inside their bytes: read only when there is a newest
+  // one to trail.
+  const auto newest = newest_version(t);
   for (const auto item : fresh_items) {
     bytes += item.size();
     // A unit of credit costs what the stream's largest item does (§12.12.3).
     s.max_data_bytes = std::max(s.max_data_bytes, item.size());
+    collected(newest, newest != 0 ? codec::item_policy_version(item) : std::nullopt);
   }
   emit(t, codec::event_body::data_batch{first, fresh_items}, fmt::format("{}..{}", first, last),
        static_cast<std::uint32_t>(fresh));

@@ -1,5 +1,6 @@
 // The broker's web view: reads /api/view (a page of each table, as the broker's OPS verbs
-// answer) twice a second and /api/series (a sample a second) once a second, and draws them.
+// answer) twice a second, /api/series (a sample a second) once a second and /api/cluster
+// (the broker's group, as etcd holds it) every two seconds, and draws them.
 // Every value is put in the page as text, never as markup.
 "use strict";
 
@@ -9,6 +10,7 @@ const view = {
   tasks: { offset: 0, limit: 50, state: "", kind: "", coordinator: "" },
   sort: {},            // table id -> {key, dir}
   last: null,          // the last /api/view answer
+  group: null,         // the last /api/cluster answer
   samples: [],         // [t, ...values], oldest first, at most 900
   columns: [],         // the series' columns
   charts: {},
@@ -120,6 +122,7 @@ function sortable(tableId) {
       for (const h of th.parentNode.children) h.classList.remove("asc", "desc");
       th.classList.add(dir);
       if (view.last) draw(view.last);
+      if (view.group) drawGroup(view.group);
     });
   }
 }
@@ -286,6 +289,37 @@ function drawBroker(v) {
   }));
 }
 
+// The group of brokers this one belongs to, when it does: who leads, and every member.
+function drawGroup(g) {
+  document.getElementById("group").hidden = g.group === null;
+  if (g.group === null) return;
+  document.getElementById("group-name").textContent = g.group;
+  const l = g.leader;
+  document.getElementById("group-leader").textContent =
+    (l ? l.member + " leads, at " + l.advertise + " (epoch " + l.epoch + ", since " +
+      new Date(l.since_ms).toLocaleTimeString() + ")"
+      : "no leader: an election is under way, or no broker of the group is up") +
+    (g.error ? "; " + g.error : "");
+  fill("members", g.members, (tr, m) => {
+    tr.dataset.id = m.member;
+    cell(tr, m.member);
+    cell(tr, m.role + (m.member === g.me ? " (this broker)" : ""),
+      m.role === "leader" ? "state-busy" : "").dataset.col = "role";
+    cell(tr, m.advertise);
+    cell(tr, m.version);
+    cell(tr, new Date(m.since_ms).toLocaleTimeString());
+    cell(tr, m.in_sync ? "yes" : "no");
+  });
+}
+async function refreshGroup() {
+  try {
+    view.group = await getJson("/api/cluster");
+    drawGroup(view.group);
+  } catch (e) {
+    problem("cannot read the broker's group: " + e.message);
+  }
+}
+
 function draw(v) {
   drawBroker(v);
   drawWorkers(v);
@@ -320,14 +354,16 @@ async function refresh() {
 
 // ---- charts ----
 function column(name) { return view.columns.findIndex((c) => c.name === name) + 1; }
-// Per-second rates of counter `name` between samples, or the gauge's values.
-function values(name) {
-  const i = column(name);
+// Per-second rates of counter `name` between samples, or the gauge's values; for `per`, the
+// ratio of two counters' growth between samples (none where the second did not grow).
+function values(name, per) {
+  const i = column(name), j = per ? column(per) : 0;
   const kind = view.columns[i - 1].kind;
   const out = [];
   for (let k = 1; k < view.samples.length; ++k) {
     const a = view.samples[k - 1], b = view.samples[k];
-    out.push(kind === "gauge" ? b[i] : Math.max(0, (b[i] - a[i]) * 1000 / (b[0] - a[0])));
+    if (per) out.push(b[j] > a[j] ? (b[i] - a[i]) / (b[j] - a[j]) : null);
+    else out.push(kind === "gauge" ? b[i] : Math.max(0, (b[i] - a[i]) * 1000 / (b[0] - a[0])));
   }
   return out;
 }
@@ -349,7 +385,7 @@ function makeCharts() {
     { label: "finished", name: "tasks_finished" }, { label: "re-queued", name: "tasks_requeued" },
     { label: "failed", name: "tasks_failed" }]);
   makeChart("chart-events", [{ label: "task events", name: "task_events" },
-    { label: "data messages", name: "data_messages" }]);
+    { label: "data items", name: "data_items" }]);
   makeChart("chart-bus", [{ label: "published", name: "bus_published" },
     { label: "delivered", name: "bus_delivered" }, { label: "dropped", name: "bus_dropped" },
     { label: "published bytes (right)", name: "bus_published_bytes", right: true }]);
@@ -357,14 +393,16 @@ function makeCharts() {
     { label: "bus memory used", name: "bus_memory_used" },
     { label: "connections (right)", name: "connections", right: true }]);
   makeChart("chart-queue", [{ label: "queued", name: "tasks_queued" },
-    { label: "running", name: "tasks_running" },
-    { label: "policy version (right)", name: "policy_version", right: true }]);
+    { label: "running", name: "tasks_running" }]);
+  makeChart("chart-policy", [
+    { label: "data lag, versions behind (mean)", name: "data_lag_versions", per: "data_lag_items" },
+    { label: "newest policy version (right)", name: "policy_version", right: true }]);
 }
 function drawCharts() {
   const labels = view.samples.slice(1).map((s) => new Date(s[0]).toLocaleTimeString());
   for (const { series, chart } of Object.values(view.charts)) {
     chart.data.labels = labels;
-    series.forEach((s, k) => { chart.data.datasets[k].data = values(s.name); });
+    series.forEach((s, k) => { chart.data.datasets[k].data = values(s.name, s.per); });
     chart.update("none");
   }
 }
@@ -384,7 +422,7 @@ async function refreshSeries() {
 // ---- controls ----
 function controls() {
   for (const id of ["workers", "tasks", "ended", "streams", "topics", "nodes", "settings",
-    "standbys"])
+    "standbys", "members"])
     sortable(id);
   const on = (id, ev, f) => document.getElementById(id).addEventListener(ev, f);
   on("workers-kind", "change", (e) => { view.workers.kind = e.target.value; view.workers.offset = 0; refresh(); });
@@ -411,3 +449,4 @@ takeToken();
 controls();
 every(500, refresh);
 every(1000, refreshSeries);
+every(2000, refreshGroup);
