@@ -395,7 +395,8 @@ int show_cluster(const std::string& etcd_urls, const std::string& group,
 
 // ---- top: a live view of the broker, refreshed in place --------------------------------------
 
-// One refresh's replies, and the broker's uptime then, for rates between two refreshes.
+// One refresh's replies (rates come from two refreshes' status counters, over the time
+// between their uptimes).
 struct top_sample {
   json status, workers, tasks, topics;
 };
@@ -560,8 +561,10 @@ int run_top(Ask&& ask, const std::string& endpoint, unsigned interval_ms, std::u
   json before;
   for (std::uint32_t n = 0; count == 0 || n < count; ++n) {
     if (n > 0) {
-      if (interactive ? quit_asked(interval_ms) : false) break;
-      if (!interactive) std::this_thread::sleep_for(std::chrono::milliseconds(interval_ms));
+      if (!interactive)
+        std::this_thread::sleep_for(std::chrono::milliseconds(interval_ms));
+      else if (quit_asked(interval_ms))
+        break;
     }
     // A frame fits the terminal: its summary and three titled tables.
     std::size_t rows = rows_wanted;

@@ -43,6 +43,24 @@ std::vector<std::uint64_t> next_seqs(raw_peer& coord, std::size_t n) {
   return out;
 }
 
+/// Coordinator "coord" runs a task on collector `w`, makes its stream windowed (ACK 2) and
+/// loses its connection; `w` then makes `events` more (3, 4, ...: into the void, or held); the
+/// coordinator resumes its session on a new connection, which is returned, WELCOMEd.
+std::unique_ptr<raw_peer> resumed_after(broker_with& b, raw_peer& w, int events) {
+  auto coord = std::make_unique<raw_peer>(b.ctx, b.router);
+  const auto token = join(*coord, "coord", role::coordinator).session;
+  join(w, "w", role::collector);
+  start_plain(*coord, w);
+  coord->send(codec::ack{2});  // windowed from here
+  expect_quiet(*coord);
+  coord.reset();  // the connection goes; the session stays
+  infos(w, events);
+  auto again = std::make_unique<raw_peer>(b.ctx, b.router);
+  again->send(codec::hello{role::coordinator, "coord", 30'000, {}, token});
+  CHECK(next_a<codec::welcome>(*again).resumed);
+  return again;
+}
+
 broker::config with_window(std::size_t window, std::size_t ring = 65'536) {
   auto cfg = test_config();
   cfg.stream_window = window;
@@ -189,21 +207,11 @@ TEST_CASE("SPEC 12.9.6: REPLAY resends the stream byte for byte from any seq it 
 TEST_CASE("SPEC 12.9.6, 12.9.7: back on a new connection, REPLAY fetches what went down",
           "[spec]") {
   broker_with b(with_window(64));
-  auto coord = std::make_unique<raw_peer>(b.ctx, b.router);
   raw_peer w(b.ctx, b.router);
-  const auto token = join(*coord, "coord", role::coordinator).session;
-  join(w, "w", role::collector);
-  start_plain(*coord, w);
-  coord->send(codec::ack{2});  // windowed from here
-  expect_quiet(*coord);
-  coord.reset();  // the connection goes; the session stays
-  infos(w, 5);    // 3..7: sent into the void or held
-  raw_peer again(b.ctx, b.router);
-  again.send(codec::hello{role::coordinator, "coord", 30'000, {}, token});
-  CHECK(next_a<codec::welcome>(again).resumed);
-  again.send(codec::replay{3});
-  CHECK(next_seqs(again, 5) == range(3, 7));
-  expect_quiet(again);
+  auto again = resumed_after(b, w, 5);
+  again->send(codec::replay{3});
+  CHECK(next_seqs(*again, 5) == range(3, 7));
+  expect_quiet(*again);
 }
 
 // §12.9.7 "After a resumption (§8.6) of a windowed stream's session the broker SHALL send no
@@ -211,23 +219,13 @@ TEST_CASE("SPEC 12.9.6, 12.9.7: back on a new connection, REPLAY fetches what we
 TEST_CASE("SPEC 12.9.7: a resumed coordinator hears nothing of its stream before its REPLAY",
           "[spec]") {
   broker_with b(with_window(64));
-  auto coord = std::make_unique<raw_peer>(b.ctx, b.router);
   raw_peer w(b.ctx, b.router);
-  const auto token = join(*coord, "coord", role::coordinator).session;
-  join(w, "w", role::collector);
-  start_plain(*coord, w);
-  coord->send(codec::ack{2});
-  expect_quiet(*coord);
-  coord.reset();
-  infos(w, 3);  // 3..5: into the void, or held
-  raw_peer again(b.ctx, b.router);
-  again.send(codec::hello{role::coordinator, "coord", 30'000, {}, token});
-  CHECK(next_a<codec::welcome>(again).resumed);
-  infos(w, 1);          // 6, made after the WELCOME
-  expect_quiet(again);  // held: the coordinator has not said from where it goes on
-  again.send(codec::replay{3});
-  CHECK(next_seqs(again, 4) == range(3, 6));
-  expect_quiet(again);
+  auto again = resumed_after(b, w, 3);
+  infos(w, 1);           // 6, made after the WELCOME
+  expect_quiet(*again);  // held: the coordinator has not said from where it goes on
+  again->send(codec::replay{3});
+  CHECK(next_seqs(*again, 4) == range(3, 6));
+  expect_quiet(*again);
 }
 
 // §12.9.7 "The broker SHALL send the events of the stream in seq order, and event `next` only

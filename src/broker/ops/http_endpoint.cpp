@@ -25,17 +25,15 @@ http_endpoint::http_endpoint(const std::string& address, std::uint32_t port,
   auto& h = impl_->http;
   // A scraper, a probe and a page or two: a request waits for a thread, never the loop.
   h.new_task_queue = [] { return new httplib::ThreadPool(4); };
-  const bool guard_metrics = access.token_for_metrics;
-  h.Get("/metrics",
-        [snapshot, access, guard_metrics](const httplib::Request& req, httplib::Response& res) {
-          if (guard_metrics && !access.admits(req)) {
-            res.status = 401;
-            res.set_content("/metrics needs the token: send 'Authorization: Bearer TOKEN'\n",
-                            "text/plain");
-            return;
-          }
-          res.set_content(prometheus_text(snapshot()), "text/plain; version=0.0.4; charset=utf-8");
-        });
+  h.Get("/metrics", [snapshot, access](const httplib::Request& req, httplib::Response& res) {
+    if (access.token_for_metrics && !access.admits(req)) {
+      res.status = 401;
+      res.set_content("/metrics needs the token: send 'Authorization: Bearer TOKEN'\n",
+                      "text/plain");
+      return;
+    }
+    res.set_content(prometheus_text(snapshot()), "text/plain; version=0.0.4; charset=utf-8");
+  });
   h.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok\n", "text/plain");
   });
