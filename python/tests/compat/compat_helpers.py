@@ -30,6 +30,20 @@ def wait_until(cond, timeout, what="condition"):
         time.sleep(0.02)
 
 
+def collectors_wait_for_the_buffer(coord, buffer_id="test"):
+    """Makes `coord`'s commander hand out collector tasks only while the learner's replay
+    buffer `buffer_id` exists. DI-engine's coordinator makes that buffer once the learner
+    task has been sent, and drops collector data for a buffer it has not made: on a busy
+    machine its learner thread can come that late, after the collectors sent everything, and
+    the learner then waits for data for ever. Call it before coord.start()."""
+    commander = coord._commander
+    get = commander.get_collector_task
+
+    def gated():  # called with coord's lock held, the lock the buffer is made under
+        return get() if buffer_id in coord._replay_buffer else None
+    commander.get_collector_task = gated
+
+
 def broker_binary():
     build = os.environ.get("RLBUS_BUILD_DIR", os.path.join(ROOT, "build"))
     for cand in (os.environ.get("RLBUS_BROKER"),

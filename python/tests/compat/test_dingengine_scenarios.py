@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from compat_helpers import STANDIN, wait_until
+from compat_helpers import STANDIN, collectors_wait_for_the_buffer, wait_until
 
 COLLECTOR_FAIL = "collector_close_task failed"
 
@@ -35,6 +35,12 @@ def ding(monkeypatch, broker):
     assert issubclass(NaiveCollector, compat.Slave)
     assert coordinator.CommCoordinator is compat.CommCoordinator
     NaiveCollector.starts = 0
+    start = coordinator.Coordinator.start
+
+    def start_once_collectors_wait(self):
+        collectors_wait_for_the_buffer(self)
+        start(self)
+    monkeypatch.setattr(coordinator.Coordinator, "start", start_once_collectors_wait)
     yield coordinator
     compat.unpatch_dingengine()
 
