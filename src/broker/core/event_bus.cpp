@@ -9,6 +9,11 @@
 
 namespace rlbus::broker {
 
+namespace {
+constexpr std::size_t max_subscription = 1025;  // the byte, then a prefix of up to 1 KiB
+constexpr std::size_t max_prefixes = 1024;      // distinct ones the broker filters by
+}  // namespace
+
 event_bus::event_bus(zmq::context_t& ctx, const std::string& endpoint, std::uint64_t epoch,
                      prepare_fn prepare, release_fn release)
     : ctx_(ctx), prepare_(std::move(prepare)), release_(std::move(release)), epoch_(epoch) {
@@ -23,6 +28,8 @@ void event_bus::open(const std::string& endpoint) {
   pub_ = zmq::socket_t(ctx_, zmq::socket_type::xpub);
   pub_.set(zmq::sockopt::sndhwm, 100'000);
   pub_.set(zmq::sockopt::linger, 0);
+  // What a subscriber sends is its subscriptions: a byte and a topic prefix each (SPEC §10.5).
+  pub_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_subscription));
   if (prepare_) handle_ = prepare_(pub_);
   try {
     util::bind_freed(pub_, endpoint);
@@ -42,7 +49,8 @@ void event_bus::reopen() {
   release();
   pub_.close();
   prefixes_.clear();  // the subscribers subscribe again when they reconnect
-  open(ep);           // the old listener may take a moment to free the port (util/bind.hpp)
+  untracked_ = 0;
+  open(ep);  // the old listener may take a moment to free the port (util/bind.hpp)
 }
 
 void event_bus::read_subscriptions() {
@@ -53,12 +61,19 @@ void event_bus::read_subscriptions() {
     const auto* b = static_cast<const char*>(m.data());
     std::string prefix(b + 1, m.size() - 1);
     const auto it = std::find(prefixes_.begin(), prefixes_.end(), prefix);
-    if (b[0] == 1 && it == prefixes_.end()) prefixes_.push_back(std::move(prefix));
+    if (b[0] == 1 && it == prefixes_.end()) {
+      if (prefixes_.size() < max_prefixes)
+        prefixes_.push_back(std::move(prefix));
+      else
+        ++untracked_;
+    }
     if (b[0] == 0 && it != prefixes_.end()) prefixes_.erase(it);
+    if (b[0] == 0 && it == prefixes_.end() && untracked_ > 0) --untracked_;
   }
 }
 
 bool event_bus::wanted(std::string_view topic) const {
+  if (untracked_ > 0) return true;
   return std::any_of(prefixes_.begin(), prefixes_.end(),
                      [&](const std::string& p) { return topic.substr(0, p.size()) == p; });
 }

@@ -72,7 +72,10 @@ class event_bus {
   std::uint64_t seq_ = 0;
   std::uint64_t unheard_ = 0;
   msgpack::sbuffer buf_;
-  std::vector<std::string> prefixes_;  // subscribed to by someone
+  // Subscribed to by someone; past max_prefixes the broker stops filtering, so that a flood
+  // of subscriptions cannot slow every publication (libzmq still filters per subscriber).
+  std::vector<std::string> prefixes_;
+  std::uint64_t untracked_ = 0;  // subscriptions past max_prefixes not yet undone
 };
 
 }  // namespace rlbus::broker

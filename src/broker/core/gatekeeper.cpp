@@ -12,6 +12,7 @@
 #include <array>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -21,6 +22,7 @@
 #include "util/curve_keys.hpp"
 #include "util/inproc.hpp"
 #include "util/poll.hpp"
+#include "util/tcp_taken.hpp"
 
 namespace rlbus::broker {
 
@@ -89,6 +91,7 @@ int gatekeeper::secure(zmq::socket_t& s, std::string_view domain) {
   watched_.push_back(s.handle());
   const auto handle = static_cast<int>(monitors_.size() - 1);
   if (domain == zap_domain_router) router_monitor_ = handle;
+  if (domain == zap_domain_events) events_monitor_ = handle;
   return handle;
 }
 
@@ -207,12 +210,87 @@ bool gatekeeper::cut_off(int fd) {
   return it != connections_.end() && it->second.cut;
 }
 
-std::optional<std::string> gatekeeper::cut_stalled(int fd) {
+std::optional<std::string> gatekeeper::cut(int fd) {
   read_monitors();
   const auto it = connections_.find(fd);
   if (it == connections_.end() || it->second.cut || ::shutdown(fd, SHUT_RDWR) != 0)
     return std::nullopt;
   return it->second.address;
+}
+
+namespace {
+constexpr auto sweep_every = std::chrono::milliseconds(100);
+constexpr std::size_t swept_per_interval = 2048;  // connections; past that the sweep slows
+// Sweeps in a row without a whole message from a ROUTER connection after which what it holds
+// is judged even though the ROUTER has not been read to the end meanwhile (a broker kept busy):
+// the ROUTER hands out one message per connection in turn, so by then its whole ones are out.
+constexpr std::uint32_t quiet_sweeps = 10;
+constexpr std::uint64_t events_bound = std::uint64_t{1} << 20;
+}  // namespace
+
+std::size_t gatekeeper::sweep_inbound(util::time_point now) {
+  read_monitors();
+  const auto slower = 1 + connections_.size() / swept_per_interval;
+  next_sweep_ = now + sweep_every * static_cast<long>(slower);
+  const bool drained = std::exchange(drained_, false);
+  const std::uint64_t router_bound = std::uint64_t{4} * cfg_.max_message;
+  struct holder {
+    int fd;
+    std::uint64_t held;
+  };
+  std::vector<holder> holders;
+  std::uint64_t total = 0;
+  std::size_t cuts = 0;
+  const auto cut = [&](int fd, connection& c, std::string_view why) {
+    if (::shutdown(fd, SHUT_RDWR) != 0) return false;
+    c.swept = true;
+    ++counts_.hoarding;
+    ++cuts;
+    note_refusal(c.address, why, "cut");
+    return true;
+  };
+  for (auto& [fd, c] : connections_) {
+    const bool router = c.monitor == router_monitor_;
+    if (c.cut || c.swept || (!router && c.monitor != events_monitor_)) continue;
+    const auto taken = util::tcp_taken(fd);
+    if (!taken) continue;  // IPC, or gone meanwhile
+    if (router) {
+      if (c.delivered != c.delivered_seen) {
+        c.delivered_seen = c.delivered;
+        c.mark = *taken;
+        c.quiet = 0;
+        continue;
+      }
+      // Not read to the end, the ROUTER may hold whole messages of it still.
+      if (++c.quiet < quiet_sweeps && !drained) continue;
+    }
+    const auto held = *taken > c.mark ? *taken - c.mark : 0;
+    if (router && held > router_bound) {
+      (void)cut(
+          fd, c,
+          fmt::format("{} bytes that make no whole message (more than 4 x max-message)", held));
+    } else if (!router && held > events_bound) {
+      (void)cut(fd, c,
+                fmt::format("{} bytes sent to the event socket (more than 1 MiB of subscriptions)",
+                            held));
+    } else if (held > 0) {
+      holders.push_back({fd, held});
+      total += held;
+    }
+  }
+  const auto total_bound = cfg_.memory_budget / 2;
+  if (total <= total_bound) return cuts;
+  std::sort(holders.begin(), holders.end(),
+            [](const holder& a, const holder& b) { return a.held > b.held; });
+  for (const auto& h : holders) {
+    if (total <= total_bound) break;
+    if (cut(h.fd, connections_.at(h.fd),
+            fmt::format("{} bytes that make no whole message, while all connections held more "
+                        "than half of memory-budget",
+                        h.held)))
+      total -= h.held;
+  }
+  return cuts;
 }
 
 void gatekeeper::on_zap() {
@@ -297,12 +375,13 @@ std::pair<std::string, std::string> gatekeeper::decide(std::string_view domain,
 
 // A flood must not flood the log as well: one line per second at most, with a count of the
 // refusals it stands for.
-void gatekeeper::note_refusal(std::string_view address, std::string_view why) {
+void gatekeeper::note_refusal(std::string_view address, std::string_view why,
+                              std::string_view verb) {
   ++unlogged_;
   const auto now = util::clock::now();
   if (now < next_log_) return;
   spdlog::warn(
-      "refused a connection from {}: {}{}", address, why,
+      "{} a connection from {}: {}{}", verb, address, why,
       unlogged_ > 1 ? fmt::format(" (and {} more since the last such line)", unlogged_ - 1) : "");
   unlogged_ = 0;
   next_log_ = now + std::chrono::seconds(1);

@@ -44,7 +44,8 @@ struct gate_counts {
   std::uint64_t refused_subscriber = 0;  // listed key without the subscriber role (events)
   std::uint64_t refused_address = 0;     // past max-connections-per-address
   std::uint64_t refused_total = 0;       // past max-connections
-  std::uint64_t bounced = 0;  // cut at accept: its descriptor's cut connection had unread messages
+  std::uint64_t bounced = 0;   // cut at accept: its descriptor's cut connection had unread messages
+  std::uint64_t hoarding = 0;  // cut: it sent more than its bound that made no whole message
   std::uint64_t allowlist_reloads = 0;  // successful loads after the first
   std::uint64_t allowlist_errors = 0;   // reloads refused (the old list stays)
 };
@@ -94,16 +95,38 @@ class gatekeeper {
   /// The ROUTER had nothing more to read: whatever a connection cut and gone said before its
   /// end has been read by now (libzmq hands a connection's messages on before it tells the
   /// monitor of the end), so its descriptor may serve a new connection.
-  void router_drained() { cut_gone_.clear(); }
+  void router_drained() {
+    cut_gone_.clear();
+    drained_ = true;
+  }
   /// Whether the door waits for the ROUTER to be read to the end before a new connection on a
   /// cut one's descriptor is served: the owner reads it now, not when a message next comes,
   /// or every connection that lands there on a quiet broker would be cut at each reconnect.
   [[nodiscard]] bool awaits_drain() const noexcept { return !cut_gone_.empty(); }
-  /// Cuts the live connection on descriptor `fd` (one that has stopped reading, SPEC §15.5):
-  /// libzmq sees it end and drops what was queued for it; its peer may connect again. Returns
-  /// the connection's source address, or nothing when no connection of ours has that
-  /// descriptor now (it ended meanwhile).
-  std::optional<std::string> cut_stalled(int fd);
+  /// Cuts the live connection on descriptor `fd` (one that has stopped reading, SPEC §15.5,
+  /// or sends only faults, §10.4): libzmq sees it end and drops what was queued for it; its
+  /// peer may connect again. Returns the connection's source address, or nothing when no
+  /// connection of ours has that descriptor now (it ended meanwhile).
+  std::optional<std::string> cut(int fd);
+
+  /// The broker read a whole message that came on the ROUTER's descriptor `fd`.
+  void delivered(int fd) {
+    if (const auto it = connections_.find(fd); it != connections_.end()) ++it->second.delivered;
+  }
+  /// When the inbound sweep is due next: every 100 ms, less often past 2048 connections (each
+  /// costs two system calls). Never while there is no connection.
+  [[nodiscard]] util::time_point next_sweep() const noexcept {
+    return connections_.empty() ? util::time_point::max() : next_sweep_;
+  }
+  /// The inbound sweep (SPEC §10.5): libzmq holds what a connection sends until it makes a
+  /// whole message, however long that message is, so the door compares, per TCP connection of
+  /// the ROUTER and the event socket, what libzmq has taken off the wire with what came out as
+  /// whole messages, and cuts a connection that holds too much: on the ROUTER, more than 4 x
+  /// max-message since its last whole message (libzmq drops the partial one); on the event
+  /// socket, more than 1 MiB in all (a subscriber sends only its subscriptions); and, while
+  /// all of them together hold more than half of memory-budget, the biggest holders until
+  /// they no longer do. Returns how many it cut.
+  std::size_t sweep_inbound(util::time_point now);
 
   /// Whether the allowlist file changed on disk since it was read (checked about once a
   /// second by the loop).
@@ -129,7 +152,8 @@ class gatekeeper {
   };
   [[nodiscard]] std::optional<file_id> stat_allowlist() const;
   void on_zap();
-  void note_refusal(std::string_view address, std::string_view why);
+  void note_refusal(std::string_view address, std::string_view why,
+                    std::string_view verb = "refused");
   void read_monitors();  // every live monitor's events so far
   void on_monitor(int handle);
   /// 200 with the key as user id, or a refusal: {status, text}.
@@ -154,6 +178,14 @@ class gatekeeper {
     int monitor;          // which socket's
     std::string address;  // source address
     bool cut = false;     // past a limit at accept: its messages are never served
+    bool swept = false;   // cut by the inbound sweep (it had no whole message queued)
+    // For the inbound sweep: whole messages the broker read from it (ROUTER), how many the
+    // last sweep saw, the bytes taken off the wire at the last sweep that saw one more, and
+    // the sweeps since then.
+    std::uint64_t delivered = 0;
+    std::uint64_t delivered_seen = 0;
+    std::uint64_t mark = 0;
+    std::uint32_t quiet = 0;
   };
   void forget(std::unordered_map<int, connection>::iterator it);
   std::unordered_map<int, connection> connections_;  // by fd
@@ -163,6 +195,9 @@ class gatekeeper {
   // for it); such a connection is cut too, and its peer connects again.
   std::unordered_set<int> cut_gone_;
   int router_monitor_ = -1;  // the handle of the ROUTER's monitor
+  int events_monitor_ = -1;  // and of the event socket's (a new one when it is opened afresh)
+  bool drained_ = false;     // the ROUTER was read to the end since the last inbound sweep
+  util::time_point next_sweep_{};
   std::unordered_map<std::string, std::uint32_t> per_address_;  // live connections
   std::set<std::string> subscriber_keys_;                       // keys let in on the event socket
   gate_counts counts_;

@@ -178,6 +178,7 @@ void server::run() {
     if (draining_) deadline = std::min(deadline, drain_end_);
     if (fence_) deadline = std::min(deadline, fence_());
     if (repl_) deadline = std::min(deadline, repl_->next_due());
+    deadline = std::min(deadline, gate_.next_sweep());
     if (gate_.awaits_drain()) deadline = now;  // a cut connection ended: read the ROUTER now
     // Built each turn: the event socket is a new one after a subscriber's key was revoked.
     items.assign({{router_.handle(), 0, ZMQ_POLLIN, 0},
@@ -201,6 +202,11 @@ void server::run() {
     if (repl_ && (items[3].revents & ZMQ_POLLIN) != 0) repl_->on_readable(now);
     if ((items[0].revents & ZMQ_POLLIN) != 0 || gate_.awaits_drain()) drain_router();
     now = util::clock::now();
+    if (now >= gate_.next_sweep()) {
+      // Nothing left to read is as good as read to the end (it may never have had a message).
+      if ((router_.get(zmq::sockopt::events) & ZMQ_POLLIN) == 0) gate_.router_drained();
+      gate_.sweep_inbound(now);
+    }
     bus_.end_of_turn();
     peers_.expire(now, [this](const peer& p) {
       const util::log_scope log(about(p.id, p.role));
@@ -347,6 +353,7 @@ void server::on_frames(zmq::message_t* frames, std::size_t count, bool overflow,
   // Which connection this is, for cutting it should it stop reading (SPEC §15.5).
   const int fd = count >= 2 ? frames[1].get(ZMQ_SRCFD) : -1;
   meter_.seen(routing_id, fd);
+  gate_.delivered(fd);
   from_ = {routing_id, fd};
   peer* p = peers_.by_routing(routing_id);
   if (p != nullptr) p->last_seen = now;  // anything from a session's connection is a sign of life
@@ -648,12 +655,21 @@ void server::fault(std::string_view routing_id, peer* p, codec::error_code code,
   if (reason.size() > codec::max_reason_length) reason.resize(codec::max_reason_length);
   const auto code_num = static_cast<std::uint16_t>(code);
   if (p == nullptr) {
-    // A connection without a session is answered so many times, then no more: one that
-    // sends garbage and never reads would otherwise fill its send queue with our ERRORs
-    // (SPEC §10.4). The count is kept for the last 64 K such connections.
+    // A connection without a session is answered so many times, then cut: one that sends
+    // garbage and never reads would otherwise fill its send queue with our ERRORs, and one
+    // that sends faster than the broker reads fills libzmq's queue of it (SPEC §10.4). What
+    // it had queued by then is read and counted, unanswered. The count is kept for the last
+    // 64 K such connections.
     if (unintroduced_.size() >= max_unintroduced_tracked) unintroduced_.clear();
-    if (++unintroduced_[std::string(routing_id)] > max_unintroduced_answers) {
+    const auto n = ++unintroduced_[std::string(routing_id)];
+    if (n > max_unintroduced_answers) {
       counters_.unanswered.fetch_add(1, std::memory_order_relaxed);
+      if (n == max_unintroduced_answers + 1 && routing_id == from_.routing_id && from_.fd >= 0)
+        if (const auto address = gate_.cut(from_.fd)) {
+          counters_.fault_cut.fetch_add(1, std::memory_order_relaxed);
+          spdlog::debug("cut the connection from {}: {} faults without a session", *address,
+                        max_unintroduced_answers);
+        }
       return;
     }
   }
@@ -710,7 +726,7 @@ void server::cut_stalled(util::time_point now) {
   if (cfg_.stalled_timeout_ms == 0) return;
   const auto since = now - util::milliseconds(cfg_.stalled_timeout_ms);
   for (const int fd : meter_.stalled(since, tasks_.ring_bytes())) {
-    const auto address = gate_.cut_stalled(fd);
+    const auto address = gate_.cut(fd);
     if (!address) continue;
     counters_.stalled_cut.fetch_add(1, std::memory_order_relaxed);
     spdlog::warn(
@@ -1011,11 +1027,13 @@ void server::shutdown(const std::string& reason) {
       "whose cut connection was not read to the end; {} HELLOs unauthorized, {} past a role's "
       "limit, {} from connections cut at accept; {} SUBMITs past the task limit; {} faults "
       "unanswered; {} messages not sent past max-connection-bytes or memory-budget; {} "
-      "connections cut for reading nothing while memory-budget ran short",
+      "connections cut for reading nothing while memory-budget ran short, {} for their faults "
+      "without a session, {} for bytes that made no whole message",
       g.admitted, g.refused_total, g.refused_address, g.refused_key, g.refused_subscriber,
       g.bounced, counters_.refused_unauthorized.load(), counters_.refused_role_limit.load(),
       counters_.cut_hellos.load(), counters_.refused_task_limit.load(), counters_.unanswered.load(),
-      counters_.over_bytes.load(), counters_.stalled_cut.load());
+      counters_.over_bytes.load(), counters_.stalled_cut.load(), counters_.fault_cut.load(),
+      g.hoarding);
 }
 
 server_thread::server_thread(config cfg)

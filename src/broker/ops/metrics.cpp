@@ -193,6 +193,11 @@ std::string prometheus_text(const stats& s) {
   e.one("rlbus_stalled_connections_cut_total", "counter",
         "connections cut for reading nothing for stalled-timeout while memory-budget ran short",
         s.stalled_cut);
+  e.one("rlbus_fault_connections_cut_total", "counter",
+        "connections cut for sending faults past the 256th without a session", s.fault_cut);
+  e.one("rlbus_hoarding_connections_cut_total", "counter",
+        "connections cut for sending more than their bound that made no whole message",
+        s.hoarding_cut);
   e.one("rlbus_send_queue_bytes", "gauge", "bytes held in the send queues of all connections",
         s.queued_bytes);
   e.one("rlbus_events_total", "counter", "events made on the PUB (sent or unheard)", s.events);
@@ -277,6 +282,8 @@ stats metrics::snapshot() const {
   s.unroutable = c.unroutable.load();
   s.over_bytes = c.over_bytes.load();
   s.stalled_cut = c.stalled_cut.load();
+  s.fault_cut = c.fault_cut.load();
+  s.hoarding_cut = c.hoarding_cut.load();
   s.cut_hellos = c.cut_hellos.load();
   s.queued_bytes = meter_.total();
   s.refused_hellos = c.refused_hellos.load();
@@ -371,6 +378,7 @@ void metrics::store(const broker_view& v) {
   c.refused_address.store(g.refused_address, std::memory_order_relaxed);
   c.refused_connections.store(g.refused_total, std::memory_order_relaxed);
   c.bounced.store(g.bounced, std::memory_order_relaxed);
+  c.hoarding_cut.store(g.hoarding, std::memory_order_relaxed);
   c.allowlist_reloads.store(g.allowlist_reloads, std::memory_order_relaxed);
   c.allowlist_errors.store(g.allowlist_errors, std::memory_order_relaxed);
   if (v.log != nullptr) {

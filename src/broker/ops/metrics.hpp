@@ -33,6 +33,9 @@ struct stats {
   std::uint64_t unroutable = 0;      // replies that could not be delivered
   std::uint64_t over_bytes = 0;      // of those, past max-connection-bytes or memory-budget
   std::uint64_t stalled_cut = 0;     // connections cut for not reading (SPEC §15.5)
+  std::uint64_t fault_cut = 0;       // connections cut for faults without a session (§10.4)
+  std::uint64_t hoarding_cut = 0;    // connections cut for bytes that made no whole message
+                                     // (§10.5)
   std::uint64_t cut_hellos = 0;      // HELLOs of connections cut at accept: never served
   std::uint64_t queued_bytes = 0;    // held in the send queues now (SPEC §15.5)
   std::uint64_t refused_hellos = 0;  // HELLOs answered with ERROR
@@ -113,16 +116,17 @@ struct stats {
 /// What the broker loop counts as it goes, in atomics any thread may read (see stats).
 struct server_counters {
   std::atomic<std::uint64_t> peers{0}, messages_in{0}, messages_out{0}, faults{0}, unroutable{0},
-      over_bytes{0}, stalled_cut{0}, cut_hellos{0}, refused_hellos{0}, expired{0}, events{0},
-      tasks_queued{0}, tasks_running{0}, tasks_finished{0}, tasks_failed{0}, tasks_requeued{0},
-      stale{0}, collectors{0}, learners{0}, replays{0}, resent{0}, lost{0}, ring_bytes{0},
-      ring_drops{0}, data_duplicates{0}, data_out_of_order{0}, data_lost{0}, data_items{0},
-      data_lag_items{0}, data_lag_versions{0}, events_unheard{0}, quarantined{0}, quarantines{0},
-      orphaned{0}, adoptions{0}, restored{0}, journal_torn{0}, journal_records{0}, journal_bytes{0},
-      journal_fsyncs{0}, journal_compactions{0}, connections{0}, admitted{0}, refused_key{0},
-      refused_subscriber{0}, refused_address{0}, refused_connections{0}, bounced{0},
-      refused_unauthorized{0}, refused_role_limit{0}, refused_task_limit{0}, revoked{0},
-      allowlist_reloads{0}, allowlist_errors{0}, unanswered{0}, nodes{0};
+      over_bytes{0}, stalled_cut{0}, fault_cut{0}, hoarding_cut{0}, cut_hellos{0},
+      refused_hellos{0}, expired{0}, events{0}, tasks_queued{0}, tasks_running{0},
+      tasks_finished{0}, tasks_failed{0}, tasks_requeued{0}, stale{0}, collectors{0}, learners{0},
+      replays{0}, resent{0}, lost{0}, ring_bytes{0}, ring_drops{0}, data_duplicates{0},
+      data_out_of_order{0}, data_lost{0}, data_items{0}, data_lag_items{0}, data_lag_versions{0},
+      events_unheard{0}, quarantined{0}, quarantines{0}, orphaned{0}, adoptions{0}, restored{0},
+      journal_torn{0}, journal_records{0}, journal_bytes{0}, journal_fsyncs{0},
+      journal_compactions{0}, connections{0}, admitted{0}, refused_key{0}, refused_subscriber{0},
+      refused_address{0}, refused_connections{0}, bounced{0}, refused_unauthorized{0},
+      refused_role_limit{0}, refused_task_limit{0}, revoked{0}, allowlist_reloads{0},
+      allowlist_errors{0}, unanswered{0}, nodes{0};
   std::atomic<bool> draining{false};
   std::array<std::atomic<std::uint64_t>, 256> received_by_type{}, sent_by_type{};
   std::array<std::atomic<std::uint64_t>, 200> errors_by_code{};

@@ -244,6 +244,8 @@ codec::blob operations::status(const broker_view& v, const stats& s, util::time_
       {"connections", s.connections},
       {"over_bytes", s.over_bytes},
       {"stalled_cut", s.stalled_cut},
+      {"fault_cut", s.fault_cut},
+      {"hoarding_cut", s.hoarding_cut},
       {"cut_hellos", s.cut_hellos},
       {"send_queue_bytes", s.queued_bytes},
       {"stream_ring_bytes", s.ring_bytes},
