@@ -3,6 +3,11 @@
 // it checks and quotes its key sentences verbatim ("..." marks a cut).
 #include <catch2/catch.hpp>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
 #include <memory>
 #include <random>
 
@@ -167,9 +172,10 @@ TEST_CASE_METHOD(fixture,
                                         0x00,
                                         0xff};
   // §10.4 "A connection without a session is answered with ERROR for its first 256 faults
-  // only; later ones are counted and not answered"
-  constexpr int messages = 300, answered = 256;
-  for (int i = 0; i < messages; ++i) {
+  // only; at its 257th the broker cuts the connection (counted as `fault_cut`), and what it
+  // had sent by then is read, counted and not answered ... Its peer may connect again."
+  constexpr int answered = 256;
+  const auto noise_frames = [&](int i) {
     std::vector<std::string> frames;
     switch (i % 4) {
       case 0:  // random frames, any count
@@ -179,26 +185,94 @@ TEST_CASE_METHOD(fixture,
         frames = {header(1, types[rng() % types.size()]), bytes(40)};
         break;
     }
-    noise.send_frames(frames);
-    if (i < answered) {
-      auto m = noise.recv();
-      REQUIRE(m);
-      REQUIRE(std::holds_alternative<codec::error>(*m));  // exactly one ERROR per message
-    }
+    return frames;
+  };
+  for (int i = 0; i < answered; ++i) {
+    noise.send_frames(noise_frames(i));
+    auto m = noise.recv();
+    REQUIRE(m);
+    REQUIRE(std::holds_alternative<codec::error>(*m));  // exactly one ERROR per message
     if (i % 50 == 0) {
       good.send(codec::heartbeat{});
       next_a<codec::heartbeat>(good);
     }
   }
+  noise.send_frames(noise_frames(answered));
   good.send(codec::heartbeat{});
   next_a<codec::heartbeat>(good);
-  // The last 44 get no answer to wait for: wait for the counts instead.
+  // The 257th gets no answer to wait for: wait for the counts instead.
   CHECK(wait_until([&] {
     const auto st = broker.get().snapshot();
-    return st.faults == messages && st.faults_unanswered == messages - answered;
+    return st.faults == answered + 1 && st.faults_unanswered == 1 && st.fault_cut == 1;
   }));
+  CHECK(noise.recv(100ms) == std::nullopt);  // nothing came for the 257th
+  // The peer's socket connects again by itself, and its new connection is answered afresh
+  // (what it sends while it reconnects may be lost with the cut one).
+  CHECK(wait_until(
+      [&] {
+        noise.send_frames(noise_frames(0));
+        const auto m = noise.recv(200ms);
+        return m && std::holds_alternative<codec::error>(*m);
+      },
+      30'000ms));
   CHECK(broker.get().snapshot().peers == 1);
-  CHECK(noise.recv(100ms) == std::nullopt);  // nothing came for the last 44
+  good.send(codec::heartbeat{});
+  next_a<codec::heartbeat>(good);
+}
+
+// §10.5 "over TCP, the broker SHALL cut a ROUTER connection that has sent more than 4 x
+// max-message since the last whole message it sent ... Each is counted as `hoarding_cut`"
+// The peer speaks ZMTP 3.0 on a plain socket: no ZeroMQ socket sends a message it never ends.
+TEST_CASE_METHOD(fixture, "SPEC 10.5: a message that never ends is cut at its bound", "[spec]") {
+  raw_peer good(ctx, router);
+  good.introduce("good", role::collector, 30'000);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  const timeval ten_s{10, 0};
+  (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &ten_s, sizeof ten_s);
+  (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &ten_s, sizeof ten_s);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<std::uint16_t>(std::stoi(router.substr(router.rfind(':') + 1))));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof to) == 0);
+  const auto send_all = [&](const std::string& b) {
+    for (std::size_t at = 0; at < b.size();) {
+      const auto n = ::send(fd, b.data() + at, b.size() - at, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      at += static_cast<std::size_t>(n);
+    }
+    return true;
+  };
+  std::string greeting(64, '\0');
+  greeting[0] = '\xff';
+  greeting[9] = '\x7f';
+  greeting[10] = 3;
+  greeting.replace(12, 4, "NULL");
+  REQUIRE(send_all(greeting));
+  char theirs[64];
+  for (std::size_t got = 0; got < sizeof theirs;) {
+    const auto n = ::recv(fd, theirs + got, sizeof theirs - got, 0);
+    REQUIRE(n > 0);
+    got += static_cast<std::size_t>(n);
+  }
+  const std::string ready = std::string("\x05READY\x0bSocket-Type\0\0\0\x06", 22) + "DEALER";
+  REQUIRE(send_all(std::string(1, '\x04') + static_cast<char>(ready.size()) + ready));
+  // Frames of 256 KiB, each with more to come (long form: flags, 8-byte size).
+  std::string frame("\x03\0\0\0\0\0\x04\0\0", 9);
+  frame.append(std::size_t{256} * 1024, 'x');
+  const std::size_t bound = 4 * test_config().max_message;
+  std::size_t sent = 0;
+  // It is checked about every 100 ms: what comes meanwhile passes the bound, by however much
+  // loopback carries in that time on a busy machine; without the bound, all 1 GiB is held.
+  while (sent < 256 * bound && send_all(frame)) sent += frame.size();
+  ::close(fd);
+  CAPTURE(sent);
+  CHECK(sent < 256 * bound);
+  CHECK(sent > bound);  // not before its bound
+  CHECK(wait_until([&] { return broker.get().snapshot().hoarding_cut == 1; }));
+  good.send(codec::heartbeat{});
+  next_a<codec::heartbeat>(good);
 }
 
 // §10.2 "Faults of a connection that holds a session SHALL also be counted against that
