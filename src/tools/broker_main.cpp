@@ -72,10 +72,12 @@ class signal_thread {
     });
   }
   ~signal_thread() { stop(); }
-  /// Where signals go from now on (nullptr: nowhere, only counted).
+  /// Where signals go from now on (nullptr: nowhere, only counted). A stop asked before
+  /// (while the server was being made: a journal restored, a takeover) stops it at once.
   void serve(rlbus::broker::server* server) {
     const std::lock_guard<std::mutex> hold(mutex_);
     server_ = server;
+    if (server_ != nullptr && stops_ > 0) server_->request_stop();
   }
   [[nodiscard]] bool stop_asked() {
     const std::lock_guard<std::mutex> hold(mutex_);

@@ -10,11 +10,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <future>
 #include <map>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include <fmt/format.h>
 #include <httplib.h>
@@ -133,6 +135,21 @@ TEST_CASE("the HTTP endpoint answers health, readiness and metrics", "[binary][m
   CHECK(samples.at("rlbus_data_policy_lag_count") == 10);
   CHECK(samples.at("rlbus_data_policy_lag_sum") == 25);
   CHECK(client.Get("/nothing")->status == 404);
+}
+
+TEST_CASE("an HTTP endpoint stopped as soon as it is made ends", "[metrics]") {
+  // A broker stopped while it starts destroys its endpoint at once. The endpoints are made
+  // and destroyed on a thread of their own, so that one that never ends fails the test
+  // rather than hang it (the thread is then left behind).
+  auto done = std::make_shared<std::promise<void>>();
+  auto ended = done->get_future();
+  std::thread([done] {
+    for (int i = 0; i < 200; ++i) {
+      const broker::http_endpoint http("127.0.0.1", 0, [] { return broker::stats{}; });
+    }
+    done->set_value();
+  }).detach();
+  REQUIRE(ended.wait_for(60s) == std::future_status::ready);
 }
 
 TEST_CASE("the broker binary's /metrics counts what it serves", "[binary][metrics]") {

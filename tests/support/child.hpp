@@ -26,6 +26,7 @@ class child {
   /// Everything read so far.
   [[nodiscard]] const std::string& output() const { return out_; }
   void signal(int sig) { proc_.signal(sig); }
+  [[nodiscard]] pid_t pid() const noexcept { return proc_.pid(); }
   /// Exit status (or 128 + signal) within `timeout`, nullopt if it is still running.
   std::optional<int> wait(std::chrono::milliseconds timeout);
 

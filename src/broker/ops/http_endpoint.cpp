@@ -1,6 +1,8 @@
 // See http_endpoint.hpp.
 #include "broker/ops/http_endpoint.hpp"
 
+#include <atomic>
+#include <chrono>
 #include <stdexcept>
 #include <thread>
 
@@ -16,6 +18,7 @@ struct http_endpoint::impl {
   std::string address;
   int port = 0;
   std::thread thread;
+  std::atomic<bool> ended{false};  // the listening thread has returned
 };
 
 http_endpoint::http_endpoint(const std::string& address, std::uint32_t port,
@@ -57,7 +60,15 @@ http_endpoint::http_endpoint(const std::string& address, std::uint32_t port,
   if (impl_->port <= 0)
     throw std::runtime_error(fmt::format(
         "cannot listen for HTTP on {}:{} (metrics.address, metrics.port)", address, port));
-  impl_->thread = std::thread([this] { impl_->http.listen_after_bind(); });
+  impl_->thread = std::thread([this] {
+    impl_->http.listen_after_bind();
+    impl_->ended = true;
+  });
+  // httplib's stop() does nothing until the listening loop has begun, and that loop then
+  // waits in accept() for ever: an endpoint destroyed before it began (a broker stopped as it
+  // starts) would never end. So it is made only once the loop runs.
+  while (!impl_->http.is_running() && !impl_->ended)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 http_endpoint::~http_endpoint() {
