@@ -12,8 +12,8 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
+import sys
 import tempfile
 import time
 import tomllib
@@ -26,6 +26,10 @@ import yaml
 
 DEPLOY = Path(__file__).resolve().parent.parent
 BROKER = os.environ.get("RLBUS_BROKER_BIN", str(DEPLOY.parent / "build/src/rlbus-broker"))
+sys.path.insert(0, str(DEPLOY.parent / "python"))
+# Ports below the kernel's ephemeral range: one found free there can be taken, before its
+# server binds it, by any socket that connects meanwhile (the brokers' and etcd's own).
+from rlbus import free_port  # noqa: E402
 
 
 def load(name):
@@ -167,12 +171,6 @@ def test_workers_reach_the_broker_by_its_service_and_may_pass_the_policy(docs):
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["RLBUS_ENDPOINT"] == f"tcp://{service['metadata']['name']}:{router_port}"
         assert "RLBUS_WORKER_ID" in env
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def exposed_metrics():
@@ -404,7 +402,12 @@ def test_the_standby_readyz_says_it_is_not_ready(tmp_path):
          "--advertise-client-urls", url, "--listen-peer-urls", f"http://127.0.0.1:{peer}",
          "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
          "--initial-cluster", f"default=http://127.0.0.1:{peer}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "etcd.log", "w"))]
+
+    def logs():
+        """The end of what etcd and each broker said, for a failure's message."""
+        return "".join(f"\n--- {log.name}:\n" + "".join(log.read_text().splitlines(True)[-15:])
+                       for log in sorted(tmp_path.glob("*.log")))
     try:
         # A group's broker refuses to start while its etcd does not answer.
         deadline = time.monotonic() + 60
@@ -413,8 +416,8 @@ def test_the_standby_readyz_says_it_is_not_ready(tmp_path):
                 with urllib.request.urlopen(f"{url}/health", timeout=2):
                     break
             except OSError:
-                assert procs[0].poll() is None, "etcd exited"
-                assert time.monotonic() < deadline, "etcd did not answer within 60 s"
+                assert procs[0].poll() is None, "etcd exited" + logs()
+                assert time.monotonic() < deadline, "etcd did not answer in 60 s" + logs()
                 time.sleep(0.05)
         metrics = {}
         for name in ("a", "b"):
@@ -425,7 +428,7 @@ def test_the_standby_readyz_says_it_is_not_ready(tmp_path):
                  router, "--cluster-etcd", url, "--cluster-name", "probe", "--cluster-member",
                  name, "--metrics-port", str(metrics[name]),
                  "--journal", str(tmp_path / f"{name}.journal")],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                stdout=open(tmp_path / f"{name}.log", "w"), stderr=subprocess.STDOUT))
 
         def status(name, path):
             try:
@@ -441,8 +444,8 @@ def test_the_standby_readyz_says_it_is_not_ready(tmp_path):
         while sorted([status("a", "/readyz"), status("b", "/readyz")],
                      key=str) != [200, 503]:
             for p in procs:
-                assert p.poll() is None, "etcd or a broker exited"
-            assert time.monotonic() < deadline, "no leader ready and standby not ready in 60 s"
+                assert p.poll() is None, "etcd or a broker exited" + logs()
+            assert time.monotonic() < deadline, "no leader and standby ready in 60 s" + logs()
             time.sleep(0.1)
         assert status("a", "/healthz") == 200 and status("b", "/healthz") == 200
         # /metrics by role: the standby says it stands by; the leader, that it waits for the
@@ -456,7 +459,8 @@ def test_the_standby_readyz_says_it_is_not_ready(tmp_path):
         assert re.search(r"^rlbus_standby 1$", metrics_of(standby), re.M)
         assert re.search(r"^rlbus_standby 0$", metrics_of(leader), re.M)
         in_sync = f'rlbus_replication_in_sync{{member="{standby}"}} 1'
-        assert wait_until_true(lambda: in_sync in metrics_of(leader), 60), metrics_of(leader)
+        assert wait_until_true(lambda: in_sync in metrics_of(leader), 60), (
+            metrics_of(leader) + logs())
         assert f'rlbus_replication_lag_bytes{{member="{standby}"}}' in metrics_of(leader)
     finally:
         for p in reversed(procs):
