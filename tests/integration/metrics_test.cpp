@@ -137,7 +137,7 @@ TEST_CASE("the HTTP endpoint answers health, readiness and metrics", "[binary][m
   CHECK(client.Get("/nothing")->status == 404);
 }
 
-TEST_CASE("an HTTP endpoint stopped as soon as it is made ends", "[metrics]") {
+TEST_CASE("an HTTP endpoint stopped as soon as it is made ends", "[broker][metrics]") {
   // A broker stopped while it starts destroys its endpoint at once. The endpoints are made
   // and destroyed on a thread of their own, so that one that never ends fails the test
   // rather than hang it (the thread is then left behind).
